@@ -1,0 +1,20 @@
+// Package fencing is fencegate's domain: fencing tokens, leases, the errors
+// every component speaks, the Store interface that every backing store
+// implements, and the bounds on what callers may ask for.
+//
+// The contract, for every resource R:
+//
+//   - Tokens never repeat and never go backwards. Each acquisition of R by a
+//     new owner (or after the previous lease ended) gets issued(R)+1. The same
+//     owner re-acquiring a live lease extends it and keeps its token.
+//   - Admission is atomic in the store: a write with token t is admitted only
+//     if high_water(R) <= t <= issued(R), and admission raises high_water(R)
+//     to t in the same atomic store operation.
+//   - Stores fail closed: an error that is not one of the domain's refusals
+//     means the outcome is unknown and the caller must not act as if the
+//     operation had succeeded.
+//
+// Limits: fencing orders writes only where the writer's token is checked (the
+// write gate, or a store that checks it itself). It is not an authorization
+// layer: tokens are not secrets.
+package fencing

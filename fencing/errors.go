@@ -1,0 +1,124 @@
+package fencing
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Stores and callers wrap them with context; check them with
+// errors.Is. The typed errors below carry the extra facts a caller needs to
+// answer (who holds the lease, what the high-water mark is) and match their
+// sentinel through errors.Is.
+var (
+	// ErrInvalid: the request is out of bounds (bad resource name, owner,
+	// TTL, token). Nothing was changed.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrTooLarge: a checkpoint state exceeds the store's size limit.
+	// Nothing was changed.
+	ErrTooLarge = errors.New("payload too large")
+	// ErrLeaseHeld: another owner holds a live lease on the resource.
+	ErrLeaseHeld = errors.New("lease held by another owner")
+	// ErrLeaseLost: the caller is not the current live holder (wrong owner,
+	// wrong token, or the lease expired or was released).
+	ErrLeaseLost = errors.New("lease lost")
+	// ErrStaleToken: a write's token is below the resource's high-water mark.
+	ErrStaleToken = errors.New("stale token")
+	// ErrTokenNotIssued: a write's token is above every token issued for the
+	// resource; it was never handed out.
+	ErrTokenNotIssued = errors.New("token not issued")
+	// ErrLeaseNotHeld: a strict admission found no live lease with the token.
+	ErrLeaseNotHeld = errors.New("lease not held")
+	// ErrNoCheckpoint: the resource has no checkpoint.
+	ErrNoCheckpoint = errors.New("no checkpoint")
+	// ErrUnavailable: the store could not be reached; the operation was not
+	// performed. Callers fail closed.
+	ErrUnavailable = errors.New("store unavailable")
+	// ErrAmbiguous: the request reached the store but no answer came back
+	// (timeout or broken connection after sending); it may or may not have
+	// taken effect. Callers fail closed and must not assume either outcome.
+	ErrAmbiguous = errors.New("store outcome ambiguous")
+	// ErrStoreLost: the store detected that it lost its data (for example a
+	// Valkey restart without persistence). It refuses until it has recovered
+	// past every token issued before the loss.
+	ErrStoreLost = errors.New("store data loss detected")
+)
+
+// IsStoreFault reports whether err means the store could not give a definite
+// answer (unavailable, ambiguous, or data loss detected). Such an outcome must
+// never be treated as an admission.
+func IsStoreFault(err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, ErrAmbiguous) || errors.Is(err, ErrStoreLost)
+}
+
+// ValidationError says which field of a request is out of bounds and why.
+// It matches ErrInvalid.
+type ValidationError struct {
+	Field  string // the request field, as named in the API ("resource", "ttl_seconds")
+	Reason string // what the field accepts
+}
+
+func (e *ValidationError) Error() string { return e.Field + " " + e.Reason }
+
+// Is makes errors.Is(err, ErrInvalid) true.
+func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
+
+func invalidf(field, reason string) error { return &ValidationError{Field: field, Reason: reason} }
+
+// TooLargeError reports a checkpoint state above the limit. It matches
+// ErrTooLarge.
+type TooLargeError struct {
+	Size, Limit int
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("checkpoint state is %d bytes, the limit is %d", e.Size, e.Limit)
+}
+
+// Is makes errors.Is(err, ErrTooLarge) true.
+func (e *TooLargeError) Is(target error) bool { return target == ErrTooLarge }
+
+// LeaseHeldError reports the live holder of a resource. It matches
+// ErrLeaseHeld.
+type LeaseHeldError struct {
+	Resource  string
+	Holder    string
+	ExpiresAt time.Time
+}
+
+func (e *LeaseHeldError) Error() string {
+	return fmt.Sprintf("lease on %q held by %q until %s", e.Resource, e.Holder, e.ExpiresAt.UTC().Format(time.RFC3339Nano))
+}
+
+// Is makes errors.Is(err, ErrLeaseHeld) true.
+func (e *LeaseHeldError) Is(target error) bool { return target == ErrLeaseHeld }
+
+// StaleTokenError reports a token below the high-water mark. It matches
+// ErrStaleToken.
+type StaleTokenError struct {
+	Resource  string
+	Token     Token
+	HighWater Token
+}
+
+func (e *StaleTokenError) Error() string {
+	return fmt.Sprintf("token %d for %q is older than the newest admitted token %d", e.Token, e.Resource, e.HighWater)
+}
+
+// Is makes errors.Is(err, ErrStaleToken) true.
+func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
+
+// TokenNotIssuedError reports a token above the newest issued token. It
+// matches ErrTokenNotIssued.
+type TokenNotIssuedError struct {
+	Resource string
+	Token    Token
+	Issued   Token
+}
+
+func (e *TokenNotIssuedError) Error() string {
+	return fmt.Sprintf("token %d for %q was never issued (newest issued token is %d)", e.Token, e.Resource, e.Issued)
+}
+
+// Is makes errors.Is(err, ErrTokenNotIssued) true.
+func (e *TokenNotIssuedError) Is(target error) bool { return target == ErrTokenNotIssued }

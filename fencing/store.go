@@ -1,0 +1,61 @@
+package fencing
+
+import (
+	"context"
+	"time"
+)
+
+// Store holds lease state and high-water marks. Every method is one atomic
+// step in the store: it either takes full effect or none, and concurrent
+// calls are linearizable per resource.
+//
+// Errors: refusals match the sentinels of this package (ErrInvalid,
+// ErrTooLarge, ErrLeaseHeld, ErrLeaseLost, ErrStaleToken, ErrTokenNotIssued,
+// ErrLeaseNotHeld, ErrNoCheckpoint) and mean nothing changed. Faults match
+// ErrUnavailable (not performed), ErrAmbiguous (may have been performed) or
+// ErrStoreLost; see IsStoreFault. Stores validate every request themselves.
+type Store interface {
+	// Acquire takes a lease. No live lease: a new lease with token
+	// issued+1. Live lease of the same owner: extended by req.TTL, same
+	// token. Live lease of another owner: *LeaseHeldError.
+	Acquire(ctx context.Context, req AcquireRequest) (Lease, error)
+	// Renew extends the live lease if req.Owner and req.Token both match
+	// it; otherwise ErrLeaseLost. An expired lease is not revived.
+	Renew(ctx context.Context, req RenewRequest) (Lease, error)
+	// Release ends the live lease held by req.Owner with req.Token and
+	// reports true. If that lease already ended and no newer token was
+	// issued, it reports false and changes nothing. Otherwise ErrLeaseLost.
+	// Issued and high-water tokens are kept.
+	Release(ctx context.Context, req ReleaseRequest) (bool, error)
+	// Checkpoint saves state for the live holder and renews its lease by
+	// its TTL, atomically. Not the live holder: ErrLeaseLost.
+	Checkpoint(ctx context.Context, req CheckpointRequest) (Lease, error)
+	// ReadCheckpoint returns the last checkpoint, or ErrNoCheckpoint.
+	ReadCheckpoint(ctx context.Context, resource string) (Checkpoint, error)
+	// Status describes the resource; an unknown one has zero tokens.
+	Status(ctx context.Context, resource string) (Status, error)
+	// List returns live leases in resource order.
+	List(ctx context.Context, req ListRequest) ([]Lease, error)
+	// Admit checks a write's token: high_water <= token <= issued (and a
+	// live lease with the token when req.RequireLive), raising high_water
+	// to the token in the same atomic step. Refusals are
+	// *StaleTokenError, *TokenNotIssuedError or ErrLeaseNotHeld.
+	Admit(ctx context.Context, req AdmitRequest) (Admission, error)
+	// Ping reports whether the store can answer now.
+	Ping(ctx context.Context) error
+	// Close releases the store's resources. The store is unusable after.
+	Close() error
+}
+
+// Clock tells the time. Stores that own time (memory, file) take one so
+// tests can move it; Valkey uses the server's TIME instead.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the host's clock. Its Now carries a monotonic reading, so
+// comparisons within one process are immune to wall-clock steps.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
