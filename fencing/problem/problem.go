@@ -1,0 +1,137 @@
+// Package problem renders errors as RFC 9457 application/problem+json
+// bodies. It holds the one table from fencing errors to HTTP status and
+// stable code, shared by the lease API and the write gate, and the one
+// writer every error response goes through.
+//
+// Unknown errors become 500 "internal error": the cause is logged beside the
+// request id and never sent to the client.
+package problem
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+// ContentType is the media type of every error body.
+const ContentType = "application/problem+json"
+
+// TypePrefix starts every problem type URI; the code follows it.
+const TypePrefix = "urn:fencegate:problem:"
+
+// RetryAfterStoreFault is the Retry-After, in seconds, sent with
+// store-unavailable.
+const RetryAfterStoreFault = 1
+
+// Error is a problem to send as is: a status, a stable code, a detail for
+// humans, and optional extension members and headers.
+type Error struct {
+	Status  int
+	Code    string
+	Detail  string
+	Extra   map[string]any // extension members, snake_case keys
+	Headers http.Header    // extra response headers (Retry-After, WWW-Authenticate)
+	Cause   error          // logged, never sent
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Detail }
+
+// Unwrap returns the cause.
+func (e *Error) Unwrap() error { return e.Cause }
+
+// New returns a problem with the given status, code and detail.
+func New(status int, code, detail string) *Error {
+	return &Error{Status: status, Code: code, Detail: detail}
+}
+
+// From classifies err into the problem to send: the one error-to-status
+// table. A *Error is returned as is.
+func From(err error) *Error {
+	var p *Error
+	if errors.As(err, &p) {
+		return p
+	}
+	var (
+		held     *fencing.LeaseHeldError
+		stale    *fencing.StaleTokenError
+		notIssue *fencing.TokenNotIssuedError
+	)
+	switch {
+	case errors.As(err, &held):
+		retry := max(int(time.Until(held.ExpiresAt).Seconds()+0.999), 1)
+		return &Error{Status: http.StatusConflict, Code: "lease-held", Detail: "the lease is held by another owner",
+			Extra:   map[string]any{"holder": held.Holder, "expires_at": FormatTime(held.ExpiresAt)},
+			Headers: http.Header{"Retry-After": {strconv.Itoa(retry)}}}
+	case errors.As(err, &stale):
+		return &Error{Status: http.StatusConflict, Code: "stale-token", Detail: "a write with a newer token was already admitted for this resource",
+			Extra: map[string]any{"high_water_token": stale.HighWater}}
+	case errors.As(err, &notIssue):
+		return &Error{Status: http.StatusConflict, Code: "token-not-issued", Detail: "the token is above every token issued for this resource",
+			Extra: map[string]any{"issued_token": notIssue.Issued}}
+	case errors.Is(err, fencing.ErrLeaseLost):
+		return New(http.StatusConflict, "lease-lost", "the caller does not hold the live lease (wrong owner or token, expired or released)")
+	case errors.Is(err, fencing.ErrLeaseNotHeld):
+		return New(http.StatusConflict, "lease-not-held", "no live lease on this resource holds the token")
+	case errors.Is(err, fencing.ErrNoCheckpoint):
+		return New(http.StatusNotFound, "no-checkpoint", "the resource has no checkpoint")
+	case errors.Is(err, fencing.ErrTooLarge):
+		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload-too-large", Detail: err.Error()}
+	case errors.Is(err, fencing.ErrInvalid):
+		return New(http.StatusBadRequest, "invalid-request", err.Error())
+	case fencing.IsStoreFault(err):
+		return &Error{Status: http.StatusServiceUnavailable, Code: "store-unavailable",
+			Detail:  "the lease store could not give a definite answer; nothing was done, retry later",
+			Headers: http.Header{"Retry-After": {strconv.Itoa(RetryAfterStoreFault)}}, Cause: err}
+	}
+	return &Error{Status: http.StatusInternalServerError, Code: "internal-error", Detail: "internal error", Cause: err}
+}
+
+// Write sends err as a problem+json response: type, title, status, detail
+// and code, plus the problem's extension members. Causes of internal errors and
+// store faults are logged with the request id; their text is not sent.
+func Write(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	p := From(err)
+	if p.Cause != nil && log != nil && (p.Status >= 500) {
+		log.LogAttrs(r.Context(), slog.LevelError, "request failed",
+			slog.String("request_id", middleware.GetReqID(r.Context())),
+			slog.String("code", p.Code), slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.String("error", p.Cause.Error()))
+	}
+	m := make(map[string]any, 5+len(p.Extra))
+	for k, v := range p.Extra {
+		m[k] = v
+	}
+	m["type"] = TypePrefix + p.Code
+	m["title"] = Title(p.Status)
+	m["status"] = p.Status
+	m["detail"] = p.Detail
+	m["code"] = p.Code
+	h := w.Header()
+	for k, vs := range p.Headers {
+		h[k] = vs
+	}
+	h.Set("Content-Type", ContentType)
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(m)
+}
+
+// Title is the problem title for a status: its HTTP reason phrase.
+func Title(status int) string {
+	if t := http.StatusText(status); t != "" {
+		return t
+	}
+	return "Error"
+}
+
+// FormatTime renders t the way the API does: RFC 3339 UTC with milliseconds.
+func FormatTime(t time.Time) string {
+	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+}
