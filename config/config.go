@@ -1,0 +1,241 @@
+// Package config is fencegate's one configuration struct, parsed from
+// FENCEGATE_* environment variables with caarlos0/env and validated. It is
+// the only package besides cmd/ that looks at the environment, and it takes
+// the environment as a map so tests need no os.Setenv.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+// Prefix starts every variable fencegate reads.
+const Prefix = "FENCEGATE_"
+
+// Config is fencegate's whole configuration. Each field's env tag is the
+// variable name after Prefix; the help tag says what it accepts and is used
+// in error messages and the README's table.
+type Config struct {
+	APIAddr   string `env:"API_ADDR" envDefault:"127.0.0.1:7070" help:"host:port of the lease API, health and metrics listener"`
+	APIToken  string `env:"API_TOKEN" help:"when set, every /v1 call needs Authorization: Bearer <token>"`
+	ProxyAddr string `env:"PROXY_ADDR" envDefault:"127.0.0.1:8080" help:"host:port of the write gate listener"`
+	Upstream  string `env:"UPSTREAM" help:"http(s) URL the write gate forwards to; the gate is off when unset"`
+	Store     string `env:"STORE" envDefault:"file:fencegate.db" help:"file:PATH, memory:, valkey://[user:pass@]host:port[/db][?addr=host:port...] or valkeys://..."`
+	KeyPrefix string `env:"KEY_PREFIX" envDefault:"fencegate" help:"key prefix in Valkey (letters, digits, . _ : -)"`
+
+	DefaultTTL         time.Duration `env:"DEFAULT_TTL" envDefault:"30s" help:"lease TTL when ttl_seconds is absent, whole seconds in [1s, 24h]"`
+	MaxCheckpointBytes int           `env:"MAX_CHECKPOINT_BYTES" envDefault:"1048576" help:"largest checkpoint state in bytes, 1 to 16777216"`
+
+	Rules           string        `env:"RULES" help:"write gate route rules, one per line"`
+	RulesFile       string        `env:"RULES_FILE" help:"path of a file with route rules (instead of FENCEGATE_RULES)"`
+	ResourceHeader  bool          `env:"RESOURCE_HEADER" envDefault:"true" help:"true or false: take the resource from the Fencing-Resource header when no rule matches"`
+	BarrierTimeout  time.Duration `env:"BARRIER_TIMEOUT" envDefault:"10s" help:"longest wait behind a lower-token write in flight, a duration > 0"`
+	TimeoutGrace    time.Duration `env:"TIMEOUT_GRACE" envDefault:"30s" help:"how long the barrier stays closed after an upstream timeout, a duration >= 0"`
+	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest wait for the upstream's response headers, a duration > 0"`
+
+	DrainDelay    time.Duration `env:"DRAIN_DELAY" envDefault:"0s" help:"after SIGTERM, how long /readyz answers 503 before the listeners close, a duration >= 0"`
+	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"15s" help:"after the drain delay, how long in-flight requests may take to finish, a duration > 0"`
+	LogFormat     string        `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
+	LogLevel      string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
+}
+
+// Load parses and validates the configuration from environ (KEY=VALUE
+// pairs, as os.Environ returns). Errors name the variable and what it
+// accepts.
+func Load(environ []string) (Config, error) {
+	m := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	var c Config
+	if err := env.ParseWithOptions(&c, env.Options{Environment: m, Prefix: Prefix}); err != nil {
+		return Config{}, explain(err)
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// explain rewrites caarlos0/env's field-named errors into variable-named
+// ones with what the variable accepts.
+func explain(err error) error {
+	var agg env.AggregateError
+	if !errors.As(err, &agg) {
+		return err
+	}
+	var msgs []string
+	for _, e := range agg.Errors {
+		var pe env.ParseError
+		if errors.As(e, &pe) {
+			msgs = append(msgs, invalid(pe.Name, pe.Err).Error())
+			continue
+		}
+		msgs = append(msgs, e.Error())
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// invalid builds an error naming the field's variable and its help text.
+func invalid(field string, cause error) error {
+	f, ok := reflect.TypeFor[Config]().FieldByName(field)
+	if !ok {
+		return cause
+	}
+	return fmt.Errorf("%s%s: %v (accepts %s)", Prefix, f.Tag.Get("env"), cause, f.Tag.Get("help"))
+}
+
+// Validate checks invariants the types alone do not.
+func (c Config) Validate() error {
+	var errs []error
+	check := func(field string, err error) {
+		if err != nil {
+			errs = append(errs, invalid(field, err))
+		}
+	}
+	check("APIAddr", validateAddr(c.APIAddr))
+	if c.Upstream != "" {
+		check("ProxyAddr", validateAddr(c.ProxyAddr))
+		check("Upstream", validateUpstream(c.Upstream))
+	}
+	_, err := ParseStore(c.Store)
+	check("Store", err)
+	if c.KeyPrefix == "" || strings.ContainsAny(c.KeyPrefix, "{} \t\r\n") {
+		check("KeyPrefix", errors.New("invalid key prefix"))
+	}
+	if fencing.ValidateTTL(c.DefaultTTL) != nil {
+		check("DefaultTTL", fmt.Errorf("%v is out of range", c.DefaultTTL))
+	}
+	if c.MaxCheckpointBytes < 1 || c.MaxCheckpointBytes > 16<<20 {
+		check("MaxCheckpointBytes", fmt.Errorf("%d is out of range", c.MaxCheckpointBytes))
+	}
+	if c.Rules != "" && c.RulesFile != "" {
+		check("RulesFile", errors.New("set FENCEGATE_RULES or FENCEGATE_RULES_FILE, not both"))
+	}
+	positive := func(field string, d time.Duration) {
+		if d <= 0 {
+			check(field, fmt.Errorf("%v is not positive", d))
+		}
+	}
+	positive("BarrierTimeout", c.BarrierTimeout)
+	positive("UpstreamTimeout", c.UpstreamTimeout)
+	positive("ShutdownGrace", c.ShutdownGrace)
+	if c.DrainDelay < 0 {
+		check("DrainDelay", fmt.Errorf("%v is negative", c.DrainDelay))
+	}
+	if c.TimeoutGrace < 0 {
+		check("TimeoutGrace", fmt.Errorf("%v is negative", c.TimeoutGrace))
+	}
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		check("LogFormat", fmt.Errorf("%q is not a log format", c.LogFormat))
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		check("LogLevel", fmt.Errorf("%q is not a log level", c.LogLevel))
+	}
+	return errors.Join(errs...)
+}
+
+func validateAddr(addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("%q is not host:port", addr)
+	}
+	return nil
+}
+
+func validateUpstream(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an http(s) URL with a host", raw)
+	}
+	return nil
+}
+
+// StoreKind names a kind of store.
+type StoreKind string
+
+// The store kinds.
+const (
+	StoreFile   StoreKind = "file"
+	StoreMemory StoreKind = "memory"
+	StoreValkey StoreKind = "valkey"
+)
+
+// StoreSpec is a parsed FENCEGATE_STORE.
+type StoreSpec struct {
+	Kind StoreKind
+	Path string // file: the database path
+	URL  string // valkey: the URL as given (valkey:// or valkeys://)
+}
+
+// ParseStore parses a store URL: file:PATH, memory:, valkey://… or
+// valkeys://….
+func ParseStore(raw string) (StoreSpec, error) {
+	switch {
+	case raw == "memory:":
+		return StoreSpec{Kind: StoreMemory}, nil
+	case strings.HasPrefix(raw, "file:"):
+		p := strings.TrimPrefix(raw, "file:")
+		p = strings.TrimPrefix(p, "//") // file://PATH is accepted too
+		if p == "" {
+			return StoreSpec{}, errors.New("file: needs a path, e.g. file:fencegate.db")
+		}
+		return StoreSpec{Kind: StoreFile, Path: p}, nil
+	case strings.HasPrefix(raw, "valkey://"), strings.HasPrefix(raw, "valkeys://"):
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return StoreSpec{}, fmt.Errorf("%q is not a valkey URL with a host", redact(raw))
+		}
+		return StoreSpec{Kind: StoreValkey, URL: raw}, nil
+	}
+	return StoreSpec{}, fmt.Errorf("%q is not a store URL", redact(raw))
+}
+
+// redact hides a URL's password so errors and logs never carry it.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// Redacted is the store URL with any password hidden, for logs.
+func (s StoreSpec) Redacted() string {
+	switch s.Kind {
+	case StoreFile:
+		return "file:" + s.Path
+	case StoreMemory:
+		return "memory:"
+	}
+	return redact(s.URL)
+}
+
+// Help lists every variable with its default and what it accepts, in
+// declaration order: the README's configuration table is made from it.
+func Help() []Var {
+	t := reflect.TypeFor[Config]()
+	vars := make([]Var, 0, t.NumField())
+	for i := range t.NumField() {
+		f := t.Field(i)
+		vars = append(vars, Var{Name: Prefix + f.Tag.Get("env"), Default: f.Tag.Get("envDefault"), Accepts: f.Tag.Get("help")})
+	}
+	return vars
+}
+
+// Var describes one configuration variable.
+type Var struct {
+	Name, Default, Accepts string
+}

@@ -1,0 +1,98 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadDefaults(t *testing.T) {
+	c, err := Load(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.APIAddr != "127.0.0.1:7070" || c.ProxyAddr != "127.0.0.1:8080" || c.Store != "file:fencegate.db" {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if c.DefaultTTL != 30*time.Second || c.MaxCheckpointBytes != 1<<20 || !c.ResourceHeader || c.Upstream != "" {
+		t.Fatalf("defaults: %+v", c)
+	}
+}
+
+func TestLoadOverrides(t *testing.T) {
+	c, err := Load([]string{
+		"FENCEGATE_API_ADDR=127.0.0.1:0", "FENCEGATE_STORE=memory:", "FENCEGATE_DEFAULT_TTL=2m",
+		"FENCEGATE_RESOURCE_HEADER=false", "FENCEGATE_UPSTREAM=http://127.0.0.1:9000", "UNRELATED=x",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.APIAddr != "127.0.0.1:0" || c.Store != "memory:" || c.DefaultTTL != 2*time.Minute || c.ResourceHeader || c.Upstream != "http://127.0.0.1:9000" {
+		t.Fatalf("overrides not applied: %+v", c)
+	}
+}
+
+func TestLoadErrorsNameTheVariable(t *testing.T) {
+	cases := []struct {
+		env  string
+		want string
+	}{
+		{"FENCEGATE_DEFAULT_TTL=soon", "FENCEGATE_DEFAULT_TTL"},
+		{"FENCEGATE_DEFAULT_TTL=0s", "FENCEGATE_DEFAULT_TTL"},
+		{"FENCEGATE_DEFAULT_TTL=25h", "FENCEGATE_DEFAULT_TTL"},
+		{"FENCEGATE_MAX_CHECKPOINT_BYTES=-1", "FENCEGATE_MAX_CHECKPOINT_BYTES"},
+		{"FENCEGATE_MAX_CHECKPOINT_BYTES=lots", "FENCEGATE_MAX_CHECKPOINT_BYTES"},
+		{"FENCEGATE_RESOURCE_HEADER=maybe", "FENCEGATE_RESOURCE_HEADER"},
+		{"FENCEGATE_STORE=postgres://x", "FENCEGATE_STORE"},
+		{"FENCEGATE_STORE=file:", "FENCEGATE_STORE"},
+		{"FENCEGATE_UPSTREAM=ftp://x", "FENCEGATE_UPSTREAM"},
+		{"FENCEGATE_API_ADDR=7070", "FENCEGATE_API_ADDR"},
+		{"FENCEGATE_LOG_FORMAT=xml", "FENCEGATE_LOG_FORMAT"},
+		{"FENCEGATE_LOG_LEVEL=loud", "FENCEGATE_LOG_LEVEL"},
+		{"FENCEGATE_BARRIER_TIMEOUT=0s", "FENCEGATE_BARRIER_TIMEOUT"},
+		{"FENCEGATE_KEY_PREFIX=a{b}", "FENCEGATE_KEY_PREFIX"},
+	}
+	for _, tc := range cases {
+		_, err := Load([]string{tc.env})
+		if err == nil {
+			t.Errorf("%s: accepted", tc.env)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "accepts") {
+			t.Errorf("%s: error %q does not name %s and what it accepts", tc.env, err, tc.want)
+		}
+	}
+}
+
+func TestStoreURLPasswordIsRedacted(t *testing.T) {
+	_, err := Load([]string{"FENCEGATE_STORE=redis://user:hunter2@host:6379"})
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("error %v leaks the password or accepts a redis:// URL", err)
+	}
+	s, err := ParseStore("valkeys://user:hunter2@host:6379/2")
+	if err != nil || s.Kind != StoreValkey || strings.Contains(s.Redacted(), "hunter2") {
+		t.Fatalf("ParseStore: %+v %v redacted %q", s, err, s.Redacted())
+	}
+}
+
+func TestParseStore(t *testing.T) {
+	for raw, want := range map[string]StoreSpec{
+		"memory:":           {Kind: StoreMemory},
+		"file:fencegate.db": {Kind: StoreFile, Path: "fencegate.db"},
+		"file:///var/f.db":  {Kind: StoreFile, Path: "/var/f.db"},
+		"valkey://h:1":      {Kind: StoreValkey, URL: "valkey://h:1"},
+	} {
+		got, err := ParseStore(raw)
+		if err != nil || got != want {
+			t.Errorf("ParseStore(%q) = %+v, %v; want %+v", raw, got, err, want)
+		}
+	}
+}
+
+func TestHelpCoversEveryField(t *testing.T) {
+	for _, v := range Help() {
+		if v.Name == Prefix || v.Accepts == "" {
+			t.Errorf("variable %+v lacks an env name or help text", v)
+		}
+	}
+}
