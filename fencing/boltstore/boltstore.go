@@ -1,0 +1,412 @@
+// Package boltstore is the durable embedded fencing.Store behind
+// FENCEGATE_STORE=file:PATH, built on bbolt (a single-file B+tree with
+// copy-on-write transactions).
+//
+// Durability: every mutation is one bbolt read-write transaction, and bbolt
+// fsyncs (fdatasync) on commit, so when a call that issued a token or raised
+// a high-water mark returns, the new counter is on disk. A crash or power
+// loss afterwards cannot make a token be issued twice or let an older token
+// pass the mark again.
+//
+// Layout: bucket "records" maps a resource name to its record.Record as
+// JSON (tokens, marks, last lease, history, checkpoint metadata); bucket
+// "states" maps it to the raw checkpoint state, kept apart so renewals and
+// admissions never rewrite a large state. Lease expiry is kept as a
+// wall-clock instant (Unix milliseconds): a live lease stays live across a
+// restart, and one that expired while fencegate was down is expired when it
+// comes back.
+//
+// Limits: one process at a time. bbolt takes an exclusive file lock; a
+// second opener fails after Options.Timeout with an error naming the file.
+// Writes are serialized (one writer at a time, each paying an fsync);
+// admissions at the current mark only read and run concurrently. The file
+// must be on a local file system that honours fsync and flock.
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/record"
+)
+
+var (
+	bucketRecords = []byte("records")
+	bucketStates  = []byte("states")
+	bucketMeta    = []byte("meta")
+	keyFormat     = []byte("format")
+)
+
+// formatVersion is written into a new file and checked on open, so a file
+// written by an incompatible future layout is refused instead of misread.
+const formatVersion = "1"
+
+// DefaultTimeout is how long Open waits for the file lock by default.
+const DefaultTimeout = time.Second
+
+// Options configure a Store.
+type Options struct {
+	// Clock judges expiry and stamps leases and checkpoints; nil means
+	// fencing.SystemClock. Times are persisted as wall-clock instants.
+	Clock fencing.Clock
+	// MaxCheckpointBytes limits checkpoint state; 0 means
+	// fencing.DefaultMaxCheckpointBytes.
+	MaxCheckpointBytes int
+	// Timeout is how long Open waits for the exclusive file lock held by
+	// another process; 0 means DefaultTimeout. Negative is invalid.
+	Timeout time.Duration
+}
+
+// Store is the file-backed fencing.Store. Safe for concurrent use within
+// one process; only one process may have the file open.
+type Store struct {
+	db       *bolt.DB
+	path     string
+	clock    fencing.Clock
+	maxState int
+}
+
+var _ fencing.Store = (*Store)(nil)
+
+// Open opens (creating if needed, mode 0600) the store file at path. It
+// fails with an error naming path when another process holds the file
+// after opts.Timeout, or when the file is not a fencegate store. Errors
+// from Open match fencing.ErrUnavailable.
+func Open(path string, opts Options) (*Store, error) {
+	if opts.Clock == nil {
+		opts.Clock = fencing.SystemClock{}
+	}
+	if opts.MaxCheckpointBytes == 0 {
+		opts.MaxCheckpointBytes = fencing.DefaultMaxCheckpointBytes
+	}
+	if opts.MaxCheckpointBytes < 0 {
+		return nil, fmt.Errorf("boltstore: MaxCheckpointBytes %d is negative", opts.MaxCheckpointBytes)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Timeout < 0 {
+		return nil, fmt.Errorf("boltstore: Timeout %v is negative", opts.Timeout)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.Timeout})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("%w: store file %s is locked by another process (waited %v; is another fencegate running on it?): %w", fencing.ErrUnavailable, path, opts.Timeout, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: open store file %s: %w", fencing.ErrUnavailable, path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		switch v := meta.Get(keyFormat); {
+		case v == nil:
+			if err := meta.Put(keyFormat, []byte(formatVersion)); err != nil {
+				return err
+			}
+		case string(v) != formatVersion:
+			return fmt.Errorf("format version %q, this fencegate reads %q", v, formatVersion)
+		}
+		for _, name := range [][]byte{bucketRecords, bucketStates} {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("%w: initialize store file %s: %w", fencing.ErrUnavailable, path, err)
+	}
+	return &Store{db: db, path: path, clock: opts.Clock, maxState: opts.MaxCheckpointBytes}, nil
+}
+
+// Path is the store file's path.
+func (s *Store) Path() string { return s.path }
+
+// errNoWrite makes an update transaction roll back when the operation
+// changed nothing, sparing the commit's fsync.
+var errNoWrite = errors.New("boltstore: nothing to write")
+
+// opError keeps a domain refusal apart from bbolt's own errors.
+type opError struct{ err error }
+
+func (e *opError) Error() string { return e.err.Error() }
+
+// classify turns bbolt's errors into the domain's faults. committing says
+// whether the operation had run and bbolt failed while committing it: the
+// write may have reached the disk, so the outcome is ambiguous.
+func (s *Store) classify(err error, committing bool) error {
+	var op *opError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &op):
+		return op.err
+	case errors.Is(err, berrors.ErrDatabaseNotOpen), errors.Is(err, berrors.ErrTxClosed):
+		return fmt.Errorf("%w: store file %s is closed", fencing.ErrUnavailable, s.path)
+	case committing:
+		return fmt.Errorf("%w: committing to store file %s: %w", fencing.ErrAmbiguous, s.path, err)
+	default:
+		return fmt.Errorf("%w: store file %s: %w", fencing.ErrUnavailable, s.path, err)
+	}
+}
+
+// load reads the resource's record in tx; a missing one is empty.
+func load(tx *bolt.Tx, resource string) (*record.Record, error) {
+	r := &record.Record{}
+	b := tx.Bucket(bucketRecords)
+	if b == nil {
+		return nil, errors.New("records bucket missing")
+	}
+	v := b.Get([]byte(resource))
+	if v == nil {
+		return r, nil
+	}
+	if err := json.Unmarshal(v, r); err != nil {
+		return nil, fmt.Errorf("corrupt record for %q: %w", resource, err)
+	}
+	return r, nil
+}
+
+func save(tx *bolt.Tx, resource string, r *record.Record) error {
+	v, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketRecords).Put([]byte(resource), v)
+}
+
+// update runs op on the resource's record in one read-write transaction.
+// op reports whether it changed the record; the record is then saved (and
+// op may store more through tx in the same transaction) and committed with
+// an fsync. A refusal or no change rolls back. op reports a bbolt failure
+// of its own as a *storageError, anything else it returns is a refusal.
+func update[T any](s *Store, ctx context.Context, resource string, op func(tx *bolt.Tx, r *record.Record, now time.Time) (T, bool, error)) (T, error) {
+	var zero, result T
+	if err := ctx.Err(); err != nil {
+		return zero, err
+	}
+	ran := false
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		r, err := load(tx, resource)
+		if err != nil {
+			return err
+		}
+		v, changed, err := op(tx, r, s.clock.Now())
+		if se := (*storageError)(nil); errors.As(err, &se) {
+			return se.err
+		}
+		if err != nil {
+			return &opError{err}
+		}
+		result = v
+		if !changed {
+			return errNoWrite
+		}
+		if err := save(tx, resource, r); err != nil {
+			return err
+		}
+		ran = true
+		return nil
+	})
+	if errors.Is(err, errNoWrite) {
+		return result, nil
+	}
+	if err != nil {
+		return zero, s.classify(err, ran)
+	}
+	return result, nil
+}
+
+// view runs fn in a read-only transaction.
+func (s *Store) view(ctx context.Context, fn func(tx *bolt.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.classify(s.db.View(fn), false)
+}
+
+// Acquire implements fencing.Store.
+func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencing.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return fencing.Lease{}, err
+	}
+	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
+		l, err := r.Acquire(req, now)
+		return l, err == nil, err
+	})
+}
+
+// Renew implements fencing.Store.
+func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest) (fencing.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return fencing.Lease{}, err
+	}
+	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
+		l, err := r.Renew(req, now)
+		return l, err == nil, err
+	})
+}
+
+// Release implements fencing.Store. Releasing a lease that already ended
+// writes nothing.
+func (s *Store) Release(ctx context.Context, req fencing.ReleaseRequest) (bool, error) {
+	if err := req.Validate(); err != nil {
+		return false, err
+	}
+	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (bool, bool, error) {
+		released, err := r.Release(req, now)
+		return released, released, err
+	})
+}
+
+// Checkpoint implements fencing.Store. The state and the renewed record
+// commit together.
+func (s *Store) Checkpoint(ctx context.Context, req fencing.CheckpointRequest) (fencing.Lease, error) {
+	if err := req.Validate(s.maxState); err != nil {
+		return fencing.Lease{}, err
+	}
+	return update(s, ctx, req.Resource, func(tx *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
+		l, err := r.Checkpoint(req, now)
+		if err != nil {
+			return l, false, err
+		}
+		if err := tx.Bucket(bucketStates).Put([]byte(req.Resource), req.State); err != nil {
+			// Not a refusal: a storage failure, classified by update.
+			return l, false, &storageError{err}
+		}
+		return l, true, nil
+	})
+}
+
+// storageError marks a bbolt failure inside an operation, so update does
+// not mistake it for a domain refusal.
+type storageError struct{ err error }
+
+func (e *storageError) Error() string { return e.err.Error() }
+func (e *storageError) Unwrap() error { return e.err }
+
+// ReadCheckpoint implements fencing.Store.
+func (s *Store) ReadCheckpoint(ctx context.Context, resource string) (fencing.Checkpoint, error) {
+	if err := fencing.ValidateResource(resource); err != nil {
+		return fencing.Checkpoint{}, err
+	}
+	var cp fencing.Checkpoint
+	err := s.view(ctx, func(tx *bolt.Tx) error {
+		r, err := load(tx, resource)
+		if err != nil {
+			return err
+		}
+		// ReadCheckpoint copies the state out of the mmap.
+		cp, err = r.ReadCheckpoint(tx.Bucket(bucketStates).Get([]byte(resource)), s.clock.Now())
+		if err != nil {
+			return &opError{err}
+		}
+		return nil
+	})
+	return cp, err
+}
+
+// Status implements fencing.Store.
+func (s *Store) Status(ctx context.Context, resource string) (fencing.Status, error) {
+	if err := fencing.ValidateResource(resource); err != nil {
+		return fencing.Status{}, err
+	}
+	var st fencing.Status
+	err := s.view(ctx, func(tx *bolt.Tx) error {
+		r, err := load(tx, resource)
+		if err != nil {
+			return err
+		}
+		st = r.Status(resource, s.clock.Now())
+		return nil
+	})
+	return st, err
+}
+
+// List implements fencing.Store. It walks the records in key (resource)
+// order from the prefix, decoding each; ended leases are skipped, so a
+// prefix with many ended leases costs more than the leases it returns.
+func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	leases := []fencing.Lease{}
+	limit := req.EffectiveLimit()
+	prefix := []byte(req.Prefix)
+	err := s.view(ctx, func(tx *bolt.Tx) error {
+		now := s.clock.Now()
+		c := tx.Bucket(bucketRecords).Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			var r record.Record
+			if err := json.Unmarshal(v, &r); err != nil {
+				return fmt.Errorf("corrupt record for %q: %w", k, err)
+			}
+			if l, ok := r.Live(string(k), now); ok {
+				leases = append(leases, l)
+				if len(leases) == limit {
+					break
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return leases, nil
+}
+
+// Admit implements fencing.Store. An admission at the current mark (the
+// common case: a holder writing with its token) is decided in a read-only
+// transaction and writes nothing. Only a raise opens a read-write
+// transaction, which checks again (the mark may have moved since the read)
+// and commits the new mark with an fsync before returning.
+func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Admission, error) {
+	if err := req.Validate(); err != nil {
+		return fencing.Admission{}, err
+	}
+	var a fencing.Admission
+	err := s.view(ctx, func(tx *bolt.Tx) error {
+		r, err := load(tx, req.Resource)
+		if err != nil {
+			return err
+		}
+		a, err = r.Admit(req, s.clock.Now()) // on a private copy: not saved
+		if err != nil {
+			return &opError{err}
+		}
+		return nil
+	})
+	if err != nil || !a.Raised {
+		return a, err
+	}
+	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Admission, bool, error) {
+		a, err := r.Admit(req, now)
+		return a, a.Raised, err
+	})
+}
+
+// Ping implements fencing.Store: it fails once the store is closed.
+func (s *Store) Ping(ctx context.Context) error {
+	return s.view(ctx, func(*bolt.Tx) error { return nil })
+}
+
+// Close implements fencing.Store. It waits for running transactions, then
+// releases the file lock. Calling it again is harmless.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("boltstore: close %s: %w", s.path, err)
+	}
+	return nil
+}

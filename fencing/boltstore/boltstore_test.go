@@ -1,0 +1,259 @@
+package boltstore_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/boltstore"
+	"github.com/fencegate/fencegate/fencing/fencingtest"
+)
+
+// testMaxCheckpointBytes is small so the oversize cases stay cheap.
+const testMaxCheckpointBytes = 4 << 10
+
+func open(t testing.TB, path string, opts boltstore.Options) *boltstore.Store {
+	t.Helper()
+	st, err := boltstore.Open(path, opts)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", path, err)
+	}
+	return st
+}
+
+// harness opens each store in its own file; Reopen closes it and opens the
+// same file again with the same clock, as a restart would.
+func harness(maxState int) fencingtest.Harness {
+	return fencingtest.Harness{
+		MaxCheckpointBytes: maxState,
+		Open: func(t testing.TB) fencingtest.Instance {
+			clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+			path := filepath.Join(t.TempDir(), "fencegate.db")
+			opts := boltstore.Options{Clock: clock, MaxCheckpointBytes: maxState}
+			st := open(t, path, opts)
+			t.Cleanup(func() { st.Close() })
+			return fencingtest.Instance{
+				Store:   st,
+				Advance: clock.Advance,
+				Reopen: func(t testing.TB) fencing.Store {
+					t.Helper()
+					if err := st.Close(); err != nil {
+						t.Fatalf("Close: %v", err)
+					}
+					st = open(t, path, opts)
+					return st
+				},
+			}
+		},
+	}
+}
+
+func TestConformance(t *testing.T) {
+	fencingtest.Run(t, harness(testMaxCheckpointBytes))
+}
+
+// TestConformanceDefaultLimit runs the suite at the default 1 MiB state
+// limit, the one production uses.
+func TestConformanceDefaultLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	fencingtest.Run(t, harness(0))
+}
+
+// TestRestartKeepsLiveLease restarts over the same file on the host's
+// clock: a live lease stays live (its expiry is a wall-clock instant), its
+// holder keeps working with its token, and tokens keep increasing.
+func TestRestartKeepsLiveLease(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "fencegate.db")
+	st := open(t, path, boltstore.Options{})
+	l, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "alice", TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Admit(ctx, fencing.AdmitRequest{Resource: "job:1", Token: l.Token}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	st = open(t, path, boltstore.Options{})
+	defer st.Close()
+	status, err := st.Status(ctx, "job:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status.Lease == nil || status.Lease.Owner != "alice" || status.Lease.Token != l.Token || !status.Lease.ExpiresAt.Equal(l.ExpiresAt) {
+		t.Fatalf("after restart status lease %+v, want %+v", status.Lease, l)
+	}
+	if status.Issued != l.Token || status.HighWater != l.Token {
+		t.Fatalf("after restart issued %d high water %d, want %d", status.Issued, status.HighWater, l.Token)
+	}
+	var held *fencing.LeaseHeldError
+	if _, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "bob", TTL: time.Minute}); !errors.As(err, &held) || held.Holder != "alice" {
+		t.Fatalf("Acquire by another owner after restart: %v, want held by alice", err)
+	}
+	if _, err := st.Renew(ctx, fencing.RenewRequest{Resource: "job:1", Owner: "alice", Token: l.Token}); err != nil {
+		t.Fatalf("holder's Renew after restart: %v", err)
+	}
+	if ok, err := st.Release(ctx, fencing.ReleaseRequest{Resource: "job:1", Owner: "alice", Token: l.Token}); err != nil || !ok {
+		t.Fatalf("holder's Release after restart = %v, %v", ok, err)
+	}
+	l2, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "bob", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Token <= l.Token {
+		t.Fatalf("token after restart %d, want > %d", l2.Token, l.Token)
+	}
+}
+
+// TestRestartAfterDowntimeExpires restarts with the clock moved past the
+// lease's expiry (fencegate was down longer than the TTL): the lease is
+// expired, and the history says so.
+func TestRestartAfterDowntimeExpires(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "fencegate.db")
+	start := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	st := open(t, path, boltstore.Options{Clock: fencingtest.NewFakeClock(start)})
+	l, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "alice", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	st = open(t, path, boltstore.Options{Clock: fencingtest.NewFakeClock(start.Add(time.Minute))})
+	defer st.Close()
+	status, err := st.Status(ctx, "job:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status.Lease != nil || status.Previous == nil || status.Previous.Ended != fencing.EndExpired || status.Previous.Token != l.Token {
+		t.Fatalf("after downtime status %+v, want the lease expired", status)
+	}
+	if _, err := st.Renew(ctx, fencing.RenewRequest{Resource: "job:1", Owner: "alice", Token: l.Token}); !errors.Is(err, fencing.ErrLeaseLost) {
+		t.Fatalf("Renew after downtime: %v, want ErrLeaseLost", err)
+	}
+}
+
+func TestClosedStoreUnavailable(t *testing.T) {
+	st := open(t, filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{})
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	_, err := st.Admit(ctx, fencing.AdmitRequest{Resource: "a", Token: 1})
+	if !errors.Is(err, fencing.ErrUnavailable) {
+		t.Fatalf("Admit on a closed store: %v, want ErrUnavailable", err)
+	}
+	_, err = st.Acquire(ctx, fencing.AcquireRequest{Resource: "a", Owner: "o", TTL: time.Second})
+	if !errors.Is(err, fencing.ErrUnavailable) {
+		t.Fatalf("Acquire on a closed store: %v, want ErrUnavailable", err)
+	}
+	if err := st.Ping(ctx); !errors.Is(err, fencing.ErrUnavailable) {
+		t.Fatalf("Ping on a closed store: %v, want ErrUnavailable", err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+func TestOpenRefusesBadOptions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fencegate.db")
+	for _, opts := range []boltstore.Options{{Timeout: -time.Second}, {MaxCheckpointBytes: -1}} {
+		if st, err := boltstore.Open(path, opts); err == nil {
+			st.Close()
+			t.Fatalf("Open with %+v succeeded", opts)
+		}
+	}
+	// A file that is not a bbolt database is refused, not overwritten.
+	junk := filepath.Join(t.TempDir(), "junk.db")
+	if err := os.WriteFile(junk, []byte(strings.Repeat("not a database\n", 1000)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := boltstore.Open(junk, boltstore.Options{}); err == nil {
+		st.Close()
+		t.Fatal("Open of a junk file succeeded")
+	} else if !errors.Is(err, fencing.ErrUnavailable) || !strings.Contains(err.Error(), junk) {
+		t.Fatalf("Open of a junk file: %v, want ErrUnavailable naming the file", err)
+	}
+}
+
+// lockHolderEnv makes the test binary, run as a child, hold the store file
+// open until its stdin closes.
+const lockHolderEnv = "FENCEGATE_BOLTSTORE_TEST_HOLD"
+
+// TestHelperHoldLock is the child process of TestOpenLockedByAnotherProcess.
+func TestHelperHoldLock(t *testing.T) {
+	path := os.Getenv(lockHolderEnv)
+	if path == "" {
+		t.Skip("helper process for TestOpenLockedByAnotherProcess")
+	}
+	st, err := boltstore.Open(path, boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	os.Stdout.WriteString("holding\n")
+	bufio.NewReader(os.Stdin).ReadString('\n') // until the parent closes stdin
+}
+
+func TestOpenLockedByAnotherProcess(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fencegate.db")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHoldLock$", "-test.count=1")
+	cmd.Env = append(os.Environ(), lockHolderEnv+"="+path)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		cmd.Wait()
+	}()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "holding\n" {
+		t.Fatalf("helper did not take the lock: %q, %v", line, err)
+	}
+
+	st, err := boltstore.Open(path, boltstore.Options{Timeout: 200 * time.Millisecond})
+	if err == nil {
+		st.Close()
+		t.Fatal("Open succeeded while another process holds the file")
+	}
+	if !errors.Is(err, fencing.ErrUnavailable) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("Open of a locked file: %v, want ErrUnavailable naming %s", err, path)
+	}
+
+	// Once the holder exits, the file opens.
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("helper: %v", err)
+	}
+	st = open(t, path, boltstore.Options{})
+	st.Close()
+}
+
+func BenchmarkStore(b *testing.B) {
+	fencingtest.RunBenchmarks(b, fencingtest.Harness{
+		Open: func(t testing.TB) fencingtest.Instance {
+			st := open(t, filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{})
+			t.Cleanup(func() { st.Close() })
+			return fencingtest.Instance{Store: st}
+		},
+	})
+}

@@ -1,0 +1,65 @@
+package memstore_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/fencingtest"
+	"github.com/fencegate/fencegate/fencing/memstore"
+)
+
+// testMaxCheckpointBytes is small so the oversize cases stay cheap.
+const testMaxCheckpointBytes = 4 << 10
+
+func harness(maxState int) fencingtest.Harness {
+	return fencingtest.Harness{
+		MaxCheckpointBytes: maxState,
+		Open: func(t testing.TB) fencingtest.Instance {
+			clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+			st := memstore.New(memstore.Options{Clock: clock, MaxCheckpointBytes: maxState})
+			t.Cleanup(func() { st.Close() })
+			// Reopen is nil: the memory store keeps nothing across a restart.
+			return fencingtest.Instance{Store: st, Advance: clock.Advance}
+		},
+	}
+}
+
+func TestConformance(t *testing.T) {
+	fencingtest.Run(t, harness(testMaxCheckpointBytes))
+}
+
+// TestConformanceDefaultLimit runs the suite at the default 1 MiB state
+// limit, the one production uses.
+func TestConformanceDefaultLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	fencingtest.Run(t, harness(0))
+}
+
+// TestConformanceRealClock runs the suite on the host's clock, the way
+// stores without an injectable clock run it.
+func TestConformanceRealClock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short: sleeps past 1 s leases")
+	}
+	fencingtest.Run(t, fencingtest.Harness{
+		MaxCheckpointBytes: testMaxCheckpointBytes,
+		Open: func(t testing.TB) fencingtest.Instance {
+			st := memstore.New(memstore.Options{MaxCheckpointBytes: testMaxCheckpointBytes})
+			t.Cleanup(func() { st.Close() })
+			return fencingtest.Instance{Store: st}
+		},
+	})
+}
+
+func BenchmarkStore(b *testing.B) {
+	fencingtest.RunBenchmarks(b, fencingtest.Harness{
+		Open: func(t testing.TB) fencingtest.Instance {
+			st := memstore.New(memstore.Options{Clock: fencing.SystemClock{}})
+			t.Cleanup(func() { st.Close() })
+			return fencingtest.Instance{Store: st}
+		},
+	})
+}

@@ -1,0 +1,147 @@
+package record_test
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/record"
+)
+
+var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func enc(t *testing.T, r *record.Record) string {
+	t.Helper()
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestJSONFormat pins the persisted form: the file store keeps records in
+// this encoding, so a change here is a file format change.
+func TestJSONFormat(t *testing.T) {
+	var r record.Record
+	l, err := r.Acquire(fencing.AcquireRequest{Resource: "job:1", Owner: "alice", TTL: 30 * time.Second}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Checkpoint(fencing.CheckpointRequest{Resource: "job:1", Owner: "alice", Token: l.Token, State: []byte(`{"a":1}`)}, t0.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Admit(fencing.AdmitRequest{Resource: "job:1", Token: 1}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := r.Release(fencing.ReleaseRequest{Resource: "job:1", Owner: "alice", Token: 1, Finished: true}, t0.Add(2*time.Second)); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if _, err := r.Acquire(fencing.AcquireRequest{Resource: "job:1", Owner: "bob", TTL: time.Minute}, t0.Add(3*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	ms := t0.UnixMilli()
+	want := `{"issued":2,"high_water":1,` +
+		`"last":{"owner":"bob","token":2,"ttl_ms":60000,"acquired_ms":` + itoa(ms+3000) + `,"expires_ms":` + itoa(ms+63000) + `},` +
+		`"prior":{"owner":"alice","token":1,"ended":"released","finished":true},` +
+		`"checkpoint":{"token":1,"updated_ms":` + itoa(ms+1000) + `,"size_bytes":7}}`
+	if got := enc(t, &r); got != want {
+		t.Fatalf("encoding\n got %s\nwant %s", got, want)
+	}
+	var back record.Record
+	if err := json.Unmarshal([]byte(want), &back); err != nil {
+		t.Fatal(err)
+	}
+	if got := enc(t, &back); got != want {
+		t.Fatalf("round trip\n got %s\nwant %s", got, want)
+	}
+}
+
+func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
+
+// TestRefusalsChangeNothing runs every refusal on a record with history and
+// checks the record is byte-for-byte the same afterwards: the stores rely on
+// it (memstore admits on the stored record in place).
+func TestRefusalsChangeNothing(t *testing.T) {
+	const res = "job:1"
+	var r record.Record
+	a, _ := r.Acquire(fencing.AcquireRequest{Resource: res, Owner: "alice", TTL: time.Minute}, t0)
+	r.Release(fencing.ReleaseRequest{Resource: res, Owner: "alice", Token: a.Token}, t0)
+	b, _ := r.Acquire(fencing.AcquireRequest{Resource: res, Owner: "bob", TTL: time.Minute}, t0)
+	r.Admit(fencing.AdmitRequest{Resource: res, Token: b.Token}, t0)
+	now := t0.Add(time.Second)
+	before := enc(t, &r)
+	refusals := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"acquire held", second(r.Acquire(fencing.AcquireRequest{Resource: res, Owner: "carol", TTL: time.Minute}, now)), fencing.ErrLeaseHeld},
+		{"renew other owner", second(r.Renew(fencing.RenewRequest{Resource: res, Owner: "alice", Token: b.Token}, now)), fencing.ErrLeaseLost},
+		{"renew old token", second(r.Renew(fencing.RenewRequest{Resource: res, Owner: "bob", Token: a.Token}, now)), fencing.ErrLeaseLost},
+		{"release old", second(r.Release(fencing.ReleaseRequest{Resource: res, Owner: "alice", Token: a.Token}, now)), fencing.ErrLeaseLost},
+		{"checkpoint forged", second(r.Checkpoint(fencing.CheckpointRequest{Resource: res, Owner: "bob", Token: 99, State: []byte(`1`)}, now)), fencing.ErrLeaseLost},
+		{"admit stale", second(r.Admit(fencing.AdmitRequest{Resource: res, Token: a.Token}, now)), fencing.ErrStaleToken},
+		{"admit not issued", second(r.Admit(fencing.AdmitRequest{Resource: res, Token: b.Token + 1}, now)), fencing.ErrTokenNotIssued},
+		{"read no checkpoint", second(r.ReadCheckpoint(nil, now)), fencing.ErrNoCheckpoint},
+	}
+	for _, c := range refusals {
+		if !errors.Is(c.err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, c.err, c.want)
+		}
+	}
+	if after := enc(t, &r); after != before {
+		t.Fatalf("refusals changed the record\nbefore %s\n after %s", before, after)
+	}
+	// Strict admission of the live token passes without a raise.
+	adm, err := r.Admit(fencing.AdmitRequest{Resource: res, Token: b.Token, RequireLive: true}, now)
+	if err != nil || adm.Raised {
+		t.Fatalf("strict admission of the live token = %+v, %v", adm, err)
+	}
+	if after := enc(t, &r); after != before {
+		t.Fatalf("an admission at the mark changed the record\nbefore %s\n after %s", before, after)
+	}
+}
+
+func second[T any](_ T, err error) error { return err }
+
+func TestReleaseOutcomes(t *testing.T) {
+	const res = "job:1"
+	rel := func(r *record.Record, owner string, tok fencing.Token, at time.Time) (bool, error) {
+		return r.Release(fencing.ReleaseRequest{Resource: res, Owner: owner, Token: tok}, at)
+	}
+	var r record.Record
+	a, _ := r.Acquire(fencing.AcquireRequest{Resource: res, Owner: "alice", TTL: time.Minute}, t0)
+	// Expired, nothing newer: false, and the ending stays "expired".
+	late := t0.Add(2 * time.Minute)
+	if ok, err := rel(&r, "alice", a.Token, late); ok || err != nil {
+		t.Fatalf("release after expiry = %v, %v; want false, nil", ok, err)
+	}
+	if p := r.Status(res, late).Previous; p == nil || p.Ended != fencing.EndExpired {
+		t.Fatalf("previous after releasing an expired lease %+v, want expired", p)
+	}
+	// Same token, other owner: lost.
+	if _, err := rel(&r, "bob", a.Token, late); !errors.Is(err, fencing.ErrLeaseLost) {
+		t.Fatalf("release by another owner: %v", err)
+	}
+	// Once a newer token exists: lost.
+	r.Acquire(fencing.AcquireRequest{Resource: res, Owner: "bob", TTL: time.Minute}, late)
+	if _, err := rel(&r, "alice", a.Token, late); !errors.Is(err, fencing.ErrLeaseLost) {
+		t.Fatalf("release of an old token: %v", err)
+	}
+}
+
+func TestExpiryBoundary(t *testing.T) {
+	var r record.Record
+	l, _ := r.Acquire(fencing.AcquireRequest{Resource: "r", Owner: "alice", TTL: time.Second}, t0)
+	if _, ok := r.Live("r", l.ExpiresAt.Add(-time.Millisecond)); !ok {
+		t.Fatal("not live 1 ms before expires_at")
+	}
+	if _, ok := r.Live("r", l.ExpiresAt); ok {
+		t.Fatal("still live at expires_at")
+	}
+	if st := r.Status("r", l.ExpiresAt); st.Lease != nil || st.Previous == nil || st.Previous.Ended != fencing.EndExpired {
+		t.Fatalf("status at expires_at %+v", st)
+	}
+}
