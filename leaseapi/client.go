@@ -1,0 +1,461 @@
+package leaseapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+// DefaultClientTimeout bounds each call of a Client built without
+// WithHTTPClient. It exceeds fencing.MaxWait so the longest acquire wait can
+// finish; bound individual calls more tightly with their context.
+const DefaultClientTimeout = fencing.MaxWait + 30*time.Second
+
+// maxResponseBytes bounds how much of a response the client reads.
+const maxResponseBytes = 256 << 20
+
+// Client calls a fencegate lease API. It is safe for concurrent use.
+//
+// Errors: a refusal by the server is a *ProblemError, which matches the
+// fencing sentinel of its code through errors.Is (lease-held matches
+// fencing.ErrLeaseHeld, lease-lost fencing.ErrLeaseLost, and so on) and
+// fills *fencing.LeaseHeldError, *fencing.StaleTokenError and
+// *fencing.TokenNotIssuedError through errors.As. Arguments the client can
+// check itself (resource name, TTL) fail with an error matching
+// fencing.ErrInvalid before anything is sent. A transport failure matches
+// fencing.ErrUnavailable when the connection could not be made (nothing was
+// sent), and fencing.ErrAmbiguous otherwise: the call may or may not have
+// taken effect, so a worker must not assume either outcome (it may, for
+// instance, acquire again as the same owner, which is idempotent for a live
+// lease). The context's error stays matchable with errors.Is.
+//
+// Lease times in answers are the server's (the store's clock), never the
+// client's; compare them with the server's clock, or use TTL instead.
+type Client struct {
+	base    string // scheme://host[/prefix], no trailing slash
+	baseErr error
+	hc      *http.Client
+	token   string
+}
+
+// ClientOption configures a Client.
+type ClientOption func(*Client)
+
+// WithHTTPClient makes the Client send its requests through hc (for TLS
+// settings, proxies, or instrumentation). Its Timeout, if any, must allow
+// for acquire waits.
+func WithHTTPClient(hc *http.Client) ClientOption {
+	return func(c *Client) { c.hc = hc }
+}
+
+// WithToken sends "Authorization: Bearer <token>" with every call, for a
+// server configured with an API token.
+func WithToken(token string) ClientOption {
+	return func(c *Client) { c.token = token }
+}
+
+// NewClient returns a client of the API at baseURL, such as
+// "http://127.0.0.1:7070". A malformed baseURL makes every call fail with
+// the parse error.
+func NewClient(baseURL string, opts ...ClientOption) *Client {
+	c := &Client{base: strings.TrimRight(baseURL, "/")}
+	u, err := url.Parse(c.base)
+	switch {
+	case err != nil:
+		c.baseErr = fmt.Errorf("leaseapi: base URL: %w", err)
+	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
+		c.baseErr = fmt.Errorf("leaseapi: base URL %q: want http://host:port or https://host:port", baseURL)
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.hc == nil {
+		c.hc = &http.Client{Timeout: DefaultClientTimeout}
+	}
+	return c
+}
+
+// AcquireOptions describe an acquisition.
+type AcquireOptions struct {
+	// Owner names the worker; required, see fencing.ValidateOwner.
+	Owner string
+	// TTL is the lease duration, whole seconds within [1 s, 24 h]; zero
+	// means the server's default.
+	TTL time.Duration
+	// Wait, when positive, lets the server wait up to this long (at most
+	// fencing.MaxWait, rounded up to a whole second) for another owner's
+	// lease to end.
+	Wait time.Duration
+}
+
+// Acquire takes the lease on resource for opts.Owner. Re-acquiring a live
+// lease as its owner extends it and keeps its token. Another owner's live
+// lease: a *ProblemError matching fencing.ErrLeaseHeld (after opts.Wait, if
+// set).
+func (c *Client) Acquire(ctx context.Context, resource string, opts AcquireOptions) (fencing.Lease, error) {
+	body := acquireBody{Owner: opts.Owner}
+	if opts.TTL != 0 {
+		if err := fencing.ValidateTTL(opts.TTL); err != nil {
+			return fencing.Lease{}, err
+		}
+		body.TTLSeconds = ptr(int64(opts.TTL / time.Second))
+	}
+	if opts.Wait != 0 {
+		if err := fencing.ValidateWait(opts.Wait); err != nil {
+			return fencing.Lease{}, err
+		}
+		body.WaitSeconds = ptr(int64((opts.Wait + time.Second - 1) / time.Second))
+	}
+	return c.leaseCall(ctx, http.MethodPost, resource, "/acquire", body)
+}
+
+// Renew extends the live lease held by owner with token, by ttl (whole
+// seconds within [1 s, 24 h]) or, when ttl is zero, by the lease's current
+// TTL. Not the live holder (including an expired lease): a *ProblemError
+// matching fencing.ErrLeaseLost.
+func (c *Client) Renew(ctx context.Context, resource, owner string, token fencing.Token, ttl time.Duration) (fencing.Lease, error) {
+	body := renewBody{Owner: owner, Token: token}
+	if ttl != 0 {
+		if err := fencing.ValidateTTL(ttl); err != nil {
+			return fencing.Lease{}, err
+		}
+		body.TTLSeconds = ptr(int64(ttl / time.Second))
+	}
+	return c.leaseCall(ctx, http.MethodPost, resource, "/renew", body)
+}
+
+// Release ends the lease held by owner with token; finished tells the next
+// holder the work is done. It reports false when that lease had already
+// ended and no newer token was issued (a repeated release), and a
+// *ProblemError matching fencing.ErrLeaseLost when a newer token exists or
+// another owner holds the resource.
+func (c *Client) Release(ctx context.Context, resource, owner string, token fencing.Token, finished bool) (bool, error) {
+	var out releasedJSON
+	err := c.call(ctx, http.MethodPost, resource, "/release", nil, releaseBody{Owner: owner, Token: token, Finished: finished}, &out)
+	return out.Released && err == nil, err
+}
+
+// Checkpoint saves state (marshaled with encoding/json; a json.RawMessage
+// is sent as is) for the live lease held by owner with token, and renews
+// the lease in the same atomic step. It returns the renewed lease. Not the
+// live holder: fencing.ErrLeaseLost; state above the server's limit:
+// fencing.ErrTooLarge.
+func (c *Client) Checkpoint(ctx context.Context, resource, owner string, token fencing.Token, state any) (fencing.Lease, error) {
+	raw, err := json.Marshal(state)
+	if err != nil {
+		return fencing.Lease{}, fmt.Errorf("leaseapi: checkpoint state: %w", err)
+	}
+	return c.leaseCall(ctx, http.MethodPut, resource, "/checkpoint", checkpointBody{Owner: owner, Token: token, State: raw})
+}
+
+// ReadCheckpoint returns the last checkpoint saved on resource and how the
+// previous holder left. No checkpoint: fencing.ErrNoCheckpoint.
+func (c *Client) ReadCheckpoint(ctx context.Context, resource string) (fencing.Checkpoint, error) {
+	var out checkpointJSON
+	if err := c.call(ctx, http.MethodGet, resource, "/checkpoint", nil, nil, &out); err != nil {
+		return fencing.Checkpoint{}, err
+	}
+	at, err := parseTime(out.UpdatedAt)
+	if err != nil {
+		return fencing.Checkpoint{}, err
+	}
+	return fencing.Checkpoint{State: out.State, Token: out.Token, UpdatedAt: at, Previous: fromPreviousJSON(out.Previous)}, nil
+}
+
+// Status describes resource; an unknown one has zero tokens and nil
+// members.
+func (c *Client) Status(ctx context.Context, resource string) (fencing.Status, error) {
+	var out statusJSON
+	if err := c.call(ctx, http.MethodGet, resource, "", nil, nil, &out); err != nil {
+		return fencing.Status{}, err
+	}
+	st := fencing.Status{Resource: out.Resource, Issued: out.Issued, HighWater: out.HighWater, Previous: fromPreviousJSON(out.Previous)}
+	if out.Lease != nil {
+		l, err := fromLeaseJSON(*out.Lease)
+		if err != nil {
+			return fencing.Status{}, err
+		}
+		st.Lease = &l
+	}
+	if cp := out.Checkpoint; cp != nil {
+		at, err := parseTime(cp.UpdatedAt)
+		if err != nil {
+			return fencing.Status{}, err
+		}
+		st.Checkpoint = &fencing.CheckpointInfo{Token: cp.Token, UpdatedAt: at, SizeBytes: cp.SizeBytes}
+	}
+	return st, nil
+}
+
+// List returns the live leases whose resource starts with prefix, in
+// resource order, at most limit of them (0 means the server's maximum,
+// fencing.MaxListLimit).
+func (c *Client) List(ctx context.Context, prefix string, limit int) ([]fencing.Lease, error) {
+	q := url.Values{}
+	if prefix != "" {
+		q.Set("prefix", prefix)
+	}
+	if limit != 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var out listJSON
+	if err := c.call(ctx, http.MethodGet, listAll, "", q, nil, &out); err != nil {
+		return nil, err
+	}
+	leases := make([]fencing.Lease, 0, len(out.Leases))
+	for _, lj := range out.Leases {
+		l, err := fromLeaseJSON(lj)
+		if err != nil {
+			return nil, err
+		}
+		leases = append(leases, l)
+	}
+	return leases, nil
+}
+
+func (c *Client) leaseCall(ctx context.Context, method, resource, suffix string, body any) (fencing.Lease, error) {
+	var out leaseJSON
+	if err := c.call(ctx, method, resource, suffix, nil, body, &out); err != nil {
+		return fencing.Lease{}, err
+	}
+	return fromLeaseJSON(out)
+}
+
+// listAll, as call's resource, addresses the collection /v1/leases. It is
+// not a valid resource name, so it cannot collide with one.
+const listAll = "\x00list"
+
+// call sends one request to /v1/leases/resource+suffix (or /v1/leases for
+// listAll) and decodes a 2xx answer into out, or a refusal into a
+// *ProblemError.
+func (c *Client) call(ctx context.Context, method, resource, suffix string, query url.Values, body, out any) error {
+	if c.baseErr != nil {
+		return c.baseErr
+	}
+	path := "/v1/leases"
+	if resource != listAll {
+		if err := fencing.ValidateResource(resource); err != nil {
+			return err
+		}
+		path += "/" + url.PathEscape(resource) + suffix
+	}
+	target := c.base + path
+	if len(query) > 0 {
+		target += "?" + query.Encode()
+	}
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("leaseapi: encode request: %w", err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, rd)
+	if err != nil {
+		return fmt.Errorf("leaseapi: %w", err)
+	}
+	req.Header.Set("Accept", "application/json, application/problem+json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return transportError(method, path, err)
+	}
+	defer resp.Body.Close()
+	rb := io.LimitReader(resp.Body, maxResponseBytes)
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		if resource == listAll {
+			resource = ""
+		}
+		return readProblem(resp, rb, resource)
+	}
+	if err := json.NewDecoder(rb).Decode(out); err != nil {
+		return fmt.Errorf("leaseapi: %s %s: decode answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// transportError classifies a failed round trip: a failed dial sent
+// nothing (ErrUnavailable); anything later may have reached the server
+// (ErrAmbiguous).
+func transportError(method, path string, err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return fmt.Errorf("leaseapi: %s %s: %w: %w", method, path, fencing.ErrUnavailable, err)
+	}
+	return fmt.Errorf("leaseapi: %s %s: %w: %w", method, path, fencing.ErrAmbiguous, err)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func parseTime(s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("leaseapi: bad time in answer: %w", err)
+	}
+	return t.UTC(), nil
+}
+
+func fromLeaseJSON(l leaseJSON) (fencing.Lease, error) {
+	acq, err := parseTime(l.AcquiredAt)
+	if err != nil {
+		return fencing.Lease{}, err
+	}
+	exp, err := parseTime(l.ExpiresAt)
+	if err != nil {
+		return fencing.Lease{}, err
+	}
+	return fencing.Lease{Resource: l.Resource, Owner: l.Owner, Token: l.Token, TTL: time.Duration(l.TTLSeconds) * time.Second, AcquiredAt: acq, ExpiresAt: exp}, nil
+}
+
+func fromPreviousJSON(p *previousJSON) *fencing.Previous {
+	if p == nil {
+		return nil
+	}
+	return &fencing.Previous{Owner: p.Owner, Token: p.Token, Ended: p.Ended, Finished: p.Finished}
+}
+
+// ProblemError is a refusal answered by the server: a non-2xx status with,
+// normally, an application/problem+json body.
+type ProblemError struct {
+	Status int    // HTTP status
+	Code   string // the problem's stable code ("lease-held"); empty when the body was not a problem
+	Detail string // the problem's detail, for humans
+	// Extra holds the problem's extension members ("holder", "expires_at",
+	// "high_water_token"...). Numbers are json.Number, so tokens keep
+	// every digit.
+	Extra map[string]any
+	// RetryAfter is the answer's Retry-After, when it gave one in seconds.
+	RetryAfter time.Duration
+	// Resource is the resource the call was about (empty for List).
+	Resource string
+}
+
+// Error renders the status, code and detail.
+func (e *ProblemError) Error() string {
+	code := e.Code
+	if code == "" {
+		code = strings.ToLower(http.StatusText(e.Status))
+	}
+	if e.Detail == "" {
+		return fmt.Sprintf("fencegate: %d %s", e.Status, code)
+	}
+	return fmt.Sprintf("fencegate: %d %s: %s", e.Status, code, e.Detail)
+}
+
+// ErrUnauthorized matches a *ProblemError with code "unauthorized": the
+// server requires an API token and the client sent none or a wrong one (see
+// WithToken).
+var ErrUnauthorized = errors.New("unauthorized")
+
+// sentinels maps problem codes to the errors they stand for.
+var sentinels = map[string]error{
+	"unauthorized":      ErrUnauthorized,
+	"invalid-request":   fencing.ErrInvalid,
+	"invalid-json":      fencing.ErrInvalid,
+	"payload-too-large": fencing.ErrTooLarge,
+	"lease-held":        fencing.ErrLeaseHeld,
+	"lease-lost":        fencing.ErrLeaseLost,
+	"stale-token":       fencing.ErrStaleToken,
+	"token-not-issued":  fencing.ErrTokenNotIssued,
+	"lease-not-held":    fencing.ErrLeaseNotHeld,
+	"no-checkpoint":     fencing.ErrNoCheckpoint,
+	"store-unavailable": fencing.ErrUnavailable,
+}
+
+// Is makes errors.Is(err, fencing.ErrLeaseLost) and the like true for the
+// matching problem code: invalid-request and invalid-json match
+// fencing.ErrInvalid, payload-too-large ErrTooLarge, lease-held
+// ErrLeaseHeld, lease-lost ErrLeaseLost, stale-token ErrStaleToken,
+// token-not-issued ErrTokenNotIssued, lease-not-held ErrLeaseNotHeld,
+// no-checkpoint ErrNoCheckpoint, store-unavailable ErrUnavailable, and
+// unauthorized ErrUnauthorized.
+func (e *ProblemError) Is(target error) bool {
+	s, ok := sentinels[e.Code]
+	return ok && s == target
+}
+
+// As fills *fencing.LeaseHeldError, *fencing.StaleTokenError and
+// *fencing.TokenNotIssuedError from the matching problems' members.
+func (e *ProblemError) As(target any) bool {
+	switch t := target.(type) {
+	case **fencing.LeaseHeldError:
+		if e.Code != "lease-held" {
+			return false
+		}
+		holder, _ := e.Extra["holder"].(string)
+		var exp time.Time
+		if s, ok := e.Extra["expires_at"].(string); ok {
+			exp, _ = parseTime(s)
+		}
+		*t = &fencing.LeaseHeldError{Resource: e.Resource, Holder: holder, ExpiresAt: exp}
+		return true
+	case **fencing.StaleTokenError:
+		if e.Code != "stale-token" {
+			return false
+		}
+		*t = &fencing.StaleTokenError{Resource: e.Resource, HighWater: e.token("high_water_token")}
+		return true
+	case **fencing.TokenNotIssuedError:
+		if e.Code != "token-not-issued" {
+			return false
+		}
+		*t = &fencing.TokenNotIssuedError{Resource: e.Resource, Issued: e.token("issued_token")}
+		return true
+	}
+	return false
+}
+
+func (e *ProblemError) token(member string) fencing.Token {
+	n, ok := e.Extra[member].(json.Number)
+	if !ok {
+		return 0
+	}
+	t, _ := fencing.ParseToken(n.String())
+	return t
+}
+
+// readProblem builds the *ProblemError of a non-2xx answer. A body that is
+// not problem JSON (a proxy's error page) leaves Code empty.
+func readProblem(resp *http.Response, body io.Reader, resource string) error {
+	pe := &ProblemError{Status: resp.StatusCode, Resource: resource}
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s >= 0 {
+		pe.RetryAfter = time.Duration(s) * time.Second
+	}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if mt != "application/problem+json" && mt != "application/json" {
+		return pe
+	}
+	var m map[string]any
+	dec := json.NewDecoder(body)
+	dec.UseNumber()
+	if err := dec.Decode(&m); err != nil {
+		return pe
+	}
+	pe.Code, _ = m["code"].(string)
+	pe.Detail, _ = m["detail"].(string)
+	for _, k := range []string{"type", "title", "status", "detail", "code"} {
+		delete(m, k)
+	}
+	if len(m) > 0 {
+		pe.Extra = m
+	}
+	return pe
+}

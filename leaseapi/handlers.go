@@ -1,0 +1,218 @@
+package leaseapi
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/problem"
+)
+
+// fail answers err as a problem. When the client has gone away (its
+// context ended and the error is that context's), nothing is written and
+// nothing is logged as an error: there is no one to answer.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if ctxErr := r.Context().Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		s.log.LogAttrs(r.Context(), slog.LevelDebug, "client gone",
+			slog.String("request_id", middleware.GetReqID(r.Context())), slog.String("path", r.URL.Path))
+		return
+	}
+	problem.Write(w, r, s.log, err)
+}
+
+// resource returns the {resource} path parameter, percent-decoded and
+// validated.
+func resource(r *http.Request) (string, error) {
+	raw := chi.URLParam(r, "resource")
+	name, err := url.PathUnescape(raw)
+	if err != nil {
+		return "", &fencing.ValidationError{Field: "resource", Reason: "is not a valid percent-encoded path segment"}
+	}
+	if err := fencing.ValidateResource(name); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+func (s *Server) handleLivez(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, map[string]string{"status": "ok"})
+}
+
+func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		problem.Write(w, r, nil, problem.New(http.StatusServiceUnavailable, "draining", "fencegate is shutting down"))
+		return
+	}
+	if err := s.ping(r.Context()); err != nil {
+		problem.Write(w, r, s.log, &problem.Error{Status: http.StatusServiceUnavailable, Code: "store-unavailable",
+			Detail:  "the lease store did not answer",
+			Headers: http.Header{"Retry-After": {strconv.Itoa(problem.RetryAfterStoreFault)}}, Cause: err})
+		return
+	}
+	writeJSON(w, map[string]string{"status": "ready"})
+}
+
+func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request) {
+	name, err := resource(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var body acquireBody
+	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ttl, err := seconds(body.TTLSeconds, s.defaultTTL, fencing.MaxTTL, fencing.ValidateTTL)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	wait, err := seconds(body.WaitSeconds, 0, fencing.MaxWait, fencing.ValidateWait)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	req := fencing.AcquireRequest{Resource: name, Owner: body.Owner, TTL: ttl}
+	if err := req.Validate(); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var lease fencing.Lease
+	if wait > 0 {
+		lease, err = fencing.AcquireWait(r.Context(), s.store, req, wait)
+	} else {
+		lease, err = s.store.Acquire(r.Context(), req)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, toLeaseJSON(lease))
+}
+
+func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
+	name, err := resource(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var body renewBody
+	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	ttl, err := seconds(body.TTLSeconds, 0, fencing.MaxTTL, fencing.ValidateTTL)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	lease, err := s.store.Renew(r.Context(), fencing.RenewRequest{Resource: name, Owner: body.Owner, Token: body.Token, TTL: ttl})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, toLeaseJSON(lease))
+}
+
+func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
+	name, err := resource(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var body releaseBody
+	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	released, err := s.store.Release(r.Context(), fencing.ReleaseRequest{Resource: name, Owner: body.Owner, Token: body.Token, Finished: body.Finished})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, releasedJSON{Released: released})
+}
+
+func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request) {
+	name, err := resource(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var body checkpointBody
+	if err := decodeBody(w, r, s.checkpointLimit, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	lease, err := s.store.Checkpoint(r.Context(), fencing.CheckpointRequest{Resource: name, Owner: body.Owner, Token: body.Token, State: body.State})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, toLeaseJSON(lease))
+}
+
+func (s *Server) handleReadCheckpoint(w http.ResponseWriter, r *http.Request) {
+	name, err := resource(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	cp, err := s.store.ReadCheckpoint(r.Context(), name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, checkpointJSON{State: cp.State, Token: cp.Token, UpdatedAt: problem.FormatTime(cp.UpdatedAt), Previous: toPreviousJSON(cp.Previous)})
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	name, err := resource(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	st, err := s.store.Status(r.Context(), name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, toStatusJSON(st))
+}
+
+// handleList answers the live leases. limit is 1 to fencing.MaxListLimit
+// (absent or empty: MaxListLimit); prefix is empty or a resource name
+// prefix.
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	req := fencing.ListRequest{Prefix: q.Get("prefix")}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > fencing.MaxListLimit {
+			s.fail(w, r, &fencing.ValidationError{Field: "limit", Reason: "must be an integer between 1 and " + strconv.Itoa(fencing.MaxListLimit)})
+			return
+		}
+		req.Limit = n
+	}
+	if err := req.Validate(); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	leases, err := s.store.List(r.Context(), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := listJSON{Leases: make([]leaseJSON, 0, len(leases))}
+	for _, l := range leases {
+		out.Leases = append(out.Leases, toLeaseJSON(l))
+	}
+	writeJSON(w, out)
+}

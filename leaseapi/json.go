@@ -1,0 +1,260 @@
+package leaseapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/problem"
+)
+
+// Wire types: the JSON the API speaks. Both the server and the client use
+// them, so the two cannot drift apart.
+
+type leaseJSON struct {
+	Resource   string        `json:"resource"`
+	Owner      string        `json:"owner"`
+	Token      fencing.Token `json:"token"`
+	TTLSeconds int64         `json:"ttl_seconds"`
+	AcquiredAt string        `json:"acquired_at"`
+	ExpiresAt  string        `json:"expires_at"`
+}
+
+type previousJSON struct {
+	Owner    string         `json:"owner"`
+	Token    fencing.Token  `json:"token"`
+	Ended    fencing.Ending `json:"ended"`
+	Finished bool           `json:"finished"`
+}
+
+type checkpointInfoJSON struct {
+	Token     fencing.Token `json:"token"`
+	UpdatedAt string        `json:"updated_at"`
+	SizeBytes int           `json:"size_bytes"`
+}
+
+type statusJSON struct {
+	Resource   string              `json:"resource"`
+	Issued     fencing.Token       `json:"issued_token"`
+	HighWater  fencing.Token       `json:"high_water_token"`
+	Lease      *leaseJSON          `json:"lease"`
+	Previous   *previousJSON       `json:"previous"`
+	Checkpoint *checkpointInfoJSON `json:"checkpoint"`
+}
+
+type checkpointJSON struct {
+	State     json.RawMessage `json:"state"`
+	Token     fencing.Token   `json:"token"`
+	UpdatedAt string          `json:"updated_at"`
+	Previous  *previousJSON   `json:"previous"`
+}
+
+type releasedJSON struct {
+	Released bool `json:"released"`
+}
+
+type listJSON struct {
+	Leases []leaseJSON `json:"leases"`
+}
+
+type acquireBody struct {
+	Owner       string `json:"owner"`
+	TTLSeconds  *int64 `json:"ttl_seconds,omitempty"`
+	WaitSeconds *int64 `json:"wait_seconds,omitempty"`
+}
+
+type renewBody struct {
+	Owner      string        `json:"owner"`
+	Token      fencing.Token `json:"token"`
+	TTLSeconds *int64        `json:"ttl_seconds,omitempty"`
+}
+
+type releaseBody struct {
+	Owner    string        `json:"owner"`
+	Token    fencing.Token `json:"token"`
+	Finished bool          `json:"finished,omitempty"`
+}
+
+type checkpointBody struct {
+	Owner string          `json:"owner"`
+	Token fencing.Token   `json:"token"`
+	State json.RawMessage `json:"state"`
+}
+
+func toLeaseJSON(l fencing.Lease) leaseJSON {
+	return leaseJSON{
+		Resource:   l.Resource,
+		Owner:      l.Owner,
+		Token:      l.Token,
+		TTLSeconds: int64(l.TTL / time.Second),
+		AcquiredAt: problem.FormatTime(l.AcquiredAt),
+		ExpiresAt:  problem.FormatTime(l.ExpiresAt),
+	}
+}
+
+func toPreviousJSON(p *fencing.Previous) *previousJSON {
+	if p == nil {
+		return nil
+	}
+	return &previousJSON{Owner: p.Owner, Token: p.Token, Ended: p.Ended, Finished: p.Finished}
+}
+
+func toStatusJSON(st fencing.Status) statusJSON {
+	out := statusJSON{Resource: st.Resource, Issued: st.Issued, HighWater: st.HighWater, Previous: toPreviousJSON(st.Previous)}
+	if st.Lease != nil {
+		l := toLeaseJSON(*st.Lease)
+		out.Lease = &l
+	}
+	if c := st.Checkpoint; c != nil {
+		out.Checkpoint = &checkpointInfoJSON{Token: c.Token, UpdatedAt: problem.FormatTime(c.UpdatedAt), SizeBytes: c.SizeBytes}
+	}
+	return out
+}
+
+// writeJSON sends v with status 200.
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// checkContentType accepts application/json, with an optional utf-8
+// charset. A body without Content-Type is refused: see the package doc.
+func checkContentType(r *http.Request) error {
+	ct := r.Header.Get("Content-Type")
+	mt, params, err := mime.ParseMediaType(ct)
+	if ct == "" || err != nil || mt != "application/json" {
+		got := ct
+		switch {
+		case got == "":
+			got = "none"
+		case len(got) > 100:
+			got = got[:100] + "..."
+		}
+		return problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			"the request body must be sent with Content-Type: application/json (got "+got+")")
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			"the request body must be UTF-8 JSON (got charset "+cs+")")
+	}
+	return nil
+}
+
+// decodeBody reads r's body, at most limit bytes, as exactly one JSON object
+// into dst. Errors are *problem.Error values ready for problem.Write.
+func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, dst any) error {
+	if r.ContentLength == 0 && r.Header.Get("Content-Type") == "" {
+		return errEmptyBody
+	}
+	if err := checkContentType(r); err != nil {
+		return err
+	}
+	if r.ContentLength > limit {
+		return tooLarge(limit)
+	}
+	return decodeJSON(http.MaxBytesReader(w, r.Body, limit), limit, dst)
+}
+
+var errEmptyBody = problem.New(http.StatusBadRequest, "invalid-json", "the request body is empty; expected a JSON object")
+
+func tooLarge(limit int64) error {
+	return problem.New(http.StatusRequestEntityTooLarge, "payload-too-large",
+		fmt.Sprintf("the request body exceeds the limit of %d bytes", limit))
+}
+
+// decodeJSON decodes exactly one JSON object from body into dst, refusing
+// unknown members. limit is only quoted in the too-large message.
+func decodeJSON(body io.Reader, limit int64, dst any) error {
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return decodeProblem(err, limit)
+	}
+	// Exactly one value: anything but end of input after it is refused.
+	var extra json.RawMessage
+	switch err := dec.Decode(&extra); {
+	case err == io.EOF:
+		return nil
+	case isMaxBytes(err):
+		return tooLarge(limit)
+	default:
+		return problem.New(http.StatusBadRequest, "invalid-json", "the request body must hold a single JSON object, with nothing after it")
+	}
+}
+
+func isMaxBytes(err error) bool {
+	var mb *http.MaxBytesError
+	return errors.As(err, &mb)
+}
+
+// decodeProblem explains a decoding error to the client. The texts quote
+// only the client's own input and the expected shape.
+func decodeProblem(err error, limit int64) error {
+	var (
+		syntax *json.SyntaxError
+		typ    *json.UnmarshalTypeError
+	)
+	switch {
+	case isMaxBytes(err):
+		return tooLarge(limit)
+	case errors.Is(err, io.EOF):
+		return errEmptyBody
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return problem.New(http.StatusBadRequest, "invalid-json", "the request body ends before its JSON value is complete")
+	case errors.As(err, &syntax):
+		return problem.New(http.StatusBadRequest, "invalid-json", fmt.Sprintf("the request body is not valid JSON: %s (at byte %d)", syntax.Error(), syntax.Offset))
+	case errors.As(err, &typ):
+		if typ.Field == "" {
+			return problem.New(http.StatusBadRequest, "invalid-json", "the request body must be a JSON object")
+		}
+		return problem.New(http.StatusBadRequest, "invalid-request", fmt.Sprintf("%s must be %s", typ.Field, describe(typ.Type)))
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return problem.New(http.StatusBadRequest, "invalid-request", "unknown member "+strings.TrimPrefix(err.Error(), "json: unknown field "))
+	}
+	return problem.New(http.StatusBadRequest, "invalid-json", "the request body is not valid JSON")
+}
+
+// describe names the JSON shape a Go type accepts.
+func describe(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a positive integer"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "an integer"
+	}
+	return "a JSON value of another type"
+}
+
+// seconds turns an optional whole-seconds member into a duration. Absent
+// (nil) gives def. Values beyond max are mapped to -1 before multiplying so
+// a huge count cannot overflow back into range; validate then refuses them
+// with the field's own message.
+func seconds(v *int64, def, max time.Duration, validate func(time.Duration) error) (time.Duration, error) {
+	if v == nil {
+		return def, nil
+	}
+	d := time.Duration(-1)
+	if *v >= 0 && *v <= int64(max/time.Second) {
+		d = time.Duration(*v) * time.Second
+	}
+	if err := validate(d); err != nil {
+		return 0, err
+	}
+	return d, nil
+}

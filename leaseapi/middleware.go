@@ -1,0 +1,161 @@
+package leaseapi
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/fencegate/fencegate/fencing/problem"
+)
+
+// maxRequestIDBytes bounds a client-supplied X-Request-Id; longer or
+// non-printable ids are replaced by a generated one so they cannot bloat or
+// garble logs.
+const maxRequestIDBytes = 128
+
+// sanitizeRequestID drops an unusable incoming X-Request-Id before
+// middleware.RequestID adopts it.
+func sanitizeRequestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get(middleware.RequestIDHeader); id != "" && !saneRequestID(id) {
+			r.Header.Del(middleware.RequestIDHeader)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func saneRequestID(id string) bool {
+	if len(id) > maxRequestIDBytes {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] <= 0x20 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// echoRequestID returns the request id to the client, so it can quote it
+// when reporting a problem.
+func echoRequestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := middleware.GetReqID(r.Context()); id != "" {
+			w.Header().Set(middleware.RequestIDHeader, id)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// noStore forbids caching: every answer describes lease state at one
+// instant.
+func noStore(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// recoverer turns a handler panic into a 500 problem and logs it with the
+// stack and request id. http.ErrAbortHandler is re-raised: it is net/http's
+// way to abort a response on purpose.
+func (s *Server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.LogAttrs(r.Context(), slog.LevelError, "handler panic",
+				slog.String("request_id", middleware.GetReqID(r.Context())),
+				slog.String("method", r.Method), slog.String("path", r.URL.Path),
+				slog.String("panic", fmt.Sprint(v)), slog.String("stack", string(debug.Stack())))
+			problem.Write(w, r, nil, problem.New(http.StatusInternalServerError, "internal-error", "internal error"))
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// authenticate requires "Authorization: Bearer <token>" when an auth token
+// is configured. Both sides are hashed before the constant-time compare so
+// neither the token's bytes nor its length leak through timing. The scheme
+// name is case-insensitive (RFC 9110 §11.1).
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	if !s.authOn {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := bearer(r.Header.Get("Authorization"))
+		if !ok {
+			problem.Write(w, r, nil, &problem.Error{Status: http.StatusUnauthorized, Code: "unauthorized",
+				Detail:  "this API requires an Authorization: Bearer <token> header",
+				Headers: http.Header{"Www-Authenticate": {`Bearer realm="fencegate"`}}})
+			return
+		}
+		sum := sha256.Sum256([]byte(got))
+		if subtle.ConstantTimeCompare(sum[:], s.authSum[:]) != 1 {
+			problem.Write(w, r, nil, &problem.Error{Status: http.StatusUnauthorized, Code: "unauthorized",
+				Detail:  "the bearer token is not valid",
+				Headers: http.Header{"Www-Authenticate": {`Bearer realm="fencegate", error="invalid_token"`}}})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// bearer extracts the credentials of a Bearer Authorization header.
+func bearer(h string) (string, bool) {
+	scheme, cred, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	cred = strings.TrimLeft(cred, " ")
+	return cred, cred != ""
+}
+
+func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	problem.Write(w, r, nil, problem.New(http.StatusNotFound, "not-found", "no such endpoint: "+r.Method+" "+r.URL.Path))
+}
+
+// allowCandidates are the methods probed to build the Allow header of a 405.
+var allowCandidates = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// methodNotAllowed answers 405 with the Allow header listing the methods the
+// path does accept (chi's own 405 handler sets Allow, a custom one must
+// find the methods itself).
+func (s *Server) methodNotAllowed(mux *chi.Mux) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		path := r.URL.RawPath
+		if path == "" {
+			path = r.URL.Path
+		}
+		var allow []string
+		hasGet := false
+		for _, m := range allowCandidates {
+			if m == http.MethodHead {
+				continue // added with GET below: GetHead serves HEAD as GET
+			}
+			if mux.Match(chi.NewRouteContext(), m, path) {
+				allow = append(allow, m)
+				hasGet = hasGet || m == http.MethodGet
+			}
+		}
+		if hasGet {
+			allow = append(allow, http.MethodHead)
+		}
+		p := problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
+			fmt.Sprintf("%s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, strings.Join(allow, ", ")))
+		p.Headers = http.Header{"Allow": {strings.Join(allow, ", ")}}
+		problem.Write(w, r, nil, p)
+	}
+}

@@ -1,0 +1,36 @@
+package leaseapi
+
+import (
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+)
+
+// routes lists every endpoint of the API listener. Middleware order, outer
+// to inner: request id (so every later log line and problem carries it),
+// no-store, panic recovery, HEAD-as-GET; authentication applies to /v1 only,
+// before routing within it, so unauthenticated callers learn nothing about
+// /v1 paths.
+func (s *Server) routes() *chi.Mux {
+	r := chi.NewRouter()
+	r.Use(sanitizeRequestID, middleware.RequestID, echoRequestID, noStore, s.recoverer, middleware.GetHead)
+	r.NotFound(s.notFound)
+	r.MethodNotAllowed(s.methodNotAllowed(r))
+
+	r.Get("/livez", s.handleLivez)
+	r.Get("/readyz", s.handleReadyz)
+	if s.metrics != nil {
+		r.Method("GET", "/metrics", s.metrics)
+	}
+
+	r.Route("/v1", func(r chi.Router) {
+		r.Use(s.authenticate)
+		r.Get("/leases", s.handleList)
+		r.Get("/leases/{resource}", s.handleStatus)
+		r.Post("/leases/{resource}/acquire", s.handleAcquire)
+		r.Post("/leases/{resource}/renew", s.handleRenew)
+		r.Post("/leases/{resource}/release", s.handleRelease)
+		r.Put("/leases/{resource}/checkpoint", s.handleCheckpoint)
+		r.Get("/leases/{resource}/checkpoint", s.handleReadCheckpoint)
+	})
+	return r
+}

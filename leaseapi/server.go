@@ -1,0 +1,167 @@
+// Package leaseapi is fencegate's lease REST API (the handlers served on
+// FENCEGATE_API_ADDR) and a Go client for it.
+//
+// The server is a thin HTTP adapter over a fencing.Store: it decodes and
+// bounds requests, calls the store, and renders answers as JSON and errors as
+// application/problem+json through the one table in fencing/problem. It
+// keeps no lease state of its own, so any number of servers may share one
+// store.
+//
+// Endpoints (see routes.go): POST /v1/leases/{resource}/acquire, .../renew
+// and .../release; PUT and GET /v1/leases/{resource}/checkpoint; GET
+// /v1/leases/{resource} (status); GET /v1/leases?prefix=&limit= (live
+// leases, limit 1 to 1000, default 1000); GET /livez (always 200); GET
+// /readyz (200 when the store answers a ping within 1 s, 503
+// "store-unavailable" otherwise, 503 "draining" after SetDraining); GET
+// /metrics when Options.Metrics is set. HEAD is served wherever GET is. An
+// unknown path is 404 "not-found"; a known path with another method is 405
+// "method-not-allowed" with an Allow header. With an auth token set, every
+// /v1 request, known path or not, is checked first.
+//
+// Request rules, stated once for every /v1 call:
+//
+//   - A request body must be sent with Content-Type application/json (a
+//     charset parameter, if any, must be utf-8). Anything else, including a
+//     missing Content-Type on a non-empty body, is 415
+//     "unsupported-media-type". Requiring the JSON type keeps browsers from
+//     posting to the API cross-site without a CORS preflight, which the API
+//     never grants. With curl, pass -H 'Content-Type: application/json'.
+//   - The body is one JSON object. Syntax errors, an empty body, trailing
+//     data after the object, or a body that is not an object are 400
+//     "invalid-json". Unknown members and members of the wrong type (a
+//     string where an integer belongs) are 400 "invalid-request" naming the
+//     member. A JSON null member counts as absent.
+//   - Bodies are size-limited (LeaseBodyLimit for lease calls,
+//     MaxCheckpointBytes+CheckpointBodyHeadroom for checkpoints); a larger
+//     body is 413 "payload-too-large".
+//   - ttl_seconds and wait_seconds are integers. Absent ttl_seconds means
+//     Options.DefaultTTL on acquire and "keep the lease's current TTL" on
+//     renew; absent wait_seconds means do not wait. Out-of-bounds values
+//     (ttl 0 or above 86400, wait above 60) are 400 "invalid-request".
+//   - Resource names in the path may be percent-encoded; the decoded name
+//     must pass fencing.ValidateResource.
+//   - Every refusal changes nothing in the store.
+//
+// Every response carries Cache-Control: no-store and an X-Request-Id (the
+// client's, when it sent a sane one, otherwise a generated one).
+package leaseapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+// Body limits.
+const (
+	// LeaseBodyLimit bounds the body of acquire, renew and release. Their
+	// members are small (an owner is at most 200 bytes).
+	LeaseBodyLimit = 64 << 10
+	// CheckpointBodyHeadroom is added to the checkpoint state limit to size
+	// the checkpoint body limit, leaving room for owner, token and
+	// whitespace around the state.
+	CheckpointBodyHeadroom = 64 << 10
+	// readyTimeout bounds the store ping behind /readyz.
+	readyTimeout = time.Second
+)
+
+// Options configure a Server.
+type Options struct {
+	// Store holds the leases. Required.
+	Store fencing.Store
+	// Logger receives internal errors (with the request id) and panics;
+	// nil discards them.
+	Logger *slog.Logger
+	// AuthToken, when non-empty, is required on every /v1 call as
+	// "Authorization: Bearer <token>", compared in constant time. Missing
+	// or wrong credentials are 401 "unauthorized" with WWW-Authenticate.
+	// /livez, /readyz and /metrics stay open.
+	AuthToken string
+	// DefaultTTL is the lease TTL when an acquire omits ttl_seconds; 0
+	// means fencing.DefaultTTL. It must pass fencing.ValidateTTL.
+	DefaultTTL time.Duration
+	// MaxCheckpointBytes is the store's checkpoint state limit, used to
+	// size the checkpoint body limit; 0 means
+	// fencing.DefaultMaxCheckpointBytes. The store enforces the state
+	// limit itself.
+	MaxCheckpointBytes int
+	// Metrics, when non-nil, is served at GET /metrics; otherwise /metrics
+	// is 404.
+	Metrics http.Handler
+}
+
+// Server serves the lease API. It implements http.Handler and is safe for
+// concurrent use.
+type Server struct {
+	store           fencing.Store
+	log             *slog.Logger
+	authOn          bool
+	authSum         [sha256.Size]byte
+	defaultTTL      time.Duration
+	checkpointLimit int64
+	metrics         http.Handler
+	draining        atomic.Bool
+	mux             *chi.Mux
+}
+
+var _ http.Handler = (*Server)(nil)
+
+// NewServer builds the API over opts.Store. It panics when Store is nil or
+// DefaultTTL or MaxCheckpointBytes is out of bounds: those are wiring
+// mistakes that configuration validation catches before this point.
+func NewServer(opts Options) *Server {
+	if opts.Store == nil {
+		panic("leaseapi: Options.Store is nil")
+	}
+	if opts.DefaultTTL == 0 {
+		opts.DefaultTTL = fencing.DefaultTTL
+	}
+	if err := fencing.ValidateTTL(opts.DefaultTTL); err != nil {
+		panic(fmt.Sprintf("leaseapi: Options.DefaultTTL: %v", err))
+	}
+	if opts.MaxCheckpointBytes == 0 {
+		opts.MaxCheckpointBytes = fencing.DefaultMaxCheckpointBytes
+	}
+	if opts.MaxCheckpointBytes < 0 {
+		panic("leaseapi: Options.MaxCheckpointBytes is negative")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		store:           opts.Store,
+		log:             opts.Logger,
+		authOn:          opts.AuthToken != "",
+		defaultTTL:      opts.DefaultTTL,
+		checkpointLimit: int64(opts.MaxCheckpointBytes) + CheckpointBodyHeadroom,
+		metrics:         opts.Metrics,
+	}
+	if s.authOn {
+		s.authSum = sha256.Sum256([]byte(opts.AuthToken))
+	}
+	s.mux = s.routes()
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// SetDraining makes /readyz answer 503 from now on, so load balancers stop
+// sending new work while in-flight requests finish. API calls keep being
+// served. It cannot be undone.
+func (s *Server) SetDraining() { s.draining.Store(true) }
+
+// ping checks the store within readyTimeout.
+func (s *Server) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	return s.store.Ping(ctx)
+}
