@@ -1,0 +1,391 @@
+// Package proxy is fencegate's write gate: a reverse proxy that forwards
+// safe requests unchanged and lets an unsafe one (a write) through only when
+// its Fencing-Token is admitted by the lease store for the write's resource,
+// and only after every lower-token write on that resource in flight through
+// this gate has been answered by the upstream.
+//
+// Guarantee, per resource R, for writes that pass through one Gate: a write
+// with token t is forwarded only if the store admitted t (high_water(R) <= t
+// <= issued(R), raising high_water(R) to t atomically), and never while a
+// write with a lower token for R is still in flight to the upstream, so the
+// upstream receives R's writes in non-decreasing token order. Every fenced
+// write is either forwarded once, with the upstream's answer relayed as is,
+// or refused with an application/problem+json body, and a refused write's
+// body is never sent upstream.
+//
+// Limits: reads are not fenced; writes that bypass the gate are not fenced;
+// side effects the upstream causes elsewhere are not fenced. A write whose
+// outcome the gate did not see (upstream timeout, connection lost after
+// sending, client gone) may still be applied later, so the barrier stays
+// closed for its resource for Options.TimeoutGrace; an upstream slower than
+// that can still apply it after a newer write. A write counts as in flight
+// until the upstream's response headers arrive: an upstream that answers
+// before applying (202 Accepted and a queue) is not ordered by the gate.
+// Several gates sharing one store share the high-water mark but not the
+// barrier: each orders only the writes that pass through it.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/problem"
+)
+
+// Header names read by the gate. Both are forwarded to the upstream
+// unchanged.
+const (
+	// HeaderToken carries the writer's fencing token in decimal.
+	HeaderToken = "Fencing-Token"
+	// HeaderResource names the write's resource when no rule matches and
+	// Options.ResourceHeader is on.
+	HeaderResource = "Fencing-Resource"
+)
+
+// Defaults for the zero values of Options.
+const (
+	DefaultBarrierTimeout  = 10 * time.Second
+	DefaultTimeoutGrace    = 30 * time.Second
+	DefaultUpstreamTimeout = 30 * time.Second
+)
+
+// Options configure a Gate.
+type Options struct {
+	// Upstream is the service the gate forwards to: an absolute http or
+	// https URL. Its path is prefixed to every request path.
+	Upstream *url.URL
+	// Store admits fenced writes. Required.
+	Store fencing.Store
+	// Rules map unsafe requests to an action and a resource, first match
+	// wins (see ParseRules).
+	Rules []Rule
+	// ResourceHeader lets a fenced write name its resource in the
+	// Fencing-Resource header when no rule matches it. Without it such a
+	// write is refused with 400 resource-required.
+	ResourceHeader bool
+	// Logger receives upstream and store faults; nil discards.
+	Logger *slog.Logger
+	// BarrierTimeout bounds how long an admitted write waits behind
+	// lower-token writes in flight on its resource; past it the write is
+	// refused with 503 barrier-timeout and not forwarded. Zero means
+	// DefaultBarrierTimeout. A client that leaves while its write waits
+	// frees its place at once if its request body was already received
+	// in full; otherwise net/http cannot tell, and the wait ends at
+	// BarrierTimeout.
+	BarrierTimeout time.Duration
+	// TimeoutGrace is how long the barrier stays closed for higher tokens
+	// on a resource after a write on it ended without the gate seeing the
+	// upstream's answer (timeout, connection lost after sending, client
+	// gone). Zero means DefaultTimeoutGrace; negative means no grace.
+	TimeoutGrace time.Duration
+	// UpstreamTimeout is how long the gate waits for the upstream's
+	// response headers before answering 504 upstream-timeout. It is set
+	// on the default transport only; a caller-supplied Transport keeps
+	// its own timeouts. Zero means DefaultUpstreamTimeout.
+	UpstreamTimeout time.Duration
+	// Transport carries requests to the upstream; nil means a transport
+	// built by NewTransport.
+	Transport http.RoundTripper
+}
+
+// Gate is the write gate: an http.Handler. Safe for concurrent use.
+type Gate struct {
+	upstream       *url.URL
+	store          fencing.Store
+	rules          []Rule
+	resourceHeader bool
+	log            *slog.Logger
+	barrierTimeout time.Duration
+	grace          time.Duration
+	rp             *httputil.ReverseProxy
+	barrier        *barrier
+	// barrierOff skips the barrier wait. Only tests set it, to show the
+	// reordering the barrier prevents.
+	barrierOff bool
+}
+
+// New builds a Gate. It checks the options but contacts neither the store
+// nor the upstream.
+func New(opts Options) (*Gate, error) {
+	u := opts.Upstream
+	if u == nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, errors.New("proxy: Upstream must be an absolute http or https URL")
+	}
+	if opts.Store == nil {
+		return nil, errors.New("proxy: Store is required")
+	}
+	for i := range opts.Rules {
+		if opts.Rules[i].Action == 0 || opts.Rules[i].segs == nil {
+			return nil, fmt.Errorf("proxy: rule %d was not built by ParseRules", i+1)
+		}
+	}
+	if opts.BarrierTimeout < 0 || opts.UpstreamTimeout < 0 {
+		return nil, errors.New("proxy: BarrierTimeout and UpstreamTimeout must not be negative")
+	}
+	g := &Gate{
+		upstream:       u,
+		store:          opts.Store,
+		rules:          opts.Rules,
+		resourceHeader: opts.ResourceHeader,
+		log:            opts.Logger,
+		barrierTimeout: opts.BarrierTimeout,
+		grace:          opts.TimeoutGrace,
+		barrier:        newBarrier(),
+	}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	if g.barrierTimeout == 0 {
+		g.barrierTimeout = DefaultBarrierTimeout
+	}
+	if g.grace == 0 {
+		g.grace = DefaultTimeoutGrace
+	}
+	rt := opts.Transport
+	if rt == nil {
+		ut := opts.UpstreamTimeout
+		if ut == 0 {
+			ut = DefaultUpstreamTimeout
+		}
+		rt = NewTransport(ut)
+	}
+	g.rp = &httputil.ReverseProxy{
+		Rewrite:        g.rewrite,
+		Transport:      rt,
+		ModifyResponse: g.modifyResponse,
+		ErrorHandler:   g.errorHandler,
+		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
+		BufferPool:     bufferPool{},
+	}
+	return g, nil
+}
+
+type ticketKey struct{}
+
+// ServeHTTP forwards safe requests and fences the rest.
+func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if safeMethod(r.Method) {
+		g.rp.ServeHTTP(w, r)
+		return
+	}
+	rule, vars, err := g.route(r)
+	if err != nil {
+		g.refuse(w, r, problem.New(http.StatusBadRequest, "resource-required",
+			"the request path cannot be matched against the route rules: "+err.Error()))
+		return
+	}
+	if rule != nil {
+		switch rule.Action {
+		case ActionDeny:
+			g.refuse(w, r, problem.New(http.StatusForbidden, "write-denied",
+				fmt.Sprintf("route rule on line %d denies %s %s", rule.Line, r.Method, rule.Pattern)))
+			return
+		case ActionPass:
+			g.rp.ServeHTTP(w, r)
+			return
+		}
+	}
+	token, p := requestToken(r)
+	if p != nil {
+		g.refuse(w, r, p)
+		return
+	}
+	resource, p := g.resource(r, rule, vars)
+	if p != nil {
+		g.refuse(w, r, p)
+		return
+	}
+	strict := rule != nil && rule.Strict
+
+	// Register before the admission check: any write admitted before this
+	// one is already registered, so the wait below cannot miss it.
+	t := g.barrier.register(resource, token)
+	ctx := r.Context()
+	_, err = g.store.Admit(ctx, fencing.AdmitRequest{Resource: resource, Token: token, RequireLive: strict})
+	if err != nil {
+		t.leave()
+		if ctx.Err() != nil {
+			return // client gone: nobody to answer
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("%w: %w", fencing.ErrAmbiguous, err)
+		}
+		g.refuse(w, r, err)
+		return
+	}
+	if err := g.wait(ctx, t); err != nil {
+		t.leave()
+		if ctx.Err() != nil {
+			return
+		}
+		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
+			"a write with a lower token for this resource is still in flight; this write was not forwarded, retry later")
+		p.Headers = http.Header{"Retry-After": {"1"}}
+		g.refuse(w, r, p)
+		return
+	}
+	defer t.leave()
+	g.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, ticketKey{}, t)))
+}
+
+func (g *Gate) wait(ctx context.Context, t *ticket) error {
+	if g.barrierOff {
+		return nil
+	}
+	return t.wait(ctx, g.barrierTimeout)
+}
+
+// route returns the first rule matching r, and its pattern variables.
+func (g *Gate) route(r *http.Request) (*Rule, map[string]string, error) {
+	if len(g.rules) == 0 {
+		return nil, nil, nil
+	}
+	segs, err := splitPath(r.URL.EscapedPath())
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range g.rules {
+		if vars, ok := g.rules[i].match(r.Method, segs); ok {
+			return &g.rules[i], vars, nil
+		}
+	}
+	return nil, nil, nil
+}
+
+func requestToken(r *http.Request) (fencing.Token, *problem.Error) {
+	vs := r.Header[HeaderToken]
+	switch len(vs) {
+	case 0:
+		return 0, problem.New(http.StatusPreconditionRequired, "token-required",
+			"a write needs a Fencing-Token header with the token of a lease on its resource")
+	case 1:
+	default:
+		return 0, problem.New(http.StatusBadRequest, "invalid-token", "send exactly one Fencing-Token header")
+	}
+	t, err := fencing.ParseToken(vs[0])
+	if err != nil {
+		return 0, problem.New(http.StatusBadRequest, "invalid-token", "Fencing-Token: "+err.Error())
+	}
+	return t, nil
+}
+
+func (g *Gate) resource(r *http.Request, rule *Rule, vars map[string]string) (string, *problem.Error) {
+	if rule != nil {
+		res := rule.resource(vars)
+		if err := fencing.ValidateResource(res); err != nil {
+			return "", problem.New(http.StatusBadRequest, "resource-required",
+				fmt.Sprintf("route rule on line %d gives resource %q, which is not a valid resource name: %v", rule.Line, truncate(res), err))
+		}
+		return res, nil
+	}
+	if !g.resourceHeader {
+		return "", problem.New(http.StatusBadRequest, "resource-required",
+			"no route rule matches this write, so the gate cannot tell which resource it changes")
+	}
+	vs := r.Header[HeaderResource]
+	switch len(vs) {
+	case 0:
+		return "", problem.New(http.StatusBadRequest, "resource-required",
+			"no route rule matches this write: name its resource in a Fencing-Resource header")
+	case 1:
+	default:
+		return "", problem.New(http.StatusBadRequest, "resource-required", "send exactly one Fencing-Resource header")
+	}
+	if err := fencing.ValidateResource(vs[0]); err != nil {
+		return "", problem.New(http.StatusBadRequest, "resource-required", "Fencing-Resource: "+err.Error())
+	}
+	return vs[0], nil
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+func (g *Gate) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	p := problem.From(err)
+	if p.Status < 500 && g.log.Enabled(r.Context(), slog.LevelDebug) {
+		g.log.LogAttrs(r.Context(), slog.LevelDebug, "write refused",
+			slog.String("code", p.Code), slog.String("method", r.Method), slog.String("path", r.URL.Path))
+	}
+	problem.Write(w, r, g.log, p)
+}
+
+func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
+	pr.SetURL(g.upstream)
+	// SetXForwarded replaces any X-Forwarded-* the client sent: the gate
+	// states what it saw, it does not relay claims.
+	pr.SetXForwarded()
+}
+
+// modifyResponse runs when the upstream's response headers arrive: the
+// upstream has answered the write, so the barrier can let the next token
+// through while the body is still being relayed.
+func (g *Gate) modifyResponse(resp *http.Response) error {
+	if t, ok := resp.Request.Context().Value(ticketKey{}).(*ticket); ok {
+		t.leave()
+	}
+	return nil
+}
+
+// errorHandler maps an upstream failure once: client gone → no response,
+// timeout → 504, anything else → 502. For a fenced write whose request may
+// have reached the upstream, the barrier stays closed for the grace period.
+func (g *Gate) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	t, _ := r.Context().Value(ticketKey{}).(*ticket)
+	if t != nil {
+		if notSent(err) {
+			t.leave()
+		} else {
+			t.hold(g.grace)
+		}
+	}
+	if r.Context().Err() != nil {
+		return // the client is gone; there is nobody to answer
+	}
+	var p *problem.Error
+	if isTimeout(err) {
+		p = problem.New(http.StatusGatewayTimeout, "upstream-timeout", "the upstream did not answer in time")
+		if t != nil {
+			p.Detail += "; the write may still be applied by the upstream"
+		}
+	} else {
+		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream could not be reached or failed before answering")
+		if t != nil && !notSent(err) {
+			p.Detail += "; the write may have been applied by the upstream"
+		}
+	}
+	p.Cause = err
+	problem.Write(w, r, g.log, p)
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// notSent reports whether err proves the request never left the gate: the
+// connection to the upstream could not be made.
+func notSent(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// InFlightResources is the number of resources that have fenced writes in
+// flight (or held closed for the grace period after an ambiguous upstream
+// outcome). It returns to zero when the gate is idle: per-resource state
+// does not outlive the writes.
+func (g *Gate) InFlightResources() int { return g.barrier.size() }

@@ -1,0 +1,627 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/memstore"
+)
+
+const testRules = `
+# jobs are fenced by id
+PUT,PATCH,DELETE /jobs/{id}        fence job:{id}
+POST             /jobs/{id}/finish fence strict job:{id}
+POST             /health           pass
+*                /admin/{rest...}  deny
+`
+
+// TestOutcomes walks every row of DESIGN §4's outcome table. For each
+// refusal it also checks that the upstream received nothing.
+func TestOutcomes(t *testing.T) {
+	type tc struct {
+		name    string
+		noHdr   bool                  // ResourceHeader off
+		setup   func(e *env) []string // returns extra headers
+		method  string
+		path    string
+		status  int
+		code    string            // problem code; empty for a forwarded request
+		extra   map[string]string // problem extension members, as fmt %v
+		retryOK bool              // Retry-After expected
+	}
+	holder := func(e *env) []string {
+		l := e.acquire("job:7", "alice", 10*time.Second)
+		return []string{HeaderToken, tok(l.Token)}
+	}
+	cases := []tc{
+		{name: "admitted via rule", setup: holder, method: "PUT", path: "/jobs/7", status: 200},
+		{name: "admitted via header", setup: func(e *env) []string {
+			l := e.acquire("acct:9", "alice", 10*time.Second)
+			return []string{HeaderToken, tok(l.Token), HeaderResource, "acct:9"}
+		}, method: "POST", path: "/accounts/9/debit", status: 200},
+		{name: "unknown method is fenced", setup: func(e *env) []string { return nil }, method: "PURGE", path: "/jobs/7", status: 428, code: "token-required"},
+		{name: "safe method passes without token", setup: func(e *env) []string { return nil }, method: "GET", path: "/jobs/7", status: 200},
+		{name: "pass rule needs no token", setup: func(e *env) []string { return nil }, method: "POST", path: "/health", status: 200},
+		{name: "no token", setup: func(e *env) []string { return nil }, method: "PUT", path: "/jobs/7", status: 428, code: "token-required"},
+		{name: "malformed token", setup: func(e *env) []string { return []string{HeaderToken, "01"} }, method: "PUT", path: "/jobs/7", status: 400, code: "invalid-token"},
+		{name: "non-numeric token", setup: func(e *env) []string { return []string{HeaderToken, "abc"} }, method: "PUT", path: "/jobs/7", status: 400, code: "invalid-token"},
+		{name: "two tokens", setup: func(e *env) []string { return []string{HeaderToken, "1", HeaderToken, "2"} }, method: "PUT", path: "/jobs/7", status: 400, code: "invalid-token"},
+		{name: "no resource", setup: func(e *env) []string { return []string{HeaderToken, "1"} }, method: "POST", path: "/other", status: 400, code: "resource-required"},
+		{name: "no resource, header mode off", noHdr: true, setup: func(e *env) []string {
+			return []string{HeaderToken, "1", HeaderResource, "job:7"}
+		}, method: "POST", path: "/other", status: 400, code: "resource-required"},
+		{name: "invalid resource header", setup: func(e *env) []string {
+			return []string{HeaderToken, "1", HeaderResource, "a/b"}
+		}, method: "POST", path: "/other", status: 400, code: "resource-required"},
+		{name: "template expands to an invalid name", setup: func(e *env) []string { return []string{HeaderToken, "1"} },
+			method: "PUT", path: "/jobs/a%2Fb", status: 400, code: "resource-required"},
+		{name: "dot segments", setup: func(e *env) []string { return []string{HeaderToken, "1"} },
+			method: "PUT", path: "/jobs/%2E%2E", status: 400, code: "resource-required"},
+		{name: "stale token", setup: func(e *env) []string {
+			a := e.acquire("job:7", "alice", 10*time.Second)
+			e.clock.Advance(11 * time.Second)
+			b := e.acquire("job:7", "bob", 10*time.Second)
+			if _, err := e.store.Admit(context.Background(), fencing.AdmitRequest{Resource: "job:7", Token: b.Token}); err != nil {
+				e.t.Fatal(err)
+			}
+			return []string{HeaderToken, tok(a.Token)}
+		}, method: "PUT", path: "/jobs/7", status: 409, code: "stale-token", extra: map[string]string{"high_water_token": "2"}},
+		{name: "token not issued", setup: func(e *env) []string {
+			e.acquire("job:7", "alice", 10*time.Second)
+			return []string{HeaderToken, "99"}
+		}, method: "PUT", path: "/jobs/7", status: 409, code: "token-not-issued", extra: map[string]string{"issued_token": "1"}},
+		{name: "strict, lease not live", setup: func(e *env) []string {
+			a := e.acquire("job:7", "alice", 10*time.Second)
+			e.clock.Advance(11 * time.Second)
+			return []string{HeaderToken, tok(a.Token)}
+		}, method: "POST", path: "/jobs/7/finish", status: 409, code: "lease-not-held"},
+		{name: "strict, lease live", setup: holder, method: "POST", path: "/jobs/7/finish", status: 200},
+		{name: "non-strict after expiry, nothing newer", setup: func(e *env) []string {
+			a := e.acquire("job:7", "alice", 10*time.Second)
+			e.clock.Advance(11 * time.Second)
+			return []string{HeaderToken, tok(a.Token)}
+		}, method: "PUT", path: "/jobs/7", status: 200},
+		{name: "deny rule", setup: holder, method: "DELETE", path: "/admin/users/1", status: 403, code: "write-denied"},
+		{name: "store unavailable", setup: func(e *env) []string {
+			l := e.acquire("job:7", "alice", 10*time.Second)
+			_ = e.store.Close()
+			return []string{HeaderToken, tok(l.Token)}
+		}, method: "PUT", path: "/jobs/7", status: 503, code: "store-unavailable", retryOK: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, testRules, func(o *Options) { o.ResourceHeader = !c.noHdr })
+			hdr := c.setup(e)
+			r := e.do(c.method, c.path, "body-of-"+c.name, hdr...)
+			if c.code == "" {
+				if r.Status != c.status || r.Header.Get("X-Upstream") != "yes" || r.Body != "applied body-of-"+c.name {
+					t.Fatalf("got %d %q, want the upstream's %d", r.Status, r.Body, c.status)
+				}
+				got := e.up.requests()
+				if len(got) != 1 || got[0].Body != "body-of-"+c.name || got[0].Method != c.method {
+					t.Fatalf("upstream got %+v", got)
+				}
+				// Both fencing headers are forwarded unchanged.
+				for i := 0; i+1 < len(hdr); i += 2 {
+					if v := got[0].Header.Values(hdr[i]); len(v) != 1 || v[0] != hdr[i+1] {
+						t.Fatalf("upstream got %s %q, want %q", hdr[i], v, hdr[i+1])
+					}
+				}
+			} else {
+				wantProblem(t, r, c.status, c.code)
+				if n := e.up.count(); n != 0 {
+					t.Fatalf("a refused write reached the upstream %d times: %+v", n, e.up.requests())
+				}
+			}
+			for k, v := range c.extra {
+				if got := fmt.Sprint(r.Problem[k]); got != v {
+					t.Fatalf("%s = %s, want %s (%s)", k, got, v, r.Body)
+				}
+			}
+			if got := r.Header.Get("Retry-After") != ""; got != c.retryOK {
+				t.Fatalf("Retry-After present = %v, want %v", got, c.retryOK)
+			}
+			if n := e.gate.InFlightResources(); n != 0 {
+				t.Fatalf("barrier still tracks %d resources", n)
+			}
+		})
+	}
+}
+
+// TestZombieWorker is the story the product exists for: A's lease expires
+// while A is paused, B takes over and writes, and A's late write is refused
+// and never reaches the upstream.
+func TestZombieWorker(t *testing.T) { forEachStore(t, testZombieWorker) }
+
+func testZombieWorker(t *testing.T, e *env) {
+	a := e.acquire("job:42", "worker-a", 10*time.Second)
+	if r := e.do("PUT", "/jobs/42", "A step 1", HeaderToken, tok(a.Token)); r.Status != 200 {
+		t.Fatalf("A's first write: %d %s", r.Status, r.Body)
+	}
+	e.clock.Advance(15 * time.Second) // A pauses past its TTL
+	b := e.acquire("job:42", "worker-b", 10*time.Second)
+	if b.Token <= a.Token {
+		t.Fatalf("B's token %d is not above A's %d", b.Token, a.Token)
+	}
+	if r := e.do("PUT", "/jobs/42", "B step 1", HeaderToken, tok(b.Token)); r.Status != 200 {
+		t.Fatalf("B's write: %d %s", r.Status, r.Body)
+	}
+	r := e.do("PUT", "/jobs/42", "A step 2 (zombie)", HeaderToken, tok(a.Token))
+	wantProblem(t, r, 409, "stale-token")
+	if r.Problem["high_water_token"] != float64(b.Token) {
+		t.Fatalf("high_water_token = %v, want %d", r.Problem["high_water_token"], b.Token)
+	}
+	var bodies []string
+	for _, g := range e.up.requests() {
+		bodies = append(bodies, g.Body)
+	}
+	if strings.Join(bodies, "|") != "A step 1|B step 1" {
+		t.Fatalf("upstream applied %q", bodies)
+	}
+}
+
+// TestForgedToken: a token far above every issued token is refused and
+// does not raise the high-water mark, so the real holder still writes.
+func TestForgedToken(t *testing.T) { forEachStore(t, testForgedToken) }
+
+func testForgedToken(t *testing.T, e *env) {
+	l := e.acquire("job:1", "alice", 10*time.Second)
+	r := e.do("PUT", "/jobs/1", "forged", HeaderToken, "18446744073709551615")
+	wantProblem(t, r, 409, "token-not-issued")
+	if r.Problem["issued_token"] != float64(l.Token) {
+		t.Fatalf("issued_token = %v", r.Problem["issued_token"])
+	}
+	if r := e.do("PUT", "/jobs/1", "real", HeaderToken, tok(l.Token)); r.Status != 200 {
+		t.Fatalf("the real holder was locked out: %d %s", r.Status, r.Body)
+	}
+	if got := e.up.requests(); len(got) != 1 || got[0].Body != "real" {
+		t.Fatalf("upstream got %+v", got)
+	}
+}
+
+// TestBarrierOrdersWrites: a slow write with a lower token is answered by
+// the upstream before a higher-token write for the same resource arrives
+// there. Without the barrier the higher write overtakes it, which the
+// second subtest shows, so the first can fail.
+func TestBarrierOrdersWrites(t *testing.T) {
+	for _, disabled := range []bool{false, true} {
+		name := "barrier"
+		if disabled {
+			name = "no barrier (the overtaking the barrier prevents)"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, testRules)
+			if disabled {
+				e.gate.barrierOff = true
+			}
+			var mu sync.Mutex
+			var events []string
+			note := func(s string) { mu.Lock(); events = append(events, s); mu.Unlock() }
+			arrived1, release1 := make(chan struct{}), make(chan struct{})
+			arrived2 := make(chan struct{})
+			e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+				note("arrive " + rec.Token)
+				switch rec.Token {
+				case "1":
+					close(arrived1)
+					<-release1
+				case "2":
+					close(arrived2)
+				}
+				note("done " + rec.Token)
+				return false
+			}
+			a := e.acquire("job:5", "a", 10*time.Second)
+			e.clock.Advance(11 * time.Second)
+			b := e.acquire("job:5", "b", 10*time.Second)
+			res1 := make(chan response, 1)
+			go func() {
+				r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "one", HeaderToken, tok(a.Token))
+				res1 <- r
+			}()
+			<-arrived1
+			res2 := make(chan response, 1)
+			go func() {
+				r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "two", HeaderToken, tok(b.Token))
+				res2 <- r
+			}()
+			if disabled {
+				<-arrived2 // overtakes the slow write
+			} else {
+				waitFor(t, "write 2 parked at the barrier", func() bool { return e.gate.registered("job:5", b.Token) == 1 })
+			}
+			close(release1)
+			if r := <-res1; r.Status != 200 {
+				t.Fatalf("write 1: %d %s", r.Status, r.Body)
+			}
+			if r := <-res2; r.Status != 200 {
+				t.Fatalf("write 2: %d %s", r.Status, r.Body)
+			}
+			mu.Lock()
+			got := strings.Join(events, ",")
+			mu.Unlock()
+			ordered := got == "arrive 1,done 1,arrive 2,done 2"
+			if ordered == disabled {
+				t.Fatalf("upstream events %s (barrier disabled: %v)", got, disabled)
+			}
+		})
+	}
+}
+
+// TestEqualTokensOverlap: writes with the same token are not serialized:
+// both are inside the upstream at once (a rendezvous, not timing).
+func TestEqualTokensOverlap(t *testing.T) {
+	e := newEnv(t, testRules)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	both := make(chan struct{})
+	go func() { wg.Wait(); close(both) }()
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+		wg.Done()
+		select {
+		case <-both:
+			return false
+		case <-time.After(10 * time.Second):
+			w.WriteHeader(http.StatusTeapot) // the two never overlapped
+			return true
+		}
+	}
+	l := e.acquire("job:3", "a", 10*time.Second)
+	errs := make(chan string, 2)
+	for i := range 2 {
+		go func() {
+			r, err := doReq(e.client, e.gateSrv.URL, "PATCH", "/jobs/3", fmt.Sprint(i), HeaderToken, tok(l.Token))
+			if err != nil || r.Status != 200 {
+				errs <- fmt.Sprintf("write %d: %v %d %s", i, err, r.Status, r.Body)
+				return
+			}
+			errs <- ""
+		}()
+	}
+	for range 2 {
+		if s := <-errs; s != "" {
+			t.Fatal(s)
+		}
+	}
+}
+
+// TestBarrierTimeout: a write that waits too long behind a lower token is
+// refused with 503 and never forwarded; the slow write still completes.
+func TestBarrierTimeout(t *testing.T) {
+	e := newEnv(t, testRules, func(o *Options) { o.BarrierTimeout = 20 * time.Millisecond })
+	arrived, release := make(chan struct{}), make(chan struct{})
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+		if rec.Token == "1" {
+			close(arrived)
+			<-release
+		}
+		return false
+	}
+	a := e.acquire("job:5", "a", 10*time.Second)
+	e.clock.Advance(11 * time.Second)
+	b := e.acquire("job:5", "b", 10*time.Second)
+	res1 := make(chan response, 1)
+	go func() {
+		r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "one", HeaderToken, tok(a.Token))
+		res1 <- r
+	}()
+	<-arrived
+	r := e.do("PUT", "/jobs/5", "two", HeaderToken, tok(b.Token))
+	wantProblem(t, r, 503, "barrier-timeout")
+	if r.Header.Get("Retry-After") == "" {
+		t.Fatal("no Retry-After")
+	}
+	close(release)
+	if r := <-res1; r.Status != 200 {
+		t.Fatalf("slow write: %d", r.Status)
+	}
+	if got := e.up.requests(); len(got) != 1 || got[0].Body != "one" {
+		t.Fatalf("upstream got %+v", got)
+	}
+	waitFor(t, "the barrier to empty", func() bool { return e.gate.InFlightResources() == 0 })
+}
+
+// TestUpstreamDown: 502 upstream-unavailable; the write never left the
+// gate, so the barrier opens at once.
+func TestUpstreamDown(t *testing.T) {
+	e := newEnv(t, testRules)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	u, _ := url.Parse(dead.URL)
+	dead.Close()
+	g, err := New(Options{Upstream: u, Store: e.store, Rules: e.gateOpts.Rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g)
+	defer srv.Close()
+	l := e.acquire("job:1", "a", 10*time.Second)
+	r, err := doReq(srv.Client(), srv.URL, "PUT", "/jobs/1", "x", HeaderToken, tok(l.Token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantProblem(t, r, 502, "upstream-unavailable")
+	if n := g.InFlightResources(); n != 0 {
+		t.Fatalf("barrier holds %d resources after a write that was never sent", n)
+	}
+	r, _ = doReq(srv.Client(), srv.URL, "GET", "/jobs/1", "", HeaderToken, tok(l.Token))
+	wantProblem(t, r, 502, "upstream-unavailable")
+}
+
+// TestUpstreamTimeout: 504 upstream-timeout, and the barrier then stays
+// closed for higher tokens during the grace period (equal tokens still
+// pass), and opens after it.
+func TestUpstreamTimeout(t *testing.T) {
+	setup := func(t *testing.T, grace time.Duration) (*env, fencing.Lease, fencing.Lease) {
+		e := newEnv(t, testRules, func(o *Options) {
+			o.UpstreamTimeout = 50 * time.Millisecond
+			o.BarrierTimeout = 20 * time.Millisecond
+			o.TimeoutGrace = grace
+		})
+		e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+			if rec.Body == "slow" {
+				<-r.Context().Done() // the gate gives up and closes the connection
+				return true
+			}
+			return false
+		}
+		a := e.acquire("job:9", "a", 10*time.Second)
+		e.clock.Advance(11 * time.Second)
+		b := e.acquire("job:9", "b", 10*time.Second)
+		r := e.do("PUT", "/jobs/9", "slow", HeaderToken, tok(a.Token))
+		wantProblem(t, r, 504, "upstream-timeout")
+		return e, a, b
+	}
+	t.Run("closed during grace", func(t *testing.T) {
+		e, a, b := setup(t, time.Hour)
+		if r := e.do("PUT", "/jobs/9", "same token", HeaderToken, tok(a.Token)); r.Status != 200 {
+			t.Fatalf("an equal-token write was held: %d %s", r.Status, r.Body)
+		}
+		r := e.do("PUT", "/jobs/9", "newer", HeaderToken, tok(b.Token))
+		wantProblem(t, r, 503, "barrier-timeout")
+		if r := e.do("PUT", "/jobs/10", "other resource", HeaderToken, "1"); r.Status != 409 {
+			t.Fatalf("other resource: %d %s", r.Status, r.Body) // not issued, but not held by the barrier
+		}
+		for _, g := range e.up.requests() {
+			if g.Body == "newer" {
+				t.Fatal("the higher-token write was forwarded during the grace period")
+			}
+		}
+		if n := e.gate.InFlightResources(); n != 1 {
+			t.Fatalf("barrier tracks %d resources, want 1", n)
+		}
+	})
+	t.Run("opens after grace", func(t *testing.T) {
+		e, _, b := setup(t, 100*time.Millisecond)
+		waitFor(t, "the grace period to end", func() bool { return e.gate.InFlightResources() == 0 })
+		if r := e.do("PUT", "/jobs/9", "newer", HeaderToken, tok(b.Token)); r.Status != 200 {
+			t.Fatalf("after the grace period: %d %s", r.Status, r.Body)
+		}
+	})
+}
+
+// TestStoreFailingNeverForwards: with the store closed every fenced write
+// is refused 503, and the upstream is never called; safe requests still
+// pass.
+func TestStoreFailingNeverForwards(t *testing.T) { forEachStore(t, testStoreFailingNeverForwards) }
+
+func testStoreFailingNeverForwards(t *testing.T, e *env) {
+	l := e.acquire("job:1", "a", 10*time.Second)
+	_ = e.store.Close()
+	for _, m := range []string{"PUT", "PATCH", "DELETE"} {
+		r := e.do(m, "/jobs/1", "x", HeaderToken, tok(l.Token))
+		wantProblem(t, r, 503, "store-unavailable")
+		if r.Header.Get("Retry-After") == "" {
+			t.Fatal("no Retry-After")
+		}
+	}
+	if n := e.up.count(); n != 0 {
+		t.Fatalf("upstream called %d times", n)
+	}
+	if r := e.do("GET", "/jobs/1", ""); r.Status != 200 {
+		t.Fatalf("GET: %d", r.Status)
+	}
+}
+
+// TestClientGoneWhileWaiting: a write whose client leaves while it waits at
+// the barrier is deregistered and never forwarded.
+func TestClientGoneWhileWaiting(t *testing.T) {
+	e := newEnv(t, testRules)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+		if rec.Token == "1" {
+			close(arrived)
+			<-release
+		}
+		return false
+	}
+	a := e.acquire("job:5", "a", 10*time.Second)
+	e.clock.Advance(11 * time.Second)
+	b := e.acquire("job:5", "b", 10*time.Second)
+	res1 := make(chan response, 1)
+	go func() {
+		r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "one", HeaderToken, tok(a.Token))
+		res1 <- r
+	}()
+	<-arrived
+	ctx, cancel := context.WithCancel(context.Background())
+	// No body: net/http notices a client leaving only once the request
+	// body has been consumed (a waiting write with a body is bounded by
+	// BarrierTimeout instead).
+	req, _ := http.NewRequestWithContext(ctx, "PUT", e.gateSrv.URL+"/jobs/5", http.NoBody)
+	req.Header.Set(HeaderToken, tok(b.Token))
+	done := make(chan error, 1)
+	go func() {
+		resp, err := e.client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	waitFor(t, "write 2 parked", func() bool { return e.gate.registered("job:5", b.Token) == 1 })
+	cancel()
+	<-done
+	waitFor(t, "write 2 deregistered", func() bool { return e.gate.registered("job:5", b.Token) == 0 })
+	close(release)
+	<-res1
+	waitFor(t, "the barrier to empty", func() bool { return e.gate.InFlightResources() == 0 })
+	if got := e.up.requests(); len(got) != 1 {
+		t.Fatalf("upstream got %+v", got)
+	}
+}
+
+// TestXForwardedNotTrusted: the client's X-Forwarded-For is replaced.
+func TestXForwardedNotTrusted(t *testing.T) {
+	e := newEnv(t, testRules)
+	e.do("GET", "/x", "", "X-Forwarded-For", "203.0.113.9", "X-Forwarded-Host", "evil.example")
+	got := e.up.requests()
+	if len(got) != 1 {
+		t.Fatal(got)
+	}
+	if xff := got[0].Header.Get("X-Forwarded-For"); xff != "127.0.0.1" {
+		t.Fatalf("X-Forwarded-For = %q", xff)
+	}
+	if h := got[0].Header.Get("X-Forwarded-Host"); h == "evil.example" {
+		t.Fatalf("X-Forwarded-Host relayed from the client")
+	}
+}
+
+// TestRequestBodyStreams: the upstream reads the first part of a write's
+// body before the client has sent the rest, so the gate does not buffer
+// bodies whole.
+func TestRequestBodyStreams(t *testing.T) {
+	e := newEnv(t, testRules)
+	first := make(chan string, 1)
+	e.up.handle = nil
+	streamSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		buf := make([]byte, 5)
+		if _, err := io.ReadFull(r.Body, buf); err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		first <- string(buf)
+		rest, _ := io.ReadAll(r.Body)
+		_, _ = io.WriteString(w, string(buf)+string(rest))
+	}))
+	defer streamSrv.Close()
+	u, _ := url.Parse(streamSrv.URL)
+	g, err := New(Options{Upstream: u, Store: e.store, Rules: e.gateOpts.Rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g)
+	defer srv.Close()
+	l := e.acquire("job:1", "a", 10*time.Second)
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("PUT", srv.URL+"/jobs/1", pr)
+	req.Header.Set(HeaderToken, tok(l.Token))
+	type result struct {
+		body string
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() {
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		res <- result{body: string(b)}
+	}()
+	if _, err := io.WriteString(pw, "hello"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-first:
+		if got != "hello" {
+			t.Fatalf("first part %q", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream did not see the first part before the body ended: the gate buffers")
+	}
+	_, _ = io.WriteString(pw, " world")
+	pw.Close()
+	if r := <-res; r.err != nil || r.body != "hello world" {
+		t.Fatalf("got %q %v", r.body, r.err)
+	}
+}
+
+// TestUpgradePassthrough: a WebSocket-style Upgrade on GET is tunnelled.
+func TestUpgradePassthrough(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "websocket" {
+			http.Error(w, "want upgrade", 400)
+			return
+		}
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		_ = brw.Flush()
+		line, _ := brw.ReadString('\n')
+		_, _ = brw.WriteString("echo " + line)
+		_ = brw.Flush()
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g)
+	defer srv.Close()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 101 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	_, _ = io.WriteString(conn, "ping\n")
+	line, err := br.ReadString('\n')
+	if err != nil || line != "echo ping\n" {
+		t.Fatalf("got %q %v", line, err)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	st := memstore.New(memstore.Options{})
+	u, _ := url.Parse("http://127.0.0.1:1")
+	for name, o := range map[string]Options{
+		"no upstream":   {Store: st},
+		"relative":      {Upstream: &url.URL{Path: "/x"}, Store: st},
+		"ftp":           {Upstream: &url.URL{Scheme: "ftp", Host: "h"}, Store: st},
+		"no store":      {Upstream: u},
+		"literal rule":  {Upstream: u, Store: st, Rules: []Rule{{Action: ActionPass, Pattern: "/x"}}},
+		"negative wait": {Upstream: u, Store: st, BarrierTimeout: -1},
+	} {
+		if _, err := New(o); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	if _, err := New(Options{Upstream: u, Store: st}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,191 @@
+package proxy
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+func TestParseRulesErrors(t *testing.T) {
+	for _, c := range []struct{ text, want string }{
+		{"PUT /jobs/{id}", "line 1"},
+		{"\n\nPUT /jobs/{id} frobnicate", `line 3: "PUT /jobs/{id} frobnicate": unknown action "frobnicate"`},
+		{"put /jobs/{id} pass", `case-sensitive, write "PUT"`},
+		{"GET /jobs/{id} deny", "safe methods are never fenced"},
+		{"PUT,*,POST /x pass", `"*" must stand alone`},
+		{"PUT, /x pass", "empty method"},
+		{"P(T /x pass", "not an HTTP method token"},
+		{"PUT jobs pass", "must start with /"},
+		{"PUT /jobs/x{id} pass", "whole segment"},
+		{"PUT /jobs/{} pass", "whole segment"},
+		{"PUT /jobs/{i-d} pass", "variable name"},
+		{"PUT /a/{x}/{x} pass", "appears twice"},
+		{"PUT /a/{rest...}/b pass", "last segment"},
+		{"PUT /a/../b pass", "never match"},
+		{"PUT /a pass now", "takes no arguments"},
+		{"PUT /a fence", "one resource template"},
+		{"PUT /a fence strict", "one resource template"},
+		{"PUT /a fence a b", "one resource template"},
+		{"PUT /a/{id} fence job/{id}", "not allowed in a resource name"},
+		{"PUT /a/{id} fence job:{nope}", "not a variable"},
+		{"PUT /a/{id} fence job:{id", "unclosed {"},
+		{"PUT /a/{id} fence job:}", "unmatched }"},
+		{"PUT /a pass; POST /b frob", "line 1"},
+	} {
+		_, err := ParseRules(c.text)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseRules(%q) = %v, want an error containing %q", c.text, err, c.want)
+		}
+	}
+}
+
+func TestParseRulesAndMatch(t *testing.T) {
+	rules, err := ParseRules(`
+		# comment line
+		PUT,PATCH,DELETE /jobs/{id}          fence job:{id}   # trailing comment
+		POST             /jobs/{id}/finish   fence strict job:{id}
+		POST             /t/{tenant}/k/{key} fence kv:{tenant}.{key}
+		POST             /healthcheck        pass ; * /admin/{rest...} deny
+		*                /files/{path...}    fence files
+		PUT,PUT          /dup                pass
+		*                /                   deny
+	`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rules) != 8 {
+		t.Fatalf("got %d rules", len(rules))
+	}
+	if r := rules[0]; r.Line != 3 || strings.Join(r.Methods, ",") != "PUT,PATCH,DELETE" || r.Action != ActionFence || r.Strict || r.Template != "job:{id}" {
+		t.Fatalf("rule 0: %+v", r)
+	}
+	if !rules[1].Strict || rules[3].Action != ActionPass || rules[4].Action != ActionDeny || rules[4].Methods != nil || rules[4].Line != 6 {
+		t.Fatalf("rules: %+v", rules)
+	}
+	if len(rules[6].Methods) != 1 {
+		t.Fatalf("duplicate methods kept: %v", rules[6].Methods)
+	}
+	for _, c := range []struct {
+		method, path string
+		line         int // 0: no rule
+		action       Action
+		resource     string
+	}{
+		{"PUT", "/jobs/7", 3, ActionFence, "job:7"},
+		{"DELETE", "/jobs/a%3Ab", 3, ActionFence, "job:a:b"},
+		{"POST", "/jobs/7", 0, 0, ""},
+		{"PUT", "/jobs/", 0, 0, ""},
+		{"PUT", "/jobs/7/", 0, 0, ""},
+		{"PUT", "/jobs", 0, 0, ""},
+		{"POST", "/jobs/7/finish", 4, ActionFence, "job:7"},
+		{"POST", "/t/acme/k/x1", 5, ActionFence, "kv:acme.x1"},
+		{"POST", "/healthcheck", 6, ActionPass, ""},
+		{"PUT", "/healthcheck", 0, 0, ""},
+		{"PURGE", "/admin", 0, 0, ""},
+		{"PURGE", "/admin/", 6, ActionDeny, ""},
+		{"PATCH", "/admin/a/b/c", 6, ActionDeny, ""},
+		{"POST", "/files/a/b", 7, ActionFence, "files"},
+		{"POST", "/", 9, ActionDeny, ""},
+	} {
+		segs, err := splitPath(c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got *Rule
+		var vars map[string]string
+		for i := range rules {
+			if v, ok := rules[i].match(c.method, segs); ok {
+				got, vars = &rules[i], v
+				break
+			}
+		}
+		if c.line == 0 {
+			if got != nil {
+				t.Errorf("%s %s matched line %d", c.method, c.path, got.Line)
+			}
+			continue
+		}
+		if got == nil || got.Line != c.line || got.Action != c.action {
+			t.Errorf("%s %s matched %+v, want line %d", c.method, c.path, got, c.line)
+			continue
+		}
+		if c.action == ActionFence {
+			if res := got.resource(vars); res != c.resource {
+				t.Errorf("%s %s: resource %q, want %q", c.method, c.path, res, c.resource)
+			}
+		}
+	}
+}
+
+func TestSplitPathRefusesDotSegments(t *testing.T) {
+	for _, p := range []string{"/a/../b", "/a/./b", "/a/%2e%2E/b", "/..", "/a/%zz"} {
+		if _, err := splitPath(p); err == nil {
+			t.Errorf("splitPath(%q): no error", p)
+		}
+	}
+}
+
+// FuzzParseRules: the parser never panics; what it accepts re-parses from
+// its own rendering to the same rules, every fence template names only
+// pattern variables, and matching any path never panics and yields
+// resources that are either valid or refused by fencing.ValidateResource.
+func FuzzParseRules(f *testing.F) {
+	for _, s := range []string{
+		testRules,
+		"PUT /jobs/{id} fence job:{id}",
+		"* /a/{rest...} deny; POST /b pass",
+		"PATCH /x/{a}/{b} fence strict r:{a}-{b}",
+		"put /x pass",
+		"PUT /{x...} fence r{x}",
+		"PUT / fence {",
+	} {
+		f.Add(s, "/jobs/7")
+	}
+	f.Fuzz(func(t *testing.T, text, path string) {
+		rules, err := ParseRules(text)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "rules: line ") {
+				t.Fatalf("error does not name the line: %v", err)
+			}
+			return
+		}
+		var b strings.Builder
+		for _, r := range rules {
+			m := "*"
+			if r.Methods != nil {
+				m = strings.Join(r.Methods, ",")
+			}
+			b.WriteString(m + " " + r.Pattern + " " + r.Action.String())
+			if r.Strict {
+				b.WriteString(" strict")
+			}
+			if r.Template != "" {
+				b.WriteString(" " + r.Template)
+			}
+			b.WriteString("\n")
+		}
+		again, err := ParseRules(b.String())
+		if err != nil || len(again) != len(rules) {
+			t.Fatalf("rendering %q does not re-parse: %v", b.String(), err)
+		}
+		segs, err := splitPath(path)
+		if err != nil {
+			return
+		}
+		for i := range rules {
+			vars, ok := rules[i].match("PUT", segs)
+			if !ok || rules[i].Action != ActionFence {
+				continue
+			}
+			res := rules[i].resource(vars)
+			if err := fencing.ValidateResource(res); err == nil {
+				for j := 0; j < len(res); j++ {
+					if !resourceByte(res[j]) {
+						t.Fatalf("valid resource %q has byte %q", res, res[j])
+					}
+				}
+			}
+		}
+	})
+}
