@@ -1,6 +1,7 @@
 package config
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -93,6 +94,21 @@ func TestHelpCoversEveryField(t *testing.T) {
 	for _, v := range Help() {
 		if v.Name == Prefix || v.Accepts == "" {
 			t.Errorf("variable %+v lacks an env name or help text", v)
+		}
+	}
+}
+
+// TestREADMEListsEveryVariable keeps the README's configuration table in
+// step with the Config struct.
+func TestREADMEListsEveryVariable(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range Help() {
+		row := "| `" + v.Name + "` |"
+		if !strings.Contains(string(readme), row) {
+			t.Errorf("README.md has no configuration row for %s", v.Name)
 		}
 	}
 }

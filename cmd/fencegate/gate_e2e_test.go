@@ -1,0 +1,135 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// recorder is an upstream that records every write it receives.
+type recorder struct {
+	mu     sync.Mutex
+	writes []string // "METHOD PATH token=T body=B"
+}
+
+func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, _ := io.ReadAll(req.Body)
+	r.mu.Lock()
+	r.writes = append(r.writes, req.Method+" "+req.URL.Path+" token="+req.Header.Get("Fencing-Token")+" body="+string(body))
+	r.mu.Unlock()
+	w.WriteHeader(http.StatusOK)
+	io.WriteString(w, `{"ok":true}`)
+}
+
+func (r *recorder) list() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.writes...)
+}
+
+// TestZombieWorkerIsFenced is the story fencegate exists for, through the
+// real binary: A acquires and writes, A's lease expires while A is paused,
+// B acquires and writes, and A's late write is refused and never reaches
+// the upstream.
+func TestZombieWorkerIsFenced(t *testing.T) {
+	rec := &recorder{}
+	upstream := httptest.NewServer(rec)
+	defer upstream.Close()
+	p := start(t, t.TempDir(), []string{
+		"FENCEGATE_UPSTREAM=" + upstream.URL,
+		"FENCEGATE_RULES=PUT,PATCH,DELETE /jobs/{id} fence job:{id}",
+	}, "api", "gate")
+
+	st, a, _ := call(t, "POST", p.url("api", "/v1/leases/job:7/acquire"), nil, `{"owner":"worker-a","ttl_seconds":1}`)
+	if st != 200 {
+		t.Fatalf("A acquire: %d %v", st, a)
+	}
+	tokA := strconv.FormatInt(token(t, a), 10)
+	st, _, _ = call(t, "PUT", p.url("gate", "/jobs/7"), map[string]string{"Fencing-Token": tokA}, `{"by":"a","step":1}`)
+	if st != 200 {
+		t.Fatalf("A's first write: %d", st)
+	}
+
+	time.Sleep(1200 * time.Millisecond) // A pauses past its TTL
+
+	st, b, _ := call(t, "POST", p.url("api", "/v1/leases/job:7/acquire"), nil, `{"owner":"worker-b","ttl_seconds":30}`)
+	if st != 200 || token(t, b) <= token(t, a) {
+		t.Fatalf("B acquire: %d %v", st, b)
+	}
+	tokB := strconv.FormatInt(token(t, b), 10)
+	st, _, _ = call(t, "PUT", p.url("gate", "/jobs/7"), map[string]string{"Fencing-Token": tokB}, `{"by":"b"}`)
+	if st != 200 {
+		t.Fatalf("B's write: %d", st)
+	}
+
+	st, refused, hdr := call(t, "PUT", p.url("gate", "/jobs/7"), map[string]string{"Fencing-Token": tokA}, `{"by":"a","step":2}`)
+	if st != http.StatusConflict || refused["code"] != "stale-token" || hdr.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("A's late write: %d %v (%s)", st, refused, hdr.Get("Content-Type"))
+	}
+	if hw, _ := refused["high_water_token"].(float64); strconv.FormatFloat(hw, 'f', -1, 64) != tokB {
+		t.Fatalf("high_water_token %v, want %s", refused["high_water_token"], tokB)
+	}
+
+	want := []string{
+		"PUT /jobs/7 token=" + tokA + ` body={"by":"a","step":1}`,
+		"PUT /jobs/7 token=" + tokB + ` body={"by":"b"}`,
+	}
+	if got := rec.list(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("upstream saw:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	// Reads are not fenced.
+	st, _, _ = call(t, "GET", p.url("gate", "/jobs/7"), nil, "")
+	if st != 200 {
+		t.Fatalf("read through the gate: %d", st)
+	}
+	if err := p.stop(); err != nil {
+		t.Fatalf("exit: %v", err)
+	}
+}
+
+// TestSIGTERMDrains checks the shutdown contract: /readyz turns 503 while
+// draining, then the process exits 0.
+func TestSIGTERMDrains(t *testing.T) {
+	p := start(t, t.TempDir(), []string{"FENCEGATE_STORE=memory:", "FENCEGATE_DRAIN_DELAY=3s"}, "api")
+	if st, _, _ := call(t, "GET", p.url("api", "/readyz"), nil, ""); st != 200 {
+		t.Fatalf("readyz before SIGTERM: %d", st)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		resp, err := http.Get(p.url("api", "/readyz"))
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readyz never answered 503 while draining (last: %v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("exit after drain: %v\n%s", err, p.logs)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no exit after the drain delay")
+	}
+	if !strings.Contains(p.logs.String(), "forgotten when fencegate stops") {
+		t.Errorf("the memory store did not warn that it forgets:\n%s", p.logs)
+	}
+	if !strings.Contains(p.logs.String(), "write gate off") {
+		t.Errorf("no log line says the gate is off without FENCEGATE_UPSTREAM:\n%s", p.logs)
+	}
+}

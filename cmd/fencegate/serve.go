@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/fencegate/fencegate/config"
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/boltstore"
+	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/fencing/valkeystore"
+	"github.com/fencegate/fencegate/leaseapi"
+	"github.com/fencegate/fencegate/proxy"
+)
+
+// serve runs the listeners until ctx ends, then drains: /readyz turns 503,
+// after DrainDelay the listeners stop accepting, in-flight requests get
+// ShutdownGrace to finish, and the store is closed.
+func serve(ctx context.Context, environ []string, stderr io.Writer) error {
+	cfg, err := config.Load(environ)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, stderr)
+
+	store, err := openStore(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := store.Close(); err != nil {
+			log.Error("closing the store", "error", err)
+		}
+	}()
+
+	api := leaseapi.NewServer(leaseapi.Options{
+		Store:              store,
+		Logger:             log,
+		AuthToken:          cfg.APIToken,
+		DefaultTTL:         cfg.DefaultTTL,
+		MaxCheckpointBytes: cfg.MaxCheckpointBytes,
+	})
+	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api}}
+
+	if cfg.Upstream == "" {
+		log.Warn("write gate off: FENCEGATE_UPSTREAM is unset; only the lease API runs")
+	} else {
+		gate, err := newGate(cfg, store, log)
+		if err != nil {
+			return err
+		}
+		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, handler: gate})
+	}
+
+	for _, s := range servers {
+		if err := s.listen(); err != nil {
+			for _, started := range servers {
+				started.close()
+			}
+			return err
+		}
+		log.Info("listening", "listener", s.name, "addr", s.ln.Addr().String())
+	}
+	errc := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() { errc <- s.serve() }()
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		log.Error("listener failed", "error", err)
+		shutdown(servers, cfg.ShutdownGrace, log)
+		return err
+	}
+
+	log.Info("draining", "drain_delay", cfg.DrainDelay.String(), "shutdown_grace", cfg.ShutdownGrace.String())
+	api.SetDraining()
+	time.Sleep(cfg.DrainDelay)
+	if err := shutdown(servers, cfg.ShutdownGrace, log); err != nil {
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// listener is one HTTP listener of the process.
+type listener struct {
+	name    string
+	addr    string
+	handler http.Handler
+	ln      net.Listener
+	srv     *http.Server
+}
+
+func (l *listener) listen() error {
+	ln, err := net.Listen("tcp", l.addr)
+	if err != nil {
+		return fmt.Errorf("%s listener: %w", l.name, err)
+	}
+	l.ln = ln
+	l.srv = &http.Server{
+		Handler:           l.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	return nil
+}
+
+func (l *listener) serve() error {
+	if err := l.srv.Serve(l.ln); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("%s listener: %w", l.name, err)
+	}
+	return nil
+}
+
+func (l *listener) close() {
+	if l.ln != nil {
+		l.ln.Close()
+	}
+}
+
+// shutdown stops every listener, waiting up to grace for in-flight requests.
+func shutdown(servers []*listener, grace time.Duration, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	var errs []error
+	for _, s := range servers {
+		if s.srv == nil {
+			continue
+		}
+		if err := s.srv.Shutdown(ctx); err != nil {
+			log.Error("requests still in flight at the end of the shutdown grace", "listener", s.name, "error", err)
+			errs = append(errs, fmt.Errorf("%s listener: %w", s.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by config
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// openStore opens the configured store.
+func openStore(ctx context.Context, cfg config.Config, log *slog.Logger) (fencing.Store, error) {
+	spec, err := config.ParseStore(cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	switch spec.Kind {
+	case config.StoreMemory:
+		log.Warn("memory store: leases, tokens and high-water marks are forgotten when fencegate stops; tokens issued before a restart will be issued again. Use it for tests and demos only.")
+		return memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes}), nil
+	case config.StoreFile:
+		s, err := boltstore.Open(spec.Path, boltstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes})
+		if err != nil {
+			return nil, fmt.Errorf("opening the file store: %w", err)
+		}
+		log.Info("store open", "store", spec.Redacted())
+		return s, nil
+	case config.StoreValkey:
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		s, err := valkeystore.Open(ctx, valkeystore.Options{
+			URL:                spec.URL,
+			KeyPrefix:          cfg.KeyPrefix,
+			MaxCheckpointBytes: cfg.MaxCheckpointBytes,
+			Logger:             log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("opening the valkey store %s: %w", spec.Redacted(), err)
+		}
+		log.Info("store open", "store", spec.Redacted())
+		return s, nil
+	}
+	return nil, fmt.Errorf("store kind %q not supported", spec.Kind)
+}
+
+// newGate builds the write gate from the configuration.
+func newGate(cfg config.Config, store fencing.Store, log *slog.Logger) (http.Handler, error) {
+	upstream, err := url.Parse(cfg.Upstream)
+	if err != nil {
+		return nil, fmt.Errorf("FENCEGATE_UPSTREAM: %w", err)
+	}
+	text := cfg.Rules
+	if cfg.RulesFile != "" {
+		b, err := os.ReadFile(cfg.RulesFile)
+		if err != nil {
+			return nil, fmt.Errorf("FENCEGATE_RULES_FILE: %w", err)
+		}
+		text = string(b)
+	}
+	rules, err := proxy.ParseRules(text)
+	if err != nil {
+		return nil, fmt.Errorf("FENCEGATE_RULES: %w", err)
+	}
+	if len(rules) == 0 && !cfg.ResourceHeader {
+		log.Warn("write gate has no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused with resource-required")
+	}
+	return proxy.New(proxy.Options{
+		Upstream:        upstream,
+		Store:           store,
+		Rules:           rules,
+		ResourceHeader:  cfg.ResourceHeader,
+		Logger:          log,
+		BarrierTimeout:  cfg.BarrierTimeout,
+		TimeoutGrace:    cfg.TimeoutGrace,
+		UpstreamTimeout: cfg.UpstreamTimeout,
+	})
+}
