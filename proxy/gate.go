@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/barrier"
 	"github.com/fencegate/fencegate/fencing/problem"
 )
 
@@ -106,7 +107,7 @@ type Gate struct {
 	barrierTimeout time.Duration
 	grace          time.Duration
 	rp             *httputil.ReverseProxy
-	barrier        *barrier
+	barrier        *barrier.Barrier
 	// barrierOff skips the barrier wait. Only tests set it, to show the
 	// reordering the barrier prevents.
 	barrierOff bool
@@ -138,7 +139,7 @@ func New(opts Options) (*Gate, error) {
 		log:            opts.Logger,
 		barrierTimeout: opts.BarrierTimeout,
 		grace:          opts.TimeoutGrace,
-		barrier:        newBarrier(),
+		barrier:        barrier.New(),
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
@@ -207,11 +208,11 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	// Register before the admission check: any write admitted before this
 	// one is already registered, so the wait below cannot miss it.
-	t := g.barrier.register(resource, token)
+	t := g.barrier.Register(resource, token)
 	ctx := r.Context()
 	_, err = g.store.Admit(ctx, fencing.AdmitRequest{Resource: resource, Token: token, RequireLive: strict})
 	if err != nil {
-		t.leave()
+		t.Leave()
 		if ctx.Err() != nil {
 			return // client gone: nobody to answer
 		}
@@ -222,7 +223,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := g.wait(ctx, t); err != nil {
-		t.leave()
+		t.Leave()
 		if ctx.Err() != nil {
 			return
 		}
@@ -232,15 +233,15 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, p)
 		return
 	}
-	defer t.leave()
+	defer t.Leave()
 	g.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, ticketKey{}, t)))
 }
 
-func (g *Gate) wait(ctx context.Context, t *ticket) error {
+func (g *Gate) wait(ctx context.Context, t *barrier.Ticket) error {
 	if g.barrierOff {
 		return nil
 	}
-	return t.wait(ctx, g.barrierTimeout)
+	return t.Wait(ctx, g.barrierTimeout)
 }
 
 // route returns the first rule matching r, and its pattern variables.
@@ -332,8 +333,8 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 // upstream has answered the write, so the barrier can let the next token
 // through while the body is still being relayed.
 func (g *Gate) modifyResponse(resp *http.Response) error {
-	if t, ok := resp.Request.Context().Value(ticketKey{}).(*ticket); ok {
-		t.leave()
+	if t, ok := resp.Request.Context().Value(ticketKey{}).(*barrier.Ticket); ok {
+		t.Leave()
 	}
 	return nil
 }
@@ -342,12 +343,12 @@ func (g *Gate) modifyResponse(resp *http.Response) error {
 // timeout → 504, anything else → 502. For a fenced write whose request may
 // have reached the upstream, the barrier stays closed for the grace period.
 func (g *Gate) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
-	t, _ := r.Context().Value(ticketKey{}).(*ticket)
+	t, _ := r.Context().Value(ticketKey{}).(*barrier.Ticket)
 	if t != nil {
 		if notSent(err) {
-			t.leave()
+			t.Leave()
 		} else {
-			t.hold(g.grace)
+			t.Hold(g.grace)
 		}
 	}
 	if r.Context().Err() != nil {
@@ -388,4 +389,4 @@ func notSent(err error) bool {
 // flight (or held closed for the grace period after an ambiguous upstream
 // outcome). It returns to zero when the gate is idle: per-resource state
 // does not outlive the writes.
-func (g *Gate) InFlightResources() int { return g.barrier.size() }
+func (g *Gate) InFlightResources() int { return g.barrier.Size() }

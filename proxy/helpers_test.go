@@ -218,10 +218,5 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // registered reports how many writes with token tk are registered at the
 // barrier for resource.
 func (g *Gate) registered(resource string, tk fencing.Token) int {
-	g.barrier.mu.Lock()
-	defer g.barrier.mu.Unlock()
-	if f := g.barrier.res[resource]; f != nil {
-		return f.count[tk]
-	}
-	return 0
+	return g.barrier.Registered(resource, tk)
 }

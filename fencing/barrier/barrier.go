@@ -1,4 +1,14 @@
-package proxy
+// Package barrier is the write gate's in-flight barrier (DESIGN §1.3). A
+// proxy checks a write's token and then forwards it: two steps. Between
+// them a higher-token write for the same resource could overtake a
+// lower-token one that was admitted first. The barrier closes that window
+// within one process: a write registers before its admission check, and is
+// forwarded only once no lower-token write for its resource is in flight.
+//
+// Limits: the barrier orders writes through one process only. Several gates
+// in front of one data store share the store's high-water mark but not this
+// barrier.
+package barrier
 
 import (
 	"context"
@@ -9,17 +19,17 @@ import (
 	"github.com/fencegate/fencegate/fencing"
 )
 
-// errBarrierTimeout: the bounded wait behind a lower-token write ran out.
-var errBarrierTimeout = errors.New("barrier wait exceeded")
+// ErrTimeout: the bounded wait behind a lower-token write ran out.
+var ErrTimeout = errors.New("barrier wait exceeded")
 
-// barrier is the in-flight barrier of one gate (DESIGN §1.3). Per resource
+// Barrier is the in-flight barrier of one gate. Per resource
 // it counts the writes in flight by token. A write registers before its
 // admission check and may be forwarded only once no write with a lower
 // token is registered for its resource; equal tokens never wait for each
 // other. Resources with nothing in flight are dropped from the map, so its
 // size is bounded by the number of writes in flight (plus those held for a
 // grace period after an ambiguous upstream outcome).
-type barrier struct {
+type Barrier struct {
 	mu  sync.Mutex
 	res map[string]*inflight
 }
@@ -31,21 +41,22 @@ type inflight struct {
 	changed chan struct{}
 }
 
-func newBarrier() *barrier { return &barrier{res: map[string]*inflight{}} }
+// New returns an empty barrier. It is safe for concurrent use.
+func New() *Barrier { return &Barrier{res: map[string]*inflight{}} }
 
-// ticket is one write's place in the barrier. Its methods are safe to call
-// more than once and from any goroutine: only the first leave or hold
+// Ticket is one write's place in the barrier. Its methods are safe to call
+// more than once and from any goroutine: only the first Leave or Hold
 // counts.
-type ticket struct {
-	b        *barrier
+type Ticket struct {
+	b        *Barrier
 	resource string
 	token    fencing.Token
 	once     sync.Once
 }
 
-// register records a write with token on resource as in flight. The caller
-// must end the ticket with leave or hold.
-func (b *barrier) register(resource string, token fencing.Token) *ticket {
+// Register records a write with token on resource as in flight. The caller
+// must end the Ticket with Leave or Hold.
+func (b *Barrier) Register(resource string, token fencing.Token) *Ticket {
 	b.mu.Lock()
 	f := b.res[resource]
 	if f == nil {
@@ -54,7 +65,7 @@ func (b *barrier) register(resource string, token fencing.Token) *ticket {
 	}
 	f.count[token]++
 	b.mu.Unlock()
-	return &ticket{b: b, resource: resource, token: token}
+	return &Ticket{b: b, resource: resource, token: token}
 }
 
 // lowerInFlight reports whether f has a write with a token below t.
@@ -67,10 +78,10 @@ func (f *inflight) lowerInFlight(t fencing.Token) bool {
 	return false
 }
 
-// wait blocks until no write with a lower token than the ticket's is in
-// flight for its resource, the timeout passes (errBarrierTimeout) or ctx
-// ends (ctx.Err()). The ticket stays registered either way.
-func (t *ticket) wait(ctx context.Context, timeout time.Duration) error {
+// Wait blocks until no write with a lower token than the Ticket's is in
+// flight for its resource, the timeout passes (ErrTimeout) or ctx
+// ends (ctx.Err()). The Ticket stays registered either way.
+func (t *Ticket) Wait(ctx context.Context, timeout time.Duration) error {
 	b := t.b
 	var timer *time.Timer
 	for {
@@ -94,7 +105,7 @@ func (t *ticket) wait(ctx context.Context, timeout time.Duration) error {
 		select {
 		case <-ch:
 		case <-timer.C:
-			return errBarrierTimeout
+			return ErrTimeout
 		case <-ctx.Done():
 			timer.Stop()
 			return ctx.Err()
@@ -102,16 +113,16 @@ func (t *ticket) wait(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
-// leave deregisters the write now and wakes the writes waiting on its
+// Leave deregisters the write now and wakes the writes waiting on its
 // resource.
-func (t *ticket) leave() {
+func (t *Ticket) Leave() {
 	t.once.Do(t.b.leave(t))
 }
 
-// hold keeps the write registered for d more, then deregisters it: the
+// Hold keeps the write registered for d more, then deregisters it: the
 // upstream may still apply a write whose outcome the gate did not see, and
 // a higher-token write must not overtake it.
-func (t *ticket) hold(d time.Duration) {
+func (t *Ticket) Hold(d time.Duration) {
 	t.once.Do(func() {
 		if d <= 0 {
 			t.b.leave(t)()
@@ -121,7 +132,7 @@ func (t *ticket) hold(d time.Duration) {
 	})
 }
 
-func (b *barrier) leave(t *ticket) func() {
+func (b *Barrier) leave(t *Ticket) func() {
 	return func() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -139,8 +150,18 @@ func (b *barrier) leave(t *ticket) func() {
 	}
 }
 
-// size is the number of resources with writes in flight.
-func (b *barrier) size() int {
+// Registered is how many writes with token are registered for resource.
+func (b *Barrier) Registered(resource string, token fencing.Token) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if f := b.res[resource]; f != nil {
+		return f.count[token]
+	}
+	return 0
+}
+
+// Size is the number of resources with writes in flight.
+func (b *Barrier) Size() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return len(b.res)
