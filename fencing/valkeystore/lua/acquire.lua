@@ -1,0 +1,60 @@
+-- acquire: take or extend the lease on one resource.
+--
+-- KEYS[1] -> <prefix>:{R}        record hash
+-- KEYS[2] -> <prefix>:{R}:live   live-lease index key
+-- ARGV[1] -> owner
+-- ARGV[2] -> ttl in milliseconds (validated by the caller)
+--
+-- Returns one of:
+--   {"OK", token, ttl_ms, acquired_ms, expires_ms}  new lease, or the same
+--                                                   owner's live lease extended
+--   {"HELD", holder, expires_ms}                    another owner's live lease
+--
+-- Token rule (store-loss safety): a new token is max(issued + 1, now_us),
+-- now_us being the server's TIME in microseconds. Tokens therefore follow
+-- the server clock, and a record that lost its recent writes (restart
+-- without persistence, FLUSHALL, failover to a lagging or empty replica)
+-- still issues tokens above every token issued before the loss, as long as
+-- the server clock has not gone back across the loss. A record created
+-- here (never used, or lost) gets floor = first token - 1: admit.lua refuses
+-- every token <= floor, so a token from before a loss is never admitted.
+--
+-- NOT idempotent (issues a token): the client never retries it.
+local now_ms, now_us = fg_now()
+local rec, live = KEYS[1], KEYS[2]
+local owner, ttl = ARGV[1], tonumber(ARGV[2])
+local f = redis.call('HMGET', rec, 'issued', 'owner', 'token', 'ttl', 'acq', 'exp', 'rel', 'fin')
+local issued = f[1]
+if issued then
+  local cur, tok, acq, exp, rel, fin = f[2], f[3], f[5], f[6], f[7], f[8]
+  if fg_live(cur, exp, rel, now_ms) then
+    if cur ~= owner then
+      return {'HELD', cur, exp}
+    end
+    local nexp = fg_fmt(now_ms + ttl)
+    redis.call('HSET', rec, 'ttl', ARGV[2], 'exp', nexp)
+    redis.call('SET', live, tok, 'PXAT', nexp)
+    return {'OK', tok, ARGV[2], acq, nexp}
+  end
+  if cur then
+    local ended = 'expired'
+    if rel == '1' then ended = 'released' end
+    redis.call('HSET', rec, 'p_owner', cur, 'p_token', tok, 'p_ended', ended, 'p_fin', fin or '0')
+  end
+else
+  local floor = fg_fmt(now_us - 1)
+  redis.call('HSET', rec, 'issued', floor, 'floor', floor)
+  issued = floor
+end
+local token = fg_fmt(now_us)
+if fg_cmp(token, issued) > 0 then
+  redis.call('HSET', rec, 'issued', token)
+else
+  -- The server clock is behind the counter (it stepped back): count on.
+  redis.call('HINCRBY', rec, 'issued', 1)
+  token = redis.call('HGET', rec, 'issued')
+end
+local acq, exp = fg_fmt(now_ms), fg_fmt(now_ms + ttl)
+redis.call('HSET', rec, 'owner', owner, 'token', token, 'ttl', ARGV[2], 'acq', acq, 'exp', exp, 'rel', '0', 'fin', '0')
+redis.call('SET', live, token, 'PXAT', exp)
+return {'OK', token, ARGV[2], acq, exp}

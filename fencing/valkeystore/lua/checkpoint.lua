@@ -1,0 +1,26 @@
+-- checkpoint: save progress state for the live holder and renew its lease
+-- by its TTL, in one step.
+--
+-- KEYS[1] -> <prefix>:{R}        record hash
+-- KEYS[2] -> <prefix>:{R}:live   live-lease index key
+-- KEYS[3] -> <prefix>:{R}:state  checkpoint state
+-- ARGV[1] -> owner
+-- ARGV[2] -> token (decimal string)
+-- ARGV[3] -> state (JSON text, size-checked by the caller)
+--
+-- Returns one of:
+--   {"OK", token, ttl_ms, acquired_ms, expires_ms}  the renewed lease
+--   {"LOST"}                                        not the live holder
+--
+-- Idempotent: a retry saves the same state again.
+local now_ms = fg_now()
+local rec, live, state = KEYS[1], KEYS[2], KEYS[3]
+local f = redis.call('HMGET', rec, 'owner', 'token', 'ttl', 'acq', 'exp', 'rel')
+if not fg_live(f[1], f[5], f[6], now_ms) or f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then
+  return {'LOST'}
+end
+local exp = fg_fmt(now_ms + tonumber(f[3]))
+redis.call('SET', state, ARGV[3])
+redis.call('HSET', rec, 'exp', exp, 'cp_token', ARGV[2], 'cp_ms', fg_fmt(now_ms), 'cp_size', tostring(#ARGV[3]))
+redis.call('SET', live, ARGV[2], 'PXAT', exp)
+return {'OK', ARGV[2], f[3], f[4], exp}

@@ -1,0 +1,16 @@
+-- list: the live lease of one resource found by List's SCAN of the
+-- <prefix>:{*}:live index keys (List runs it once per key found, so that
+-- each call touches one cluster slot).
+--
+-- KEYS[1] -> <prefix>:{R}        record hash
+--
+-- Returns {"LIVE", owner, token, ttl_ms, acquired_ms, expires_ms} when a
+-- lease is live at the server's current time, else {"NONE"}.
+--
+-- Read-only, idempotent.
+local now_ms = fg_now()
+local f = redis.call('HMGET', KEYS[1], 'owner', 'token', 'ttl', 'acq', 'exp', 'rel')
+if fg_live(f[1], f[5], f[6], now_ms) then
+  return {'LIVE', f[1], f[2], f[3], f[4], f[5]}
+end
+return {'NONE'}

@@ -1,0 +1,25 @@
+-- renew: extend the live lease held by owner with token.
+--
+-- KEYS[1] -> <prefix>:{R}        record hash
+-- KEYS[2] -> <prefix>:{R}:live   live-lease index key
+-- ARGV[1] -> owner
+-- ARGV[2] -> token (decimal string)
+-- ARGV[3] -> new ttl in milliseconds, or "" to keep the lease's TTL
+--
+-- Returns one of:
+--   {"OK", token, ttl_ms, acquired_ms, expires_ms}
+--   {"LOST"}   not the live holder (wrong owner or token, expired, released)
+--
+-- Idempotent: running it twice extends from the later server time.
+local now_ms = fg_now()
+local rec, live = KEYS[1], KEYS[2]
+local f = redis.call('HMGET', rec, 'owner', 'token', 'ttl', 'acq', 'exp', 'rel')
+if not fg_live(f[1], f[5], f[6], now_ms) or f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then
+  return {'LOST'}
+end
+local ttl = f[3]
+if ARGV[3] ~= '' then ttl = ARGV[3] end
+local exp = fg_fmt(now_ms + tonumber(ttl))
+redis.call('HSET', rec, 'ttl', ttl, 'exp', exp)
+redis.call('SET', live, ARGV[2], 'PXAT', exp)
+return {'OK', ARGV[2], ttl, f[4], exp}

@@ -1,0 +1,60 @@
+package valkeystore
+
+import (
+	"embed"
+
+	"github.com/valkey-io/valkey-go"
+)
+
+// The Lua scripts, one per operation, each with a KEYS/ARGV/returns contract
+// in its header. lua/lib.lua is prepended to every script, so a script's
+// SHA1 covers the helpers it runs with.
+//
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// script is one operation's Lua script and whether the client may retry it
+// after a network error. Only the read-only scripts are retried (inside the
+// command timeout). Scripts that write are sent once: acquire issues a token
+// and release answers differently the second time; renew, checkpoint and
+// admit are idempotent, but a retry that fails to connect would report
+// "unavailable" (not performed) for a first attempt that may have run, so
+// they are not retried either and their faults stay exactly classified. The
+// caller (the gate) decides whether to try again.
+func script(name string, retryable bool) *valkey.Lua {
+	lib, err := luaFiles.ReadFile("lua/lib.lua")
+	if err != nil {
+		panic(err)
+	}
+	body, err := luaFiles.ReadFile("lua/" + name + ".lua")
+	if err != nil {
+		panic(err)
+	}
+	src := string(lib) + string(body)
+	if retryable {
+		return valkey.NewLuaScriptRetryable(src)
+	}
+	return valkey.NewLuaScript(src)
+}
+
+// Scripts run with EVALSHA; valkey-go falls back to EVAL (which loads the
+// script) when the server answers NOSCRIPT, so they survive SCRIPT FLUSH and
+// a restart of the server.
+var (
+	acquireScript        = script("acquire", false)
+	renewScript          = script("renew", false)
+	releaseScript        = script("release", false)
+	checkpointScript     = script("checkpoint", false)
+	readCheckpointScript = script("readcheckpoint", true)
+	statusScript         = script("status", true)
+	admitScript          = script("admit", false)
+	listScript           = script("list", true)
+)
+
+// admitSource is the admission script as the store runs it, for comparing
+// the store with redis-benchmark running the same EVALSHA.
+func admitSource() string {
+	lib, _ := luaFiles.ReadFile("lua/lib.lua")
+	body, _ := luaFiles.ReadFile("lua/admit.lua")
+	return string(lib) + string(body)
+}

@@ -1,0 +1,564 @@
+// Package valkeystore is the fencing.Store kept in Valkey (or a Redis 7
+// compatible server), single node or cluster, shared by many gates.
+//
+// Every operation is one Lua script (lua/*.lua, each with a KEYS/ARGV/returns
+// contract), run with EVALSHA and reloaded automatically after SCRIPT FLUSH
+// or a server restart. Expiry is judged by the server's TIME inside the
+// scripts, never by the gate's clock. Tokens are decimal strings inside Lua.
+//
+// Keys, for resource R under the key prefix P (default "fencegate"), are
+// hash-tagged so that each script touches one cluster slot:
+//
+//	P:{R}        hash: issued and high-water tokens, floor, the most recent
+//	             lease, how the one before it ended, checkpoint metadata.
+//	             Never expires and is never deleted.
+//	P:{R}:state  the last checkpoint state.
+//	P:{R}:live   the live lease's token, expiring with the lease; the index
+//	             List scans.
+//
+// Tokens follow the server clock: a new token is max(issued+1, the server's
+// TIME in microseconds). Tokens stay below 2^53 (exact as JSON numbers) until
+// the year 2255. This is what makes store loss safe without coordination: if
+// the server loses writes (restart without persistence, FLUSHALL, failover to
+// an empty or lagging replica), tokens issued afterwards are still above
+// every token issued before, and a record re-created after a loss refuses
+// every token at or below its floor, so a token issued before the loss is
+// never admitted. The assumption is that the server clock does not go back
+// across a loss; see the README.
+//
+// Faults are classified here: a request that never left the client
+// (connection refused, dial failure, client closed, server LOADING/BUSY)
+// matches fencing.ErrUnavailable; one that may have reached the server
+// (timeout or broken connection after sending) matches fencing.ErrAmbiguous.
+// Only read-only scripts are retried by the client; scripts that write are
+// sent once, so that ErrUnavailable always means "not performed".
+package valkeystore
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/valkey-io/valkey-go"
+)
+
+// Defaults for Options.
+const (
+	// DefaultKeyPrefix starts every key when Options.KeyPrefix is empty.
+	DefaultKeyPrefix = "fencegate"
+	// DefaultDialTimeout bounds a connection attempt.
+	DefaultDialTimeout = 5 * time.Second
+	// DefaultCommandTimeout bounds one operation (one script).
+	DefaultCommandTimeout = 2 * time.Second
+)
+
+// Options configure Open.
+type Options struct {
+	// URL is valkey://[user:pass@]host:port[/db][?addr=host2:port2&...],
+	// or valkeys://... for TLS (redis:// and rediss:// are accepted too).
+	// Several addresses (the host and addr= parameters) are seeds of a
+	// Valkey Cluster; a single address is probed and used as a cluster
+	// when it is one.
+	URL string
+	// KeyPrefix starts every key; default DefaultKeyPrefix. It may
+	// contain only A-Z a-z 0-9 . _ : -, so that it never forms a hash tag
+	// or a SCAN pattern.
+	KeyPrefix string
+	// MaxCheckpointBytes limits checkpoint state; 0 means
+	// fencing.DefaultMaxCheckpointBytes.
+	MaxCheckpointBytes int
+	// Logger receives start-up warnings; nil discards them.
+	Logger *slog.Logger
+	// DialTimeout bounds each connection attempt; 0 means
+	// DefaultDialTimeout.
+	DialTimeout time.Duration
+	// CommandTimeout bounds each operation (a call's own context may end
+	// it sooner); 0 means DefaultCommandTimeout. An operation that times
+	// out after sending matches fencing.ErrAmbiguous.
+	CommandTimeout time.Duration
+	// TLSConfig overrides the TLS settings of a valkeys:// URL (CA,
+	// client certificate); ignored for valkey://.
+	TLSConfig *tls.Config
+}
+
+// Store is the Valkey fencing.Store. Safe for concurrent use: calls share
+// valkey-go's auto-pipelined connections.
+type Store struct {
+	client     valkey.Client
+	prefix     string
+	maxState   int
+	cmdTimeout time.Duration
+	log        *slog.Logger
+	closed     atomic.Bool
+}
+
+var _ fencing.Store = (*Store)(nil)
+
+// Open connects, pings, and checks every server node: maxmemory-policy must
+// be noeviction (Open refuses otherwise: an evicting server may drop token
+// counters and high-water marks), and a warning is logged when neither AOF
+// nor RDB snapshots are on. Connection failures match
+// fencing.ErrUnavailable.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if opts.KeyPrefix == "" {
+		opts.KeyPrefix = DefaultKeyPrefix
+	}
+	if err := validatePrefix(opts.KeyPrefix); err != nil {
+		return nil, err
+	}
+	if opts.MaxCheckpointBytes == 0 {
+		opts.MaxCheckpointBytes = fencing.DefaultMaxCheckpointBytes
+	}
+	if opts.MaxCheckpointBytes < 0 {
+		return nil, errors.New("valkeystore: MaxCheckpointBytes must not be negative")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = DefaultDialTimeout
+	}
+	if opts.CommandTimeout <= 0 {
+		opts.CommandTimeout = DefaultCommandTimeout
+	}
+	copt, err := clientOption(opts)
+	if err != nil {
+		return nil, err
+	}
+	client, err := valkey.NewClient(copt)
+	if err != nil {
+		return nil, fmt.Errorf("valkeystore: connect to %s: %w", strings.Join(copt.InitAddress, ","), classify("connect", err))
+	}
+	s := &Store{client: client, prefix: opts.KeyPrefix, maxState: opts.MaxCheckpointBytes, cmdTimeout: opts.CommandTimeout, log: opts.Logger}
+	if err := s.Ping(ctx); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("valkeystore: ping: %w", err)
+	}
+	if err := s.checkNodes(ctx); err != nil {
+		client.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// clientOption maps Options to valkey-go's, without leaking the password
+// into errors.
+func clientOption(opts Options) (valkey.ClientOption, error) {
+	u, err := url.Parse(opts.URL)
+	if err != nil {
+		return valkey.ClientOption{}, errors.New("valkeystore: the store URL is not a valid URL")
+	}
+	switch u.Scheme {
+	case "valkey", "redis", "valkeys", "rediss":
+	default:
+		return valkey.ClientOption{}, fmt.Errorf("valkeystore: store URL scheme %q: want valkey:// or valkeys://", u.Scheme)
+	}
+	if u.Host == "" {
+		return valkey.ClientOption{}, errors.New("valkeystore: the store URL has no host")
+	}
+	copt, err := valkey.ParseURL(opts.URL)
+	if err != nil {
+		// ParseURL's errors name only the scheme, db or a parameter.
+		return valkey.ClientOption{}, fmt.Errorf("valkeystore: store URL: %w", err)
+	}
+	if copt.TLSConfig != nil && opts.TLSConfig != nil {
+		tc := opts.TLSConfig.Clone()
+		if tc.ServerName == "" {
+			tc.ServerName = copt.TLSConfig.ServerName
+		}
+		copt.TLSConfig = tc
+	}
+	copt.Dialer.Timeout = opts.DialTimeout
+	// A connection that stops answering is closed after this long; the
+	// operation's own deadline (CommandTimeout) usually ends it first.
+	copt.ConnWriteTimeout = max(opts.CommandTimeout, time.Second)
+	copt.DisableCache = true // no client-side caching: every read is from the server
+	if copt.ClientName == "" {
+		copt.ClientName = "fencegate"
+	}
+	return copt, nil
+}
+
+func validatePrefix(p string) error {
+	if len(p) > 100 {
+		return errors.New("valkeystore: KeyPrefix must be at most 100 bytes")
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-') {
+			return fmt.Errorf("valkeystore: KeyPrefix %q may contain only A-Z a-z 0-9 . _ : -", p)
+		}
+	}
+	return nil
+}
+
+// checkNodes enforces noeviction and warns about missing persistence on
+// every node the client knows (in a cluster: every primary and replica).
+func (s *Store) checkNodes(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*s.cmdTimeout)
+	defer cancel()
+	for addr, node := range s.client.Nodes() {
+		mem, err := node.Do(ctx, node.B().Info().Section("memory").Build()).ToString()
+		if err != nil {
+			return fmt.Errorf("valkeystore: INFO memory on %s: %w", addr, classify("check", err))
+		}
+		policy := infoField(mem, "maxmemory_policy")
+		if policy != "noeviction" {
+			return fmt.Errorf("valkeystore: server %s has maxmemory-policy %q; fencegate requires noeviction, "+
+				"because an evicting server may silently drop token counters and high-water marks "+
+				"(set maxmemory-policy noeviction: a full server then refuses writes, and fencegate fails closed)", addr, policy)
+		}
+		pers, err := node.Do(ctx, node.B().Info().Section("persistence").Build()).ToString()
+		if err != nil {
+			return fmt.Errorf("valkeystore: INFO persistence on %s: %w", addr, classify("check", err))
+		}
+		aof := infoField(pers, "aof_enabled") == "1"
+		save := ""
+		if kv, err := node.Do(ctx, node.B().ConfigGet().Parameter("save").Build()).AsStrMap(); err == nil {
+			save = kv["save"]
+		} else {
+			s.log.Warn("valkeystore: cannot read the server's save setting (CONFIG GET refused)", "addr", addr, "error", err)
+			continue
+		}
+		if !aof && strings.TrimSpace(save) == "" {
+			s.log.Warn("valkeystore: persistence is off on the server (no AOF, no RDB snapshots): a restart loses every lease, checkpoint and high-water mark; "+
+				"tokens stay unique and pre-restart tokens are refused, but every holder must re-acquire. Enable appendonly yes (appendfsync always for no rollback)",
+				"addr", addr)
+		} else if !aof {
+			s.log.Warn("valkeystore: only RDB snapshots are on: a crash rolls back to the last snapshot; enable appendonly yes", "addr", addr)
+		}
+	}
+	return nil
+}
+
+// infoField returns field's value from an INFO reply.
+func infoField(info, field string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// Keys of a resource; see the package doc.
+func (s *Store) recKey(res string) string   { return s.prefix + ":{" + res + "}" }
+func (s *Store) liveKey(res string) string  { return s.prefix + ":{" + res + "}:live" }
+func (s *Store) stateKey(res string) string { return s.prefix + ":{" + res + "}:state" }
+
+// run executes one script with the command timeout and returns its array
+// reply, classifying faults.
+func (s *Store) run(ctx context.Context, op string, sc *valkey.Lua, keys, args []string) ([]string, error) {
+	if s.closed.Load() {
+		return nil, fmt.Errorf("%w: %s: the store is closed", fencing.ErrUnavailable, op)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
+	defer cancel()
+	out, err := sc.Exec(ctx, s.client, keys, args).AsStrSlice()
+	if err != nil {
+		return nil, classify(op, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: %s: empty script reply", fencing.ErrAmbiguous, op)
+	}
+	return out, nil
+}
+
+// corrupt reports a reply the scripts never produce. The script ran, so the
+// outcome is unknown to the caller.
+func corrupt(op string, reply []string) error {
+	return fmt.Errorf("%w: %s: unexpected script reply %q", fencing.ErrAmbiguous, op, reply)
+}
+
+func parseToken(s string) (fencing.Token, bool) {
+	if s == "" {
+		return 0, true
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	return fencing.Token(v), err == nil
+}
+
+func parseMillis(s string) (int64, bool) {
+	v, err := strconv.ParseInt(s, 10, 64)
+	return v, err == nil
+}
+
+func fromMillis(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
+
+// lease parses {token, ttl_ms, acquired_ms, expires_ms}.
+func lease(res, owner string, f []string) (fencing.Lease, bool) {
+	if len(f) != 4 {
+		return fencing.Lease{}, false
+	}
+	tok, ok1 := parseToken(f[0])
+	ttl, ok2 := parseMillis(f[1])
+	acq, ok3 := parseMillis(f[2])
+	exp, ok4 := parseMillis(f[3])
+	if !ok1 || !ok2 || !ok3 || !ok4 || tok == 0 {
+		return fencing.Lease{}, false
+	}
+	return fencing.Lease{Resource: res, Owner: owner, Token: tok, TTL: time.Duration(ttl) * time.Millisecond,
+		AcquiredAt: fromMillis(acq), ExpiresAt: fromMillis(exp)}, true
+}
+
+func leaseLost(res string) error {
+	return fmt.Errorf("%w: the caller does not hold the live lease on %q", fencing.ErrLeaseLost, res)
+}
+
+// Acquire implements fencing.Store. It is never retried: a fault after
+// sending matches fencing.ErrAmbiguous, and the caller may acquire again as
+// the same owner (which extends the lease it may have got).
+func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencing.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return fencing.Lease{}, err
+	}
+	r, err := s.run(ctx, "acquire", acquireScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource)},
+		[]string{req.Owner, strconv.FormatInt(req.TTL.Milliseconds(), 10)})
+	if err != nil {
+		return fencing.Lease{}, err
+	}
+	switch {
+	case r[0] == "OK":
+		if l, ok := lease(req.Resource, req.Owner, r[1:]); ok {
+			return l, nil
+		}
+	case r[0] == "HELD" && len(r) == 3:
+		if exp, ok := parseMillis(r[2]); ok {
+			return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: r[1], ExpiresAt: fromMillis(exp)}
+		}
+	}
+	return fencing.Lease{}, corrupt("acquire", r)
+}
+
+// Renew implements fencing.Store.
+func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest) (fencing.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return fencing.Lease{}, err
+	}
+	ttl := ""
+	if req.TTL != 0 {
+		ttl = strconv.FormatInt(req.TTL.Milliseconds(), 10)
+	}
+	r, err := s.run(ctx, "renew", renewScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource)},
+		[]string{req.Owner, req.Token.String(), ttl})
+	if err != nil {
+		return fencing.Lease{}, err
+	}
+	return s.leaseReply("renew", req.Resource, req.Owner, r)
+}
+
+func (s *Store) leaseReply(op, res, owner string, r []string) (fencing.Lease, error) {
+	switch r[0] {
+	case "OK":
+		if l, ok := lease(res, owner, r[1:]); ok {
+			return l, nil
+		}
+	case "LOST":
+		return fencing.Lease{}, leaseLost(res)
+	}
+	return fencing.Lease{}, corrupt(op, r)
+}
+
+// Release implements fencing.Store. It is never retried (a retry after a
+// lost reply would answer false).
+func (s *Store) Release(ctx context.Context, req fencing.ReleaseRequest) (bool, error) {
+	if err := req.Validate(); err != nil {
+		return false, err
+	}
+	fin := "0"
+	if req.Finished {
+		fin = "1"
+	}
+	r, err := s.run(ctx, "release", releaseScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource)},
+		[]string{req.Owner, req.Token.String(), fin})
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case r[0] == "OK" && len(r) == 2:
+		return r[1] == "1", nil
+	case r[0] == "LOST":
+		return false, leaseLost(req.Resource)
+	}
+	return false, corrupt("release", r)
+}
+
+// Checkpoint implements fencing.Store.
+func (s *Store) Checkpoint(ctx context.Context, req fencing.CheckpointRequest) (fencing.Lease, error) {
+	if err := req.Validate(s.maxState); err != nil {
+		return fencing.Lease{}, err
+	}
+	r, err := s.run(ctx, "checkpoint", checkpointScript,
+		[]string{s.recKey(req.Resource), s.liveKey(req.Resource), s.stateKey(req.Resource)},
+		[]string{req.Owner, req.Token.String(), string(req.State)})
+	if err != nil {
+		return fencing.Lease{}, err
+	}
+	return s.leaseReply("checkpoint", req.Resource, req.Owner, r)
+}
+
+// record is a resource's record as read by status.lua and
+// readcheckpoint.lua.
+type record struct {
+	now       int64
+	issued    fencing.Token
+	highWater fencing.Token
+	live      *fencing.Lease
+	previous  *fencing.Previous
+	saved     *fencing.CheckpointInfo
+}
+
+// parseRecord reads the 17 fields of status.lua.
+func parseRecord(res string, f []string) (record, bool) {
+	if len(f) < 17 {
+		return record{}, false
+	}
+	var r record
+	var ok bool
+	if r.now, ok = parseMillis(f[0]); !ok {
+		return r, false
+	}
+	if r.issued, ok = parseToken(f[1]); !ok {
+		return r, false
+	}
+	if r.highWater, ok = parseToken(f[2]); !ok {
+		return r, false
+	}
+	owner, rel, fin := f[3], f[8], f[9]
+	if owner != "" {
+		l, ok := lease(res, owner, f[4:8])
+		if !ok {
+			return r, false
+		}
+		if rel != "1" && r.now < l.ExpiresAt.UnixMilli() {
+			r.live = &l
+		} else {
+			ended := fencing.EndExpired
+			if rel == "1" {
+				ended = fencing.EndReleased
+			}
+			r.previous = &fencing.Previous{Owner: owner, Token: l.Token, Ended: ended, Finished: fin == "1"}
+		}
+	}
+	if r.previous == nil && f[10] != "" {
+		tok, ok := parseToken(f[11])
+		if !ok {
+			return r, false
+		}
+		r.previous = &fencing.Previous{Owner: f[10], Token: tok, Ended: fencing.Ending(f[12]), Finished: f[13] == "1"}
+	}
+	if f[14] != "" {
+		tok, ok1 := parseToken(f[14])
+		ms, ok2 := parseMillis(f[15])
+		size, err := strconv.Atoi(f[16])
+		if !ok1 || !ok2 || err != nil {
+			return r, false
+		}
+		r.saved = &fencing.CheckpointInfo{Token: tok, UpdatedAt: fromMillis(ms), SizeBytes: size}
+	}
+	return r, true
+}
+
+// ReadCheckpoint implements fencing.Store.
+func (s *Store) ReadCheckpoint(ctx context.Context, resource string) (fencing.Checkpoint, error) {
+	if err := fencing.ValidateResource(resource); err != nil {
+		return fencing.Checkpoint{}, err
+	}
+	f, err := s.run(ctx, "read checkpoint", readCheckpointScript, []string{s.recKey(resource), s.stateKey(resource)}, nil)
+	if err != nil {
+		return fencing.Checkpoint{}, err
+	}
+	r, ok := parseRecord(resource, f)
+	if !ok || len(f) != 18 {
+		return fencing.Checkpoint{}, corrupt("read checkpoint", f)
+	}
+	if r.saved == nil {
+		return fencing.Checkpoint{}, fmt.Errorf("%w for %q", fencing.ErrNoCheckpoint, resource)
+	}
+	return fencing.Checkpoint{State: []byte(f[17]), Token: r.saved.Token, UpdatedAt: r.saved.UpdatedAt, Previous: r.previous}, nil
+}
+
+// Status implements fencing.Store.
+func (s *Store) Status(ctx context.Context, resource string) (fencing.Status, error) {
+	if err := fencing.ValidateResource(resource); err != nil {
+		return fencing.Status{}, err
+	}
+	f, err := s.run(ctx, "status", statusScript, []string{s.recKey(resource)}, nil)
+	if err != nil {
+		return fencing.Status{}, err
+	}
+	r, ok := parseRecord(resource, f)
+	if !ok {
+		return fencing.Status{}, corrupt("status", f)
+	}
+	return fencing.Status{Resource: resource, Issued: r.issued, HighWater: r.highWater, Lease: r.live, Previous: r.previous, Checkpoint: r.saved}, nil
+}
+
+// Admit implements fencing.Store. The check and the raise of the high-water
+// mark are one script. It is idempotent, so a caller may retry it after
+// fencing.ErrAmbiguous with the same token.
+func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Admission, error) {
+	if err := req.Validate(); err != nil {
+		return fencing.Admission{}, err
+	}
+	live := "0"
+	if req.RequireLive {
+		live = "1"
+	}
+	r, err := s.run(ctx, "admit", admitScript, []string{s.recKey(req.Resource)}, []string{req.Token.String(), live})
+	if err != nil {
+		return fencing.Admission{}, err
+	}
+	switch {
+	case r[0] == "OK" && len(r) == 4:
+		issued, ok1 := parseToken(r[1])
+		hw, ok2 := parseToken(r[2])
+		if ok1 && ok2 {
+			return fencing.Admission{Resource: req.Resource, Token: req.Token, HighWater: hw, Issued: issued, Raised: r[3] == "1"}, nil
+		}
+	case r[0] == "NOTISSUED" && len(r) == 2:
+		if issued, ok := parseToken(r[1]); ok {
+			return fencing.Admission{}, &fencing.TokenNotIssuedError{Resource: req.Resource, Token: req.Token, Issued: issued}
+		}
+	case r[0] == "STALE" && len(r) == 2:
+		if hw, ok := parseToken(r[1]); ok {
+			return fencing.Admission{}, &fencing.StaleTokenError{Resource: req.Resource, Token: req.Token, HighWater: hw}
+		}
+	case r[0] == "NOTHELD":
+		return fencing.Admission{}, fmt.Errorf("%w: no live lease on %q holds token %d", fencing.ErrLeaseNotHeld, req.Resource, req.Token)
+	}
+	return fencing.Admission{}, corrupt("admit", r)
+}
+
+// Ping implements fencing.Store: every node answers PING.
+func (s *Store) Ping(ctx context.Context) error {
+	if s.closed.Load() {
+		return fmt.Errorf("%w: ping: the store is closed", fencing.ErrUnavailable)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
+	defer cancel()
+	for _, node := range s.client.Nodes() {
+		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
+			return classify("ping", err)
+		}
+	}
+	return nil
+}
+
+// Close implements fencing.Store. Calls after Close match
+// fencing.ErrUnavailable. Close is idempotent.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.client.Close()
+	return nil
+}

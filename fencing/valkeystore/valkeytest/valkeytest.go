@@ -1,0 +1,377 @@
+// Package valkeytest starts throwaway Valkey-compatible servers for tests:
+// one node (Start) or a cluster of primaries (StartCluster), on free loopback
+// ports, with their data directories in t.TempDir(), stopped by PID in
+// t.Cleanup.
+//
+// It runs valkey-server (and valkey-cli) when they are on PATH, else
+// redis-server (and redis-cli). When no server binary is found the test is
+// skipped, unless FENCEGATE_REQUIRE_VALKEY=1 or CI=true, where it fails: a
+// CI run must not pass by skipping the store's tests.
+package valkeytest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Option changes how a server is started.
+type Option func(*config)
+
+type config struct {
+	persist  bool
+	password string
+	args     []string
+}
+
+// WithPassword requires the password (requirepass); Do authenticates with
+// it and URL includes it.
+func WithPassword(pw string) Option { return func(c *config) { c.password = pw } }
+
+// WithPersistence turns on AOF (appendonly yes, appendfsync always) so that
+// Restart keeps the data.
+func WithPersistence() Option { return func(c *config) { c.persist = true } }
+
+// WithArgs appends server arguments, for example
+// WithArgs("--maxmemory-policy", "allkeys-lru"); later arguments win.
+func WithArgs(args ...string) Option {
+	return func(c *config) { c.args = append(c.args, args...) }
+}
+
+// Server is one running server process. Its methods may be called from the
+// test's goroutine only (Kill and Restart are not safe for concurrent use
+// with each other).
+type Server struct {
+	t    testing.TB
+	bin  string
+	port int
+	dir  string
+	args []string
+	pass string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan error // receives the process's exit once
+}
+
+// binaries finds the server and CLI binaries, or skips/fails the test.
+func binaries(t testing.TB) (server, cli string) {
+	t.Helper()
+	for _, pair := range [][2]string{{"valkey-server", "valkey-cli"}, {"redis-server", "redis-cli"}} {
+		if s, err := exec.LookPath(pair[0]); err == nil {
+			c, _ := exec.LookPath(pair[1])
+			return s, c
+		}
+	}
+	msg := "valkeytest: no valkey-server or redis-server on PATH (install valkey or Debian's redis-server)"
+	if os.Getenv("FENCEGATE_REQUIRE_VALKEY") == "1" || os.Getenv("CI") == "true" {
+		t.Fatal(msg + "; FENCEGATE_REQUIRE_VALKEY=1 or CI=true requires it")
+		return "", ""
+	}
+	t.Skip(msg)
+	return "", ""
+}
+
+// freePort asks the kernel for a free loopback port. Another process may
+// take it before the server binds; start retries with a new port.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("valkeytest: find a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Start starts a server on a free loopback port (no persistence unless
+// WithPersistence, maxmemory-policy noeviction) and stops it when the test
+// ends.
+func Start(t testing.TB, opts ...Option) *Server {
+	t.Helper()
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	bin, _ := binaries(t)
+	return start(t, bin, c, nil)
+}
+
+func start(t testing.TB, bin string, c config, extra []string) *Server {
+	t.Helper()
+	dir := t.TempDir()
+	args := []string{"--bind", "127.0.0.1", "--dir", dir, "--maxmemory-policy", "noeviction", "--save", "", "--logfile", "server.log"}
+	if c.persist {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	if c.password != "" {
+		args = append(args, "--requirepass", c.password)
+	}
+	args = append(args, extra...)
+	args = append(args, c.args...)
+	s := &Server{t: t, bin: bin, dir: dir, args: args, pass: c.password}
+	var err error
+	for range 3 {
+		s.port = freePort(t)
+		if err = s.launch(); err == nil {
+			t.Cleanup(s.stop)
+			return s
+		}
+	}
+	t.Fatalf("valkeytest: start %s: %v", bin, err)
+	return nil
+}
+
+// launch starts the process and waits until it answers PING.
+func (s *Server) launch() error {
+	args := append([]string{"--port", strconv.Itoa(s.port)}, s.args...)
+	cmd := exec.Command(s.bin, args...)
+	cmd.Dir = s.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			log, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
+			return fmt.Errorf("server exited (%v): %s", err, lastLines(string(log), 5))
+		default:
+		}
+		if r, err := s.Do("PING"); err == nil && r == "PONG" {
+			s.mu.Lock()
+			s.cmd, s.exited = cmd, exited
+			s.mu.Unlock()
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+	<-exited
+	return errors.New("server did not answer PING within 10s")
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], " | ")
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// URL is valkey://127.0.0.1:PORT, with :password@ when WithPassword.
+func (s *Server) URL() string {
+	if s.pass != "" {
+		return "valkey://:" + s.pass + "@" + s.Addr()
+	}
+	return "valkey://" + s.Addr()
+}
+
+// Dir is the server's data directory.
+func (s *Server) Dir() string { return s.dir }
+
+// Kill ends the server with SIGKILL (no shutdown save) and waits until its
+// port is closed.
+func (s *Server) Kill() {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.cmd, s.exited = nil, nil
+	s.mu.Unlock()
+	if cmd == nil || cmd.Process == nil || cmd.Process.Pid <= 0 {
+		return
+	}
+	cmd.Process.Kill() // SIGKILL to this PID only
+	<-exited
+	for range 500 {
+		c, err := net.DialTimeout("tcp", s.Addr(), 100*time.Millisecond)
+		if err != nil {
+			return
+		}
+		c.Close()
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Restart kills the server and starts it again on the same port and data
+// directory: empty, unless started WithPersistence (then the AOF is
+// replayed).
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Kill()
+	var err error
+	for range 50 { // the port may linger briefly
+		if err = s.launch(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.t.Fatalf("valkeytest: restart on port %d: %v", s.port, err)
+}
+
+func (s *Server) stop() { s.Kill() }
+
+// Do sends one command over a fresh connection (authenticated first when
+// WithPassword) and returns the reply
+// rendered as text: simple strings and bulk strings as is, integers in
+// decimal, arrays as their elements joined by newlines. An error reply is
+// returned as an error.
+func (s *Server) Do(args ...string) (string, error) {
+	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	r := bufio.NewReader(c)
+	if s.pass != "" {
+		if _, err := roundTrip(c, r, "AUTH", s.pass); err != nil {
+			return "", err
+		}
+	}
+	return roundTrip(c, r, args...)
+}
+
+func roundTrip(c net.Conn, r *bufio.Reader, args ...string) (string, error) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := c.Write([]byte(b.String())); err != nil {
+		return "", err
+	}
+	return readReply(r)
+}
+
+// MustDo is Do that fails the test on error.
+func (s *Server) MustDo(args ...string) string {
+	s.t.Helper()
+	r, err := s.Do(args...)
+	if err != nil {
+		s.t.Fatalf("valkeytest: %s: %v", strings.Join(args, " "), err)
+	}
+	return r
+}
+
+func readReply(r *bufio.Reader) (string, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	if line == "" {
+		return "", errors.New("empty reply line")
+	}
+	switch line[0] {
+	case '+', ':':
+		return line[1:], nil
+	case '-':
+		return "", errors.New(line[1:])
+	case '$':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return "", err
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	case '*':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil {
+			return "", err
+		}
+		parts := make([]string, 0, max(n, 0))
+		for range n {
+			p, err := readReply(r)
+			if err != nil {
+				return "", err
+			}
+			parts = append(parts, p)
+		}
+		return strings.Join(parts, "\n"), nil
+	}
+	return "", fmt.Errorf("unexpected reply %q", line)
+}
+
+// Cluster is a Valkey Cluster of primaries on loopback, without replicas.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// URL is valkey://first?addr=second&addr=third..., every node a seed.
+func (c *Cluster) URL() string {
+	u := c.Nodes[0].URL()
+	for i, n := range c.Nodes[1:] {
+		if i == 0 {
+			u += "?"
+		} else {
+			u += "&"
+		}
+		u += "addr=" + n.Addr()
+	}
+	return u
+}
+
+// StartCluster starts n (>= 3) cluster-enabled servers, joins them with
+// `<cli> --cluster create ... --cluster-yes` (n primaries, no replicas), and
+// waits until every node reports cluster_state:ok.
+func StartCluster(t testing.TB, n int, opts ...Option) *Cluster {
+	t.Helper()
+	if n < 3 {
+		t.Fatalf("valkeytest: a cluster needs at least 3 primaries, got %d", n)
+	}
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	bin, cli := binaries(t)
+	if cli == "" {
+		t.Fatalf("valkeytest: %s found but no valkey-cli/redis-cli to create the cluster", bin)
+	}
+	cl := &Cluster{}
+	addrs := []string{}
+	for range n {
+		s := start(t, bin, c, []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"})
+		cl.Nodes = append(cl.Nodes, s)
+		addrs = append(addrs, s.Addr())
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	out, err := exec.Command(cli, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("valkeytest: %s --cluster create: %v\n%s", cli, err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, s := range cl.Nodes {
+		for {
+			info, err := s.Do("CLUSTER", "INFO")
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("valkeytest: cluster not ok after 30s on %s: %v %s", s.Addr(), err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return cl
+}
