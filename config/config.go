@@ -30,7 +30,11 @@ type Config struct {
 	ProxyAddr string `env:"PROXY_ADDR" envDefault:"127.0.0.1:8080" help:"host:port of the write gate listener"`
 	Upstream  string `env:"UPSTREAM" help:"http(s) URL the write gate forwards to; the gate is off when unset"`
 	Store     string `env:"STORE" envDefault:"file:fencegate.db" help:"file:PATH, memory:, valkey://[user:pass@]host:port[/db][?addr=host:port...] or valkeys://..."`
-	KeyPrefix string `env:"KEY_PREFIX" envDefault:"fencegate" help:"key prefix in Valkey (letters, digits, . _ : -)"`
+	KeyPrefix string `env:"KEY_PREFIX" envDefault:"fencegate" help:"key prefix in Valkey, 1 to 100 bytes of A-Z a-z 0-9 . _ : -"`
+
+	ValkeyDialTimeout    time.Duration `env:"VALKEY_DIAL_TIMEOUT" envDefault:"5s" help:"Valkey connection attempt timeout, a duration > 0"`
+	ValkeyCommandTimeout time.Duration `env:"VALKEY_COMMAND_TIMEOUT" envDefault:"2s" help:"Valkey per-operation timeout (a write gives up with 503 after it), a duration > 0"`
+	ValkeyCAFile         string        `env:"VALKEY_CA_FILE" help:"PEM file of CA certificates to verify a valkeys:// server (default: the system roots)"`
 
 	DefaultTTL         time.Duration `env:"DEFAULT_TTL" envDefault:"30s" help:"lease TTL when ttl_seconds is absent, whole seconds in [1s, 24h]"`
 	MaxCheckpointBytes int           `env:"MAX_CHECKPOINT_BYTES" envDefault:"1048576" help:"largest checkpoint state in bytes, 1 to 16777216"`
@@ -111,8 +115,8 @@ func (c Config) Validate() error {
 	}
 	_, err := ParseStore(c.Store)
 	check("Store", err)
-	if c.KeyPrefix == "" || strings.ContainsAny(c.KeyPrefix, "{} \t\r\n") {
-		check("KeyPrefix", errors.New("invalid key prefix"))
+	if !validKeyPrefix(c.KeyPrefix) {
+		check("KeyPrefix", fmt.Errorf("%q is not a valid key prefix", c.KeyPrefix))
 	}
 	if fencing.ValidateTTL(c.DefaultTTL) != nil {
 		check("DefaultTTL", fmt.Errorf("%v is out of range", c.DefaultTTL))
@@ -131,6 +135,8 @@ func (c Config) Validate() error {
 	positive("BarrierTimeout", c.BarrierTimeout)
 	positive("UpstreamTimeout", c.UpstreamTimeout)
 	positive("ShutdownGrace", c.ShutdownGrace)
+	positive("ValkeyDialTimeout", c.ValkeyDialTimeout)
+	positive("ValkeyCommandTimeout", c.ValkeyCommandTimeout)
 	if c.DrainDelay < 0 {
 		check("DrainDelay", fmt.Errorf("%v is negative", c.DrainDelay))
 	}
@@ -146,6 +152,21 @@ func (c Config) Validate() error {
 		check("LogLevel", fmt.Errorf("%q is not a log level", c.LogLevel))
 	}
 	return errors.Join(errs...)
+}
+
+// validKeyPrefix mirrors the Valkey store's rule: a prefix never forms a
+// hash tag or a SCAN pattern.
+func validKeyPrefix(p string) bool {
+	if p == "" || len(p) > 100 {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func validateAddr(addr string) error {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -175,11 +177,18 @@ func openStore(ctx context.Context, cfg config.Config, log *slog.Logger) (fencin
 	case config.StoreValkey:
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
+		tlsConfig, err := valkeyTLS(cfg.ValkeyCAFile)
+		if err != nil {
+			return nil, err
+		}
 		s, err := valkeystore.Open(ctx, valkeystore.Options{
 			URL:                spec.URL,
 			KeyPrefix:          cfg.KeyPrefix,
 			MaxCheckpointBytes: cfg.MaxCheckpointBytes,
 			Logger:             log,
+			DialTimeout:        cfg.ValkeyDialTimeout,
+			CommandTimeout:     cfg.ValkeyCommandTimeout,
+			TLSConfig:          tlsConfig,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("opening the valkey store %s: %w", spec.Redacted(), err)
@@ -188,6 +197,23 @@ func openStore(ctx context.Context, cfg config.Config, log *slog.Logger) (fencin
 		return s, nil
 	}
 	return nil, fmt.Errorf("store kind %q not supported", spec.Kind)
+}
+
+// valkeyTLS builds the TLS settings for valkeys:// from a CA file; nil (the
+// system roots) when caFile is empty.
+func valkeyTLS(caFile string) (*tls.Config, error) {
+	if caFile == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("FENCEGATE_VALKEY_CA_FILE: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("FENCEGATE_VALKEY_CA_FILE: %s holds no PEM certificate", caFile)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
 
 // newGate builds the write gate from the configuration.
