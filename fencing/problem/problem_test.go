@@ -1,0 +1,85 @@
+package problem
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+func TestTable(t *testing.T) {
+	cases := []struct {
+		err    error
+		status int
+		code   string
+		extra  string // an extension member that must be present
+	}{
+		{&fencing.LeaseHeldError{Resource: "r", Holder: "a", ExpiresAt: time.Now().Add(5 * time.Second)}, 409, "lease-held", "holder"},
+		{fmt.Errorf("wrapped: %w", &fencing.StaleTokenError{HighWater: 7}), 409, "stale-token", "high_water_token"},
+		{&fencing.TokenNotIssuedError{Issued: 3}, 409, "token-not-issued", "issued_token"},
+		{fmt.Errorf("x: %w", fencing.ErrLeaseLost), 409, "lease-lost", ""},
+		{fencing.ErrLeaseNotHeld, 409, "lease-not-held", ""},
+		{fencing.ErrNoCheckpoint, 404, "no-checkpoint", ""},
+		{&fencing.TooLargeError{Size: 10, Limit: 5}, 413, "payload-too-large", ""},
+		{&fencing.ValidationError{Field: "owner", Reason: "must not be empty"}, 400, "invalid-request", ""},
+		{fmt.Errorf("dial 10.1.2.3:6379: %w", fencing.ErrUnavailable), 503, "store-unavailable", ""},
+		{fencing.ErrAmbiguous, 503, "store-unavailable", ""},
+		{fencing.ErrStoreLost, 503, "store-unavailable", ""},
+		{New(403, "write-denied", "no"), 403, "write-denied", ""},
+		{errors.New("password=hunter2 at 10.1.2.3"), 500, "internal-error", ""},
+	}
+	for _, tc := range cases {
+		var logs bytes.Buffer
+		log := slog.New(slog.NewJSONHandler(&logs, nil))
+		rec := httptest.NewRecorder()
+		Write(rec, httptest.NewRequest("POST", "/x", nil), log, tc.err)
+		if rec.Code != tc.status {
+			t.Errorf("%v: status %d, want %d", tc.err, rec.Code, tc.status)
+		}
+		if ct := rec.Header().Get("Content-Type"); ct != ContentType {
+			t.Errorf("%v: content type %q", tc.err, ct)
+		}
+		var body map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%v: body %q: %v", tc.err, rec.Body, err)
+		}
+		if body["code"] != tc.code || body["type"] != TypePrefix+tc.code || body["status"] != float64(tc.status) || body["title"] == "" || body["detail"] == "" {
+			t.Errorf("%v: body %v", tc.err, body)
+		}
+		if tc.extra != "" && body[tc.extra] == nil {
+			t.Errorf("%v: no %s member in %v", tc.err, tc.extra, body)
+		}
+		if tc.status >= 500 {
+			if strings.Contains(rec.Body.String(), "10.1.2.3") || strings.Contains(rec.Body.String(), "hunter2") {
+				t.Errorf("%v: the cause leaked to the client: %s", tc.err, rec.Body)
+			}
+			if !strings.Contains(logs.String(), tc.err.Error()) {
+				t.Errorf("%v: the cause was not logged: %s", tc.err, logs.String())
+			}
+		}
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	rec := httptest.NewRecorder()
+	Write(rec, httptest.NewRequest("GET", "/", nil), nil, fencing.ErrUnavailable)
+	if rec.Header().Get("Retry-After") == "" {
+		t.Error("store-unavailable without Retry-After")
+	}
+	rec = httptest.NewRecorder()
+	Write(rec, httptest.NewRequest("GET", "/", nil), nil, &fencing.LeaseHeldError{ExpiresAt: time.Now().Add(90 * time.Second)})
+	if got := rec.Header().Get("Retry-After"); got != "90" && got != "89" {
+		t.Errorf("lease-held Retry-After %q, want the seconds until expiry", got)
+	}
+	if rec.Code != http.StatusConflict {
+		t.Errorf("status %d", rec.Code)
+	}
+}
