@@ -16,6 +16,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/valkeystore"
 )
 
 // Prefix starts every variable fencegate reads.
@@ -115,9 +116,7 @@ func (c Config) Validate() error {
 	}
 	_, err := ParseStore(c.Store)
 	check("Store", err)
-	if !validKeyPrefix(c.KeyPrefix) {
-		check("KeyPrefix", fmt.Errorf("%q is not a valid key prefix", c.KeyPrefix))
-	}
+	check("KeyPrefix", valkeystore.ValidateKeyPrefix(c.KeyPrefix))
 	if fencing.ValidateTTL(c.DefaultTTL) != nil {
 		check("DefaultTTL", fmt.Errorf("%v is out of range", c.DefaultTTL))
 	}
@@ -152,21 +151,6 @@ func (c Config) Validate() error {
 		check("LogLevel", fmt.Errorf("%q is not a log level", c.LogLevel))
 	}
 	return errors.Join(errs...)
-}
-
-// validKeyPrefix mirrors the Valkey store's rule: a prefix never forms a
-// hash tag or a SCAN pattern.
-func validKeyPrefix(p string) bool {
-	if p == "" || len(p) > 100 {
-		return false
-	}
-	for i := 0; i < len(p); i++ {
-		c := p[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 func validateAddr(addr string) error {

@@ -31,14 +31,15 @@ func ValidateResource(name string) error {
 		return invalidf("resource", fmt.Sprintf("must be at most %d bytes", MaxNameBytes))
 	}
 	for i := 0; i < len(name); i++ {
-		if !resourceByte(name[i]) {
+		if !IsResourceByte(name[i]) {
 			return invalidf("resource", "may contain only A-Z a-z 0-9 . _ : ~ -")
 		}
 	}
 	return nil
 }
 
-func resourceByte(c byte) bool {
+// IsResourceByte reports whether c may appear in a resource name.
+func IsResourceByte(c byte) bool {
 	switch {
 	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
 		return true

@@ -111,7 +111,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.KeyPrefix == "" {
 		opts.KeyPrefix = DefaultKeyPrefix
 	}
-	if err := validatePrefix(opts.KeyPrefix); err != nil {
+	if err := ValidateKeyPrefix(opts.KeyPrefix); err != nil {
 		return nil, err
 	}
 	if opts.MaxCheckpointBytes == 0 {
@@ -187,7 +187,12 @@ func clientOption(opts Options) (valkey.ClientOption, error) {
 	return copt, nil
 }
 
-func validatePrefix(p string) error {
+// ValidateKeyPrefix checks a key prefix: 1 to 100 bytes of
+// A-Z a-z 0-9 . _ : -, so that it never forms a hash tag or a SCAN pattern.
+func ValidateKeyPrefix(p string) error {
+	if p == "" {
+		return errors.New("valkeystore: KeyPrefix must not be empty")
+	}
 	if len(p) > 100 {
 		return errors.New("valkeystore: KeyPrefix must be at most 100 bytes")
 	}
