@@ -8,36 +8,19 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/boltstore"
+	"github.com/fencegate/fencegate/fencing/fencingtest"
 	"github.com/fencegate/fencegate/fencing/memstore"
 	"github.com/fencegate/fencegate/leaseapi"
 )
 
-// fakeClock is a fencing.Clock that moves only when told to.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
+// newFakeClock is the clock the tests move by hand.
+func newFakeClock() *fencingtest.FakeClock {
+	return fencingtest.NewFakeClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 }
 
 // testMaxCheckpoint is the checkpoint state limit the tests give the
@@ -74,7 +57,7 @@ func forEachStore(t *testing.T, f func(t *testing.T, k storeKind)) {
 // env is a real API server over a real store, on loopback.
 type env struct {
 	t     *testing.T
-	clock *fakeClock
+	clock *fencingtest.FakeClock
 	store fencing.Store
 	api   *leaseapi.Server
 	srv   *httptest.Server
@@ -87,7 +70,7 @@ func newEnv(t *testing.T, k storeKind, edit func(*leaseapi.Options)) *env {
 	return newEnvWith(t, clock, store, edit)
 }
 
-func newEnvWith(t *testing.T, clock *fakeClock, store fencing.Store, edit func(*leaseapi.Options)) *env {
+func newEnvWith(t *testing.T, clock *fencingtest.FakeClock, store fencing.Store, edit func(*leaseapi.Options)) *env {
 	t.Helper()
 	opts := leaseapi.Options{Store: store, MaxCheckpointBytes: testMaxCheckpoint}
 	if edit != nil {

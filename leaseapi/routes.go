@@ -6,12 +6,16 @@ import (
 )
 
 // routes lists every endpoint of the API listener. Middleware order, outer
-// to inner: request id (so every later log line and problem carries it),
+// to inner: the route tag for telemetry (when on; it acts after routing),
+// request id (so every later log line and problem carries it),
 // no-store, panic recovery, HEAD-as-GET; authentication applies to /v1 only,
 // before routing within it, so unauthenticated callers learn nothing about
 // /v1 paths.
 func (s *Server) routes() *chi.Mux {
 	r := chi.NewRouter()
+	if s.telemetry {
+		r.Use(tagRoute)
+	}
 	r.Use(sanitizeRequestID, middleware.RequestID, echoRequestID, noStore, s.recoverer, middleware.GetHead)
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed(r))

@@ -56,6 +56,8 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegate/fencegate/fencing"
 )
@@ -96,6 +98,21 @@ type Options struct {
 	// Metrics, when non-nil, is served at GET /metrics; otherwise /metrics
 	// is 404.
 	Metrics http.Handler
+	// MeterProvider receives the HTTP server metrics of the OpenTelemetry
+	// semantic conventions (http.server.request.duration and the request
+	// and response body sizes), with http.route set to the chi route
+	// pattern (such as /v1/leases/{resource}/acquire), never the raw path,
+	// so resource names do not become metric series. Nil means no metrics.
+	MeterProvider metric.MeterProvider
+	// TracerProvider receives a server span per request, named
+	// "{method} {route pattern}". An incoming W3C traceparent header is
+	// honoured as the parent. Nil means no spans.
+	TracerProvider trace.TracerProvider
+	// ServerName is the listener's host:port, reported as server.address
+	// and server.port in HTTP telemetry. Empty means the request's Host
+	// header, which the client controls: set it where clients are not
+	// trusted, so they cannot create metric series at will.
+	ServerName string
 }
 
 // Server serves the lease API. It implements http.Handler and is safe for
@@ -108,8 +125,10 @@ type Server struct {
 	defaultTTL      time.Duration
 	checkpointLimit int64
 	metrics         http.Handler
+	telemetry       bool // tag spans and metrics with the route pattern
 	draining        atomic.Bool
 	mux             *chi.Mux
+	handler         http.Handler // mux, wrapped with otelhttp when telemetry is on
 }
 
 var _ http.Handler = (*Server)(nil)
@@ -143,16 +162,21 @@ func NewServer(opts Options) *Server {
 		defaultTTL:      opts.DefaultTTL,
 		checkpointLimit: int64(opts.MaxCheckpointBytes) + CheckpointBodyHeadroom,
 		metrics:         opts.Metrics,
+		telemetry:       opts.MeterProvider != nil || opts.TracerProvider != nil,
 	}
 	if s.authOn {
 		s.authSum = sha256.Sum256([]byte(opts.AuthToken))
 	}
 	s.mux = s.routes()
+	s.handler = s.mux
+	if s.telemetry {
+		s.handler = instrument(s.mux, opts)
+	}
 	return s
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 // SetDraining makes /readyz answer 503 from now on, so load balancers stop
 // sending new work while in-flight requests finish. API calls keep being

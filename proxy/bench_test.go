@@ -15,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/boltstore"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/fencing/storemetrics"
 )
 
 // BenchmarkGate measures, in one run, fenced writes (PUT /jobs/{id} with a
@@ -99,6 +102,19 @@ func BenchmarkGate(b *testing.B) {
 	run("gate-memory", func(b *testing.B) (string, []fencing.Token, func()) {
 		st := memstore.New(memstore.Options{})
 		s := httptest.NewServer(gate(b, st))
+		return s.URL, hold(b, st), s.Close
+	})
+	// gate-memory-telemetry is gate-memory as fencegate serve runs it
+	// without OTLP: SDK metrics (store histogram, write counter, HTTP
+	// metrics) and a no-op tracer.
+	run("gate-memory-telemetry", func(b *testing.B) (string, []fencing.Token, func()) {
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+		st := storemetrics.Wrap(memstore.New(memstore.Options{}), mp, nil)
+		g, err := New(Options{Upstream: u, Store: st, Rules: rules, MeterProvider: mp})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := httptest.NewServer(g)
 		return s.URL, hold(b, st), s.Close
 	})
 	run("gate-file", func(b *testing.B) (string, []fencing.Token, func()) {

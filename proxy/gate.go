@@ -23,6 +23,11 @@
 // before applying (202 Accepted and a queue) is not ordered by the gate.
 // Several gates sharing one store share the high-water mark but not the
 // barrier: each orders only the writes that pass through it.
+//
+// Telemetry (see Options.MeterProvider and Options.TracerProvider): every
+// unsafe request is counted once in fencegate.gate.writes by its final
+// outcome, and every request gets an HTTP server span and the HTTP
+// semantic-convention server metrics.
 package proxy
 
 import (
@@ -35,6 +40,9 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/barrier"
@@ -95,6 +103,24 @@ type Options struct {
 	// Transport carries requests to the upstream; nil means a transport
 	// built by NewTransport.
 	Transport http.RoundTripper
+	// MeterProvider receives the gate's metrics: the fenced-write counter
+	// (see MetricWrites) and the HTTP server metrics of the OpenTelemetry
+	// semantic conventions (http.server.request.duration and the body
+	// sizes), with http.route set to the matching rule's pattern. Nil
+	// means no metrics.
+	MeterProvider metric.MeterProvider
+	// TracerProvider receives a server span per request, named
+	// "{method} {rule pattern}" or "{method} gate" when no rule matched,
+	// with the write's resource, token and outcome code as attributes. An
+	// incoming W3C traceparent header is honoured as the parent. Nil means
+	// no spans (spans started by the caller's store decorator still nest
+	// under the caller's context).
+	TracerProvider trace.TracerProvider
+	// ServerName is the listener's host:port, reported as server.address
+	// and server.port in HTTP telemetry. Empty means the request's Host
+	// header, which the client controls: set it where clients are not
+	// trusted, so they cannot create metric series at will.
+	ServerName string
 }
 
 // Gate is the write gate: an http.Handler. Safe for concurrent use.
@@ -108,6 +134,8 @@ type Gate struct {
 	grace          time.Duration
 	rp             *httputil.ReverseProxy
 	barrier        *barrier.Barrier
+	writes         metric.Int64Counter
+	handler        http.Handler // serve, wrapped with otelhttp when telemetry is on
 	// barrierOff skips the barrier wait. Only tests set it, to show the
 	// reordering the barrier prevents.
 	barrierOff bool
@@ -166,13 +194,27 @@ func New(opts Options) (*Gate, error) {
 		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
 		BufferPool:     bufferPool{},
 	}
+	if err := g.instrument(opts); err != nil {
+		return nil, err
+	}
 	return g, nil
 }
 
-type ticketKey struct{}
+// flightKey is the context key of the *fencedWrite of a forwarded write.
+type flightKey struct{}
+
+// fencedWrite is the state of one admitted write while the reverse proxy
+// forwards it. ModifyResponse and ErrorHandler run on the goroutine of
+// ServeHTTP, so no locking is needed.
+type fencedWrite struct {
+	ticket *barrier.Ticket
+	code   string // final outcome for MetricWrites
+}
 
 // ServeHTTP forwards safe requests and fences the rest.
-func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.handler.ServeHTTP(w, r) }
+
+func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 	if safeMethod(r.Method) {
 		g.rp.ServeHTTP(w, r)
 		return
@@ -184,12 +226,16 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if rule != nil {
+		// Like http.ServeMux: the matched pattern, which the HTTP
+		// telemetry reports as http.route.
+		r.Pattern = rule.Pattern
 		switch rule.Action {
 		case ActionDeny:
 			g.refuse(w, r, problem.New(http.StatusForbidden, "write-denied",
 				fmt.Sprintf("route rule on line %d denies %s %s", rule.Line, r.Method, rule.Pattern)))
 			return
 		case ActionPass:
+			g.count(r, CodeUnfenced)
 			g.rp.ServeHTTP(w, r)
 			return
 		}
@@ -205,6 +251,8 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	strict := rule != nil && rule.Strict
+	span := trace.SpanFromContext(r.Context())
+	span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(token)))
 
 	// Register before the admission check: any write admitted before this
 	// one is already registered, so the wait below cannot miss it.
@@ -214,6 +262,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		t.Leave()
 		if ctx.Err() != nil {
+			g.count(r, CodeClientGone)
 			return // client gone: nobody to answer
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
@@ -225,6 +274,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := g.wait(ctx, t); err != nil {
 		t.Leave()
 		if ctx.Err() != nil {
+			g.count(r, CodeClientGone)
 			return
 		}
 		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
@@ -234,7 +284,10 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer t.Leave()
-	g.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, ticketKey{}, t)))
+	fw := &fencedWrite{ticket: t, code: CodeAdmitted}
+	// Deferred so a write whose response relay is aborted still counts.
+	defer func() { g.count(r, fw.code) }()
+	g.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, flightKey{}, fw)))
 }
 
 func (g *Gate) wait(ctx context.Context, t *barrier.Ticket) error {
@@ -315,6 +368,7 @@ func truncate(s string) string {
 
 func (g *Gate) refuse(w http.ResponseWriter, r *http.Request, err error) {
 	p := problem.From(err)
+	g.count(r, p.Code)
 	if p.Status < 500 && g.log.Enabled(r.Context(), slog.LevelDebug) {
 		g.log.LogAttrs(r.Context(), slog.LevelDebug, "write refused",
 			slog.String("code", p.Code), slog.String("method", r.Method), slog.String("path", r.URL.Path))
@@ -333,8 +387,8 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 // upstream has answered the write, so the barrier can let the next token
 // through while the body is still being relayed.
 func (g *Gate) modifyResponse(resp *http.Response) error {
-	if t, ok := resp.Request.Context().Value(ticketKey{}).(*barrier.Ticket); ok {
-		t.Leave()
+	if fw, ok := resp.Request.Context().Value(flightKey{}).(*fencedWrite); ok {
+		fw.ticket.Leave()
 	}
 	return nil
 }
@@ -343,8 +397,10 @@ func (g *Gate) modifyResponse(resp *http.Response) error {
 // timeout → 504, anything else → 502. For a fenced write whose request may
 // have reached the upstream, the barrier stays closed for the grace period.
 func (g *Gate) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
-	t, _ := r.Context().Value(ticketKey{}).(*barrier.Ticket)
-	if t != nil {
+	var t *barrier.Ticket
+	fw, _ := r.Context().Value(flightKey{}).(*fencedWrite)
+	if fw != nil {
+		t = fw.ticket
 		if notSent(err) {
 			t.Leave()
 		} else {
@@ -352,6 +408,9 @@ func (g *Gate) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 		}
 	}
 	if r.Context().Err() != nil {
+		if fw != nil {
+			fw.code = CodeClientGone
+		}
 		return // the client is gone; there is nobody to answer
 	}
 	var p *problem.Error
@@ -367,6 +426,9 @@ func (g *Gate) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 		}
 	}
 	p.Cause = err
+	if fw != nil {
+		fw.code = p.Code
+	}
 	problem.Write(w, r, g.log, p)
 }
 

@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
 )
@@ -558,8 +561,19 @@ func TestRequestBodyStreams(t *testing.T) {
 	}
 }
 
-// TestUpgradePassthrough: a WebSocket-style Upgrade on GET is tunnelled.
+// TestUpgradePassthrough: a WebSocket-style Upgrade on GET is tunnelled,
+// also through the telemetry wrapper (which must keep the Hijacker).
 func TestUpgradePassthrough(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testUpgradePassthrough(t, Options{}) })
+	t.Run("telemetry", func(t *testing.T) {
+		testUpgradePassthrough(t, Options{
+			MeterProvider:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())),
+			TracerProvider: sdktrace.NewTracerProvider(),
+		})
+	})
+}
+
+func testUpgradePassthrough(t *testing.T, opts Options) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") != "websocket" {
 			http.Error(w, "want upgrade", 400)
@@ -578,7 +592,8 @@ func TestUpgradePassthrough(t *testing.T) {
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{})})
+	opts.Upstream, opts.Store = u, memstore.New(memstore.Options{})
+	g, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

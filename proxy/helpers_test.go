@@ -13,30 +13,14 @@ import (
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/fencingtest"
 	"github.com/fencegate/fencegate/fencing/memstore"
 	"github.com/fencegate/fencegate/fencing/problem"
 )
 
-// fakeClock is a clock tests move by hand.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
+// newFakeClock is the clock the tests move by hand.
+func newFakeClock() *fencingtest.FakeClock {
+	return fencingtest.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 }
 
 // received is one request as the recording upstream saw it.
@@ -87,7 +71,7 @@ func (rc *recorder) count() int {
 // env is a gate in front of a recording upstream, both on loopback.
 type env struct {
 	t        *testing.T
-	clock    *fakeClock
+	clock    *fencingtest.FakeClock
 	store    fencing.Store
 	up       *recorder
 	upSrv    *httptest.Server
@@ -106,7 +90,7 @@ func newEnv(t *testing.T, rules string, opts ...envOpt) *env {
 	return newEnvStore(t, rules, st, clock, opts...)
 }
 
-func newEnvStore(t *testing.T, rules string, st fencing.Store, clock *fakeClock, opts ...envOpt) *env {
+func newEnvStore(t *testing.T, rules string, st fencing.Store, clock *fencingtest.FakeClock, opts ...envOpt) *env {
 	t.Helper()
 	e := &env{t: t, clock: clock, store: st, up: &recorder{}}
 	e.upSrv = httptest.NewServer(e.up)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+
+	"github.com/fencegate/fencegate/fencing"
 )
 
 // Action is what a route rule does with a write that matches it.
@@ -354,7 +356,7 @@ func (r *Rule) parseTemplate(vars map[string]bool) error {
 			return fmt.Errorf("template %q: unmatched }", r.Template)
 		}
 		for i := 0; i < len(lit); i++ {
-			if !resourceByte(lit[i]) {
+			if !fencing.IsResourceByte(lit[i]) {
 				return fmt.Errorf("template %q: %q is not allowed in a resource name (use A-Z a-z 0-9 . _ : ~ -)", r.Template, lit[i])
 			}
 		}
@@ -392,16 +394,4 @@ func validName(s string) bool {
 		}
 	}
 	return true
-}
-
-// resourceByte mirrors fencing.ValidateResource's alphabet, so template
-// typos are caught when the rules are parsed rather than on every write.
-func resourceByte(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return true
-	case c == '.', c == '_', c == ':', c == '~', c == '-':
-		return true
-	}
-	return false
 }

@@ -181,7 +181,7 @@ func FuzzParseRules(f *testing.F) {
 			res := rules[i].resource(vars)
 			if err := fencing.ValidateResource(res); err == nil {
 				for j := 0; j < len(res); j++ {
-					if !resourceByte(res[j]) {
+					if !fencing.IsResourceByte(res[j]) {
 						t.Fatalf("valid resource %q has byte %q", res, res[j])
 					}
 				}

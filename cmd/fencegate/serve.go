@@ -18,6 +18,7 @@ import (
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/boltstore"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/fencing/storemetrics"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
 	"github.com/fencegate/fencegate/leaseapi"
 	"github.com/fencegate/fencegate/proxy"
@@ -32,11 +33,17 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(cfg, stderr)
+	tel, err := newTelemetry(ctx, environ, log)
+	if err != nil {
+		return err
+	}
+	defer tel.shutdown(log)
 
 	store, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
+	store = storemetrics.Wrap(store, tel.meterProvider, tel.tracerProvider)
 	defer func() {
 		if err := store.Close(); err != nil {
 			log.Error("closing the store", "error", err)
@@ -49,13 +56,17 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		AuthToken:          cfg.APIToken,
 		DefaultTTL:         cfg.DefaultTTL,
 		MaxCheckpointBytes: cfg.MaxCheckpointBytes,
+		Metrics:            tel.metrics,
+		MeterProvider:      tel.meterProvider,
+		TracerProvider:     tel.tracerProvider,
+		ServerName:         cfg.APIAddr,
 	})
 	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api}}
 
 	if cfg.Upstream == "" {
 		log.Warn("write gate off: FENCEGATE_UPSTREAM is unset; only the lease API runs")
 	} else {
-		gate, err := newGate(cfg, store, log)
+		gate, err := newGate(cfg, store, log, tel)
 		if err != nil {
 			return err
 		}
@@ -217,7 +228,7 @@ func valkeyTLS(caFile string) (*tls.Config, error) {
 }
 
 // newGate builds the write gate from the configuration.
-func newGate(cfg config.Config, store fencing.Store, log *slog.Logger) (http.Handler, error) {
+func newGate(cfg config.Config, store fencing.Store, log *slog.Logger, tel *telemetry) (http.Handler, error) {
 	upstream, err := url.Parse(cfg.Upstream)
 	if err != nil {
 		return nil, fmt.Errorf("FENCEGATE_UPSTREAM: %w", err)
@@ -246,5 +257,8 @@ func newGate(cfg config.Config, store fencing.Store, log *slog.Logger) (http.Han
 		BarrierTimeout:  cfg.BarrierTimeout,
 		TimeoutGrace:    cfg.TimeoutGrace,
 		UpstreamTimeout: cfg.UpstreamTimeout,
+		MeterProvider:   tel.meterProvider,
+		TracerProvider:  tel.tracerProvider,
+		ServerName:      cfg.ProxyAddr,
 	})
 }

@@ -1,0 +1,246 @@
+// Package storemetrics decorates a fencing.Store with OpenTelemetry
+// telemetry: every call is timed into one histogram and traced as one span.
+// It changes no behaviour: arguments, results and errors pass through
+// untouched, and the decorated store is exactly as atomic as the one it
+// wraps.
+//
+// The histogram is fencegate.store.duration (unit s, exported to Prometheus
+// as fencegate_store_duration_seconds) with two attributes, both drawn from
+// small fixed sets so the number of series stays bounded:
+//
+//   - operation: acquire, renew, release, checkpoint, read_checkpoint,
+//     status, list, admit or ping (Close is not measured).
+//   - outcome: ok; a refusal, named by its problem code (lease-held,
+//     lease-lost, stale-token, token-not-issued, lease-not-held,
+//     no-checkpoint, payload-too-large, invalid-request); a fault
+//     (unavailable, ambiguous, store-lost); canceled when the caller's
+//     context ended; error for anything else.
+//
+// Resource names are not metric attributes (they are unbounded); they are
+// recorded on the span as fencegate.resource instead.
+package storemetrics
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/problem"
+)
+
+// ScopeName is the instrumentation scope of the meter and tracer.
+const ScopeName = "github.com/fencegate/fencegate/fencing/storemetrics"
+
+// MetricDuration is the name of the store latency histogram.
+const MetricDuration = "fencegate.store.duration"
+
+// Operation names, the values of the operation attribute.
+const (
+	OpAcquire        = "acquire"
+	OpRenew          = "renew"
+	OpRelease        = "release"
+	OpCheckpoint     = "checkpoint"
+	OpReadCheckpoint = "read_checkpoint"
+	OpStatus         = "status"
+	OpList           = "list"
+	OpAdmit          = "admit"
+	OpPing           = "ping"
+)
+
+// Outcome values besides ok and the refusal codes of fencing/problem.
+const (
+	OutcomeOK          = "ok"
+	OutcomeUnavailable = "unavailable"
+	OutcomeAmbiguous   = "ambiguous"
+	OutcomeStoreLost   = "store-lost"
+	OutcomeCanceled    = "canceled"
+	OutcomeError       = "error"
+)
+
+// durationBuckets suit a store answering in well under a millisecond (memory)
+// to tens of milliseconds (a remote Valkey), with a tail for timeouts. The
+// SDK's default buckets are meant for milliseconds and would put every
+// store call into the first bucket.
+var durationBuckets = []float64{
+	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+}
+
+// Store is a fencing.Store that records telemetry around another one. Safe
+// for concurrent use when the wrapped store is.
+type Store struct {
+	next     fencing.Store
+	tracer   trace.Tracer
+	duration metric.Float64Histogram
+}
+
+var _ fencing.Store = (*Store)(nil)
+
+// Wrap returns s decorated with a latency histogram from mp and a span per
+// call from tp. A nil provider means no-op: nothing is recorded for it. It
+// panics if s is nil. If creating the histogram fails (the SDK reports that
+// only for an invalid name, which this package does not use), the histogram
+// is a no-op.
+func Wrap(s fencing.Store, mp metric.MeterProvider, tp trace.TracerProvider) *Store {
+	if s == nil {
+		panic("storemetrics: Wrap of a nil store")
+	}
+	if mp == nil {
+		mp = metricnoop.NewMeterProvider()
+	}
+	if tp == nil {
+		tp = tracenoop.NewTracerProvider()
+	}
+	h, err := mp.Meter(ScopeName).Float64Histogram(MetricDuration,
+		metric.WithUnit("s"),
+		metric.WithDescription("Duration of fencegate lease store calls, by operation and outcome."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	if err != nil {
+		h, _ = metricnoop.Meter{}.Float64Histogram(MetricDuration)
+	}
+	return &Store{next: s, tracer: tp.Tracer(ScopeName), duration: h}
+}
+
+// Unwrap returns the decorated store.
+func (s *Store) Unwrap() fencing.Store { return s.next }
+
+// Outcome names the outcome of a store call for the outcome attribute: ok
+// for nil, a fault kind, canceled, a refusal's problem code, or error.
+func Outcome(err error) string {
+	switch {
+	case err == nil:
+		return OutcomeOK
+	case errors.Is(err, fencing.ErrStoreLost):
+		return OutcomeStoreLost
+	case errors.Is(err, fencing.ErrAmbiguous):
+		return OutcomeAmbiguous
+	case errors.Is(err, fencing.ErrUnavailable):
+		return OutcomeUnavailable
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return OutcomeCanceled
+	}
+	if code := problem.From(err).Code; code != "internal-error" {
+		return code
+	}
+	return OutcomeError
+}
+
+// call is one measured store call.
+type call struct {
+	s     *Store
+	op    string
+	start time.Time
+	span  trace.Span
+}
+
+func (s *Store) begin(ctx context.Context, op, resource string) (context.Context, call) {
+	var attrs []attribute.KeyValue
+	attrs = append(attrs, attribute.String("fencegate.store.operation", op))
+	if resource != "" {
+		attrs = append(attrs, attribute.String("fencegate.resource", resource))
+	}
+	ctx, span := s.tracer.Start(ctx, "store "+op,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	return ctx, call{s: s, op: op, start: time.Now(), span: span}
+}
+
+// end records the call. It uses a background-derived context for the
+// histogram so that a canceled caller still gets its latency counted.
+func (c call) end(ctx context.Context, err error) {
+	elapsed := time.Since(c.start).Seconds()
+	outcome := Outcome(err)
+	c.s.duration.Record(context.WithoutCancel(ctx), elapsed, metric.WithAttributes(
+		attribute.String("operation", c.op), attribute.String("outcome", outcome)))
+	c.span.SetAttributes(attribute.String("fencegate.store.outcome", outcome))
+	switch outcome {
+	case OutcomeOK:
+	case OutcomeUnavailable, OutcomeAmbiguous, OutcomeStoreLost, OutcomeError, OutcomeCanceled:
+		// A fault or an unexpected error: the call failed. Refusals are
+		// definite answers, not failures, and leave the status unset.
+		c.span.RecordError(err)
+		c.span.SetStatus(codes.Error, outcome)
+	}
+	c.span.End()
+}
+
+// Acquire times and traces the wrapped store's Acquire.
+func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencing.Lease, error) {
+	ctx, c := s.begin(ctx, OpAcquire, req.Resource)
+	l, err := s.next.Acquire(ctx, req)
+	c.end(ctx, err)
+	return l, err
+}
+
+// Renew times and traces the wrapped store's Renew.
+func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest) (fencing.Lease, error) {
+	ctx, c := s.begin(ctx, OpRenew, req.Resource)
+	l, err := s.next.Renew(ctx, req)
+	c.end(ctx, err)
+	return l, err
+}
+
+// Release times and traces the wrapped store's Release.
+func (s *Store) Release(ctx context.Context, req fencing.ReleaseRequest) (bool, error) {
+	ctx, c := s.begin(ctx, OpRelease, req.Resource)
+	ok, err := s.next.Release(ctx, req)
+	c.end(ctx, err)
+	return ok, err
+}
+
+// Checkpoint times and traces the wrapped store's Checkpoint.
+func (s *Store) Checkpoint(ctx context.Context, req fencing.CheckpointRequest) (fencing.Lease, error) {
+	ctx, c := s.begin(ctx, OpCheckpoint, req.Resource)
+	l, err := s.next.Checkpoint(ctx, req)
+	c.end(ctx, err)
+	return l, err
+}
+
+// ReadCheckpoint times and traces the wrapped store's ReadCheckpoint.
+func (s *Store) ReadCheckpoint(ctx context.Context, resource string) (fencing.Checkpoint, error) {
+	ctx, c := s.begin(ctx, OpReadCheckpoint, resource)
+	cp, err := s.next.ReadCheckpoint(ctx, resource)
+	c.end(ctx, err)
+	return cp, err
+}
+
+// Status times and traces the wrapped store's Status.
+func (s *Store) Status(ctx context.Context, resource string) (fencing.Status, error) {
+	ctx, c := s.begin(ctx, OpStatus, resource)
+	st, err := s.next.Status(ctx, resource)
+	c.end(ctx, err)
+	return st, err
+}
+
+// List times and traces the wrapped store's List.
+func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Lease, error) {
+	ctx, c := s.begin(ctx, OpList, "")
+	ls, err := s.next.List(ctx, req)
+	c.end(ctx, err)
+	return ls, err
+}
+
+// Admit times and traces the wrapped store's Admit.
+func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Admission, error) {
+	ctx, c := s.begin(ctx, OpAdmit, req.Resource)
+	a, err := s.next.Admit(ctx, req)
+	c.end(ctx, err)
+	return a, err
+}
+
+// Ping times and traces the wrapped store's Ping.
+func (s *Store) Ping(ctx context.Context) error {
+	ctx, c := s.begin(ctx, OpPing, "")
+	err := s.next.Ping(ctx)
+	c.end(ctx, err)
+	return err
+}
+
+// Close closes the wrapped store; it is not measured.
+func (s *Store) Close() error { return s.next.Close() }

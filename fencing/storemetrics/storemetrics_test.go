@@ -1,0 +1,222 @@
+package storemetrics_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/fencingtest"
+	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/fencing/storemetrics"
+)
+
+// counts collects the histogram's sample count per "operation/outcome".
+func counts(t *testing.T, r *sdkmetric.ManualReader) map[string]uint64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != storemetrics.MetricDuration {
+				continue
+			}
+			if m.Unit != "s" {
+				t.Errorf("unit %q, want s", m.Unit)
+			}
+			h, ok := m.Data.(metricdata.Histogram[float64])
+			if !ok {
+				t.Fatalf("%s is %T, want a float64 histogram", m.Name, m.Data)
+			}
+			for _, dp := range h.DataPoints {
+				op, _ := dp.Attributes.Value("operation")
+				out, _ := dp.Attributes.Value("outcome")
+				if dp.Attributes.Len() != 2 {
+					t.Errorf("data point has attributes %v; want only operation and outcome", dp.Attributes.ToSlice())
+				}
+				got[op.AsString()+"/"+out.AsString()] += dp.Count
+			}
+		}
+	}
+	return got
+}
+
+func TestHistogramCountsCallsByOperationAndOutcome(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	mem := memstore.New(memstore.Options{})
+	var s fencing.Store = storemetrics.Wrap(mem, mp, tp)
+	ctx := context.Background()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused := func(err, want error) {
+		t.Helper()
+		if !errors.Is(err, want) {
+			t.Fatalf("got %v, want %v", err, want)
+		}
+	}
+
+	l, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "a", TTL: time.Minute})
+	must(err)
+	_, err = s.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "a", TTL: time.Minute})
+	must(err)
+	_, err = s.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "b", TTL: time.Minute})
+	refused(err, fencing.ErrLeaseHeld)
+	_, err = s.Acquire(ctx, fencing.AcquireRequest{Resource: "", Owner: "b", TTL: time.Minute})
+	refused(err, fencing.ErrInvalid)
+	_, err = s.Renew(ctx, fencing.RenewRequest{Resource: "job:1", Owner: "a", Token: l.Token})
+	must(err)
+	_, err = s.Renew(ctx, fencing.RenewRequest{Resource: "job:1", Owner: "b", Token: l.Token})
+	refused(err, fencing.ErrLeaseLost)
+	_, err = s.ReadCheckpoint(ctx, "job:1")
+	refused(err, fencing.ErrNoCheckpoint)
+	_, err = s.Checkpoint(ctx, fencing.CheckpointRequest{Resource: "job:1", Owner: "a", Token: l.Token, State: json.RawMessage(`{"step":1}`)})
+	must(err)
+	_, err = s.ReadCheckpoint(ctx, "job:1")
+	must(err)
+	_, err = s.Admit(ctx, fencing.AdmitRequest{Resource: "job:1", Token: l.Token})
+	must(err)
+	_, err = s.Admit(ctx, fencing.AdmitRequest{Resource: "job:1", Token: l.Token + 1})
+	refused(err, fencing.ErrTokenNotIssued)
+	_, err = s.Admit(ctx, fencing.AdmitRequest{Resource: "job:1", Token: l.Token, RequireLive: true})
+	must(err)
+	_, err = s.Status(ctx, "job:1")
+	must(err)
+	_, err = s.List(ctx, fencing.ListRequest{Limit: 10})
+	must(err)
+	released, err := s.Release(ctx, fencing.ReleaseRequest{Resource: "job:1", Owner: "a", Token: l.Token})
+	must(err)
+	if !released {
+		t.Fatal("release reported false")
+	}
+	l2, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "b", TTL: time.Minute})
+	must(err)
+	_, err = s.Admit(ctx, fencing.AdmitRequest{Resource: "job:1", Token: l2.Token})
+	must(err)
+	_, err = s.Admit(ctx, fencing.AdmitRequest{Resource: "job:1", Token: l.Token})
+	refused(err, fencing.ErrStaleToken)
+	must(s.Ping(ctx))
+	// A closed memory store answers ErrUnavailable: a real fault.
+	must(s.Close())
+	refused(s.Ping(ctx), fencing.ErrUnavailable)
+	_, err = s.Admit(ctx, fencing.AdmitRequest{Resource: "job:1", Token: l2.Token})
+	refused(err, fencing.ErrUnavailable)
+
+	want := map[string]uint64{
+		"acquire/ok":                    3,
+		"acquire/lease-held":            1,
+		"acquire/invalid-request":       1,
+		"renew/ok":                      1,
+		"renew/lease-lost":              1,
+		"read_checkpoint/no-checkpoint": 1,
+		"read_checkpoint/ok":            1,
+		"checkpoint/ok":                 1,
+		"admit/ok":                      3,
+		"admit/token-not-issued":        1,
+		"admit/stale-token":             1,
+		"admit/unavailable":             1,
+		"status/ok":                     1,
+		"list/ok":                       1,
+		"release/ok":                    1,
+		"ping/ok":                       1,
+		"ping/unavailable":              1,
+	}
+	got := counts(t, reader)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("histogram counts\n got %v\nwant %v", got, want)
+	}
+
+	// One span per call, closed, named after the operation; faults are
+	// errors, refusals are not.
+	ended := spans.Ended()
+	var total uint64
+	for _, n := range want {
+		total += n
+	}
+	if uint64(len(ended)) != total {
+		t.Fatalf("%d spans, want %d", len(ended), total)
+	}
+	errSpans := 0
+	for _, sp := range ended {
+		if sp.Status().Code.String() == "Error" {
+			errSpans++
+		}
+	}
+	if errSpans != 2 {
+		t.Fatalf("%d spans with error status, want 2 (the two unavailable calls)", errSpans)
+	}
+	if ended[0].Name() != "store acquire" {
+		t.Fatalf("first span %q, want %q", ended[0].Name(), "store acquire")
+	}
+}
+
+func TestOutcome(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{nil, "ok"},
+		{fmt.Errorf("x: %w", fencing.ErrAmbiguous), "ambiguous"},
+		{fencing.ErrUnavailable, "unavailable"},
+		{fencing.ErrStoreLost, "store-lost"},
+		{context.Canceled, "canceled"},
+		{&fencing.StaleTokenError{Resource: "r", Token: 1, HighWater: 2}, "stale-token"},
+		{fencing.ErrLeaseNotHeld, "lease-not-held"},
+		{&fencing.TooLargeError{Size: 2, Limit: 1}, "payload-too-large"},
+		{errors.New("boom"), "error"},
+	} {
+		if got := storemetrics.Outcome(c.err); got != c.want {
+			t.Errorf("Outcome(%v) = %q, want %q", c.err, got, c.want)
+		}
+	}
+}
+
+func TestNilProvidersRecordNothingAndPassThrough(t *testing.T) {
+	mem := memstore.New(memstore.Options{})
+	s := storemetrics.Wrap(mem, nil, nil)
+	if s.Unwrap() != fencing.Store(mem) {
+		t.Fatal("Unwrap does not return the wrapped store")
+	}
+	l, err := s.Acquire(context.Background(), fencing.AcquireRequest{Resource: "r", Owner: "o", TTL: time.Second})
+	if err != nil || l.Token != 1 {
+		t.Fatalf("acquire through the decorator: %v %v", l, err)
+	}
+	st, err := mem.Status(context.Background(), "r")
+	if err != nil || st.Issued != 1 {
+		t.Fatalf("the wrapped store did not see the acquire: %+v %v", st, err)
+	}
+}
+
+// TestConformance runs the store conformance suite through the decorator,
+// with real SDK providers recording, to show it changes no behaviour.
+func TestConformance(t *testing.T) {
+	fencingtest.Run(t, fencingtest.Harness{
+		MaxCheckpointBytes: 4 << 10,
+		Open: func(t testing.TB) fencingtest.Instance {
+			clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+			mem := memstore.New(memstore.Options{Clock: clock, MaxCheckpointBytes: 4 << 10})
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder()))
+			st := storemetrics.Wrap(mem, mp, tp)
+			t.Cleanup(func() { st.Close() })
+			return fencingtest.Instance{Store: st, Advance: clock.Advance}
+		},
+	})
+}
