@@ -80,6 +80,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"limit word", "GET", "/v1/leases?limit=ten", "", "", 400, "invalid-request"},
 		{"limit negative", "GET", "/v1/leases?limit=-1", "", "", 400, "invalid-request"},
 		{"bad prefix", "GET", "/v1/leases?prefix=a/b", "", "", 400, "invalid-request"},
+		{"unknown query parameter", "GET", "/v1/leases?prefx=job:", "", "", 400, "invalid-request"},
 	}
 	forEachStore(t, func(t *testing.T, k storeKind) {
 		e := newEnv(t, k, nil)

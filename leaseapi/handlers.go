@@ -192,6 +192,14 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 // prefix.
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	for name := range q {
+		if name != "prefix" && name != "limit" {
+			// Like unknown JSON members: a typo (?prefx=) must not
+			// silently list everything.
+			s.fail(w, r, &fencing.ValidationError{Field: name, Reason: "is not a query parameter of this call (use prefix and limit)"})
+			return
+		}
+	}
 	req := fencing.ListRequest{Prefix: q.Get("prefix")}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -15,45 +15,6 @@ import (
 	"github.com/fencegate/fencegate/fencing/problem"
 )
 
-// maxRequestIDBytes bounds a client-supplied X-Request-Id; longer or
-// non-printable ids are replaced by a generated one so they cannot bloat or
-// garble logs.
-const maxRequestIDBytes = 128
-
-// sanitizeRequestID drops an unusable incoming X-Request-Id before
-// middleware.RequestID adopts it.
-func sanitizeRequestID(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id := r.Header.Get(middleware.RequestIDHeader); id != "" && !saneRequestID(id) {
-			r.Header.Del(middleware.RequestIDHeader)
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-func saneRequestID(id string) bool {
-	if len(id) > maxRequestIDBytes {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if id[i] <= 0x20 || id[i] > 0x7e {
-			return false
-		}
-	}
-	return true
-}
-
-// echoRequestID returns the request id to the client, so it can quote it
-// when reporting a problem.
-func echoRequestID(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id := middleware.GetReqID(r.Context()); id != "" {
-			w.Header().Set(middleware.RequestIDHeader, id)
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
 // noStore forbids caching: every answer describes lease state at one
 // instant.
 func noStore(next http.Handler) http.Handler {

@@ -3,6 +3,8 @@ package leaseapi
 import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/fencegate/fencegate/fencing/reqid"
 )
 
 // routes lists every endpoint of the API listener. Middleware order, outer
@@ -16,7 +18,7 @@ func (s *Server) routes() *chi.Mux {
 	if s.telemetry {
 		r.Use(tagRoute)
 	}
-	r.Use(sanitizeRequestID, middleware.RequestID, echoRequestID, noStore, s.recoverer, middleware.GetHead)
+	r.Use(reqid.Middleware, noStore, s.recoverer, middleware.GetHead)
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed(r))
 

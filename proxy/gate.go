@@ -47,6 +47,7 @@ import (
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/barrier"
 	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/fencing/reqid"
 )
 
 // Header names read by the gate. Both are forwarded to the upstream
@@ -197,6 +198,8 @@ func New(opts Options) (*Gate, error) {
 	if err := g.instrument(opts); err != nil {
 		return nil, err
 	}
+	// Outermost, so telemetry, logs and the upstream all see one id.
+	g.handler = reqid.Middleware(g.handler)
 	return g, nil
 }
 
@@ -265,10 +268,10 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 			g.count(r, CodeClientGone)
 			return // client gone: nobody to answer
 		}
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		if !fencing.IsStoreFault(err) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
 			err = fmt.Errorf("%w: %w", fencing.ErrAmbiguous, err)
 		}
-		g.refuse(w, r, err)
+		g.refuseWrite(w, r, err, resource, token)
 		return
 	}
 	if err := g.wait(ctx, t); err != nil {
@@ -278,9 +281,9 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
-			"a write with a lower token for this resource is still in flight; this write was not forwarded, retry later")
+			"a write with a lower token for this resource is still in flight through this gate, or the barrier is held closed after an upstream timeout; this write was admitted but not forwarded: retry it with the same token")
 		p.Headers = http.Header{"Retry-After": {"1"}}
-		g.refuse(w, r, p)
+		g.refuseWrite(w, r, p, resource, token)
 		return
 	}
 	defer t.Leave()
@@ -366,6 +369,20 @@ func truncate(s string) string {
 	return s
 }
 
+// refuseWrite refuses a write whose resource and token are known, and says
+// which resource and token were checked: with route rules, the resource
+// comes from the path, which a caller may not expect.
+func (g *Gate) refuseWrite(w http.ResponseWriter, r *http.Request, err error, resource string, token fencing.Token) {
+	p := *problem.From(err) // a copy: the extension members are this write's
+	p.Extra = make(map[string]any, len(p.Extra)+2)
+	for k, v := range problem.From(err).Extra {
+		p.Extra[k] = v
+	}
+	p.Extra["resource"] = resource
+	p.Extra["token"] = token
+	g.refuse(w, r, &p)
+}
+
 func (g *Gate) refuse(w http.ResponseWriter, r *http.Request, err error) {
 	p := problem.From(err)
 	g.count(r, p.Code)
@@ -381,6 +398,17 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 	// SetXForwarded replaces any X-Forwarded-* the client sent: the gate
 	// states what it saw, it does not relay claims.
 	pr.SetXForwarded()
+	// The fencing headers reach the upstream unchanged, even when the
+	// client named them in Connection (which makes them hop-by-hop and
+	// strips them): an upstream that checks tokens itself relies on them.
+	for _, h := range []string{HeaderToken, HeaderResource} {
+		if vs, ok := pr.In.Header[h]; ok {
+			pr.Out.Header[h] = vs
+		}
+	}
+	if id := reqid.From(pr.In); id != "" {
+		pr.Out.Header.Set(reqid.Header, id)
+	}
 }
 
 // modifyResponse runs when the upstream's response headers arrive: the

@@ -133,3 +133,74 @@ func TestSIGTERMDrains(t *testing.T) {
 		t.Errorf("no log line says the gate is off without FENCEGATE_UPSTREAM:\n%s", p.logs)
 	}
 }
+
+// TestSIGTERMWithSlowWrites: a write in flight when SIGTERM arrives is
+// finished within the shutdown grace; one that outlasts the grace is cut
+// off and logged. Either way the process exits 0.
+func TestSIGTERMWithSlowWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		grace      string
+		wantStatus int // 0: the connection is cut off
+	}{
+		{"finishes within the grace", "10s", http.StatusOK},
+		{"cut off after the grace", "300ms", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			arrived := make(chan struct{}, 1)
+			release := make(chan struct{})
+			upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				arrived <- struct{}{}
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+				w.WriteHeader(http.StatusOK)
+			}))
+			defer upstream.Close()
+			defer close(release)
+			p := start(t, t.TempDir(), []string{
+				"FENCEGATE_STORE=memory:", "FENCEGATE_UPSTREAM=" + upstream.URL, "FENCEGATE_SHUTDOWN_GRACE=" + tc.grace,
+			}, "api", "gate")
+			st, lease, _ := call(t, "POST", p.url("api", "/v1/leases/job:1/acquire"), nil, `{"owner":"a"}`)
+			if st != 200 {
+				t.Fatalf("acquire: %d", st)
+			}
+			got := make(chan int, 1)
+			go func() {
+				req, _ := http.NewRequest("PUT", p.url("gate", "/jobs/1"), strings.NewReader("x"))
+				req.Header.Set("Fencing-Token", strconv.FormatInt(token(t, lease), 10))
+				req.Header.Set("Fencing-Resource", "job:1")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					got <- 0
+					return
+				}
+				resp.Body.Close()
+				got <- resp.StatusCode
+			}()
+			<-arrived
+			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantStatus != 0 {
+				time.Sleep(200 * time.Millisecond) // let the drain begin; the write must still finish
+				release <- struct{}{}
+			}
+			if status := <-got; status != tc.wantStatus {
+				t.Fatalf("in-flight write ended with %d, want %d", status, tc.wantStatus)
+			}
+			select {
+			case err := <-p.done:
+				if err != nil {
+					t.Fatalf("exit: %v\n%s", err, p.logs)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("no exit")
+			}
+			if cut := strings.Contains(p.logs.String(), "cut off"); cut != (tc.wantStatus == 0) {
+				t.Fatalf("cut-off logged = %v, want %v:\n%s", cut, tc.wantStatus == 0, p.logs)
+			}
+		})
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/fencegate/fencegate/config"
@@ -33,6 +34,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(cfg, stderr)
+	log.Info("starting fencegate", "version", Version(), "api_auth", cfg.APIToken != "")
 	tel, err := newTelemetry(ctx, environ, log)
 	if err != nil {
 		return err
@@ -65,6 +67,9 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 
 	if cfg.Upstream == "" {
 		log.Warn("write gate off: FENCEGATE_UPSTREAM is unset; only the lease API runs")
+		if cfg.Rules != "" || cfg.RulesFile != "" {
+			log.Warn("FENCEGATE_RULES / FENCEGATE_RULES_FILE are ignored while the write gate is off")
+		}
 	} else {
 		gate, err := newGate(cfg, store, log, tel)
 		if err != nil {
@@ -98,10 +103,10 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	log.Info("draining", "drain_delay", cfg.DrainDelay.String(), "shutdown_grace", cfg.ShutdownGrace.String())
 	api.SetDraining()
 	time.Sleep(cfg.DrainDelay)
-	if err := shutdown(servers, cfg.ShutdownGrace, log); err != nil {
-		return err
-	}
-	log.Info("stopped")
+	// Exit 0 even when requests were cut off: the drain was bounded by
+	// design, and the cut-off is logged above.
+	cutOff := shutdown(servers, cfg.ShutdownGrace, log)
+	log.Info("stopped", "requests_cut_off", cutOff)
 	return nil
 }
 
@@ -141,21 +146,33 @@ func (l *listener) close() {
 	}
 }
 
-// shutdown stops every listener, waiting up to grace for in-flight requests.
-func shutdown(servers []*listener, grace time.Duration, log *slog.Logger) error {
+// shutdown stops every listener at once, waiting up to grace for in-flight
+// requests. Connections still busy when the grace ends are closed (the
+// gate's writes among them may still be applied by the upstream); it
+// reports whether any were.
+func shutdown(servers []*listener, grace time.Duration, log *slog.Logger) (cutOff bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	var errs []error
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex
+	)
 	for _, s := range servers {
 		if s.srv == nil {
 			continue
 		}
-		if err := s.srv.Shutdown(ctx); err != nil {
-			log.Error("requests still in flight at the end of the shutdown grace", "listener", s.name, "error", err)
-			errs = append(errs, fmt.Errorf("%s listener: %w", s.name, err))
-		}
+		wg.Go(func() {
+			if err := s.srv.Shutdown(ctx); err != nil {
+				log.Error("requests still in flight at the end of the shutdown grace were cut off", "listener", s.name, "error", err)
+				s.srv.Close()
+				mu.Lock()
+				cutOff = true
+				mu.Unlock()
+			}
+		})
 	}
-	return errors.Join(errs...)
+	wg.Wait()
+	return cutOff
 }
 
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
@@ -245,6 +262,7 @@ func newGate(cfg config.Config, store fencing.Store, log *slog.Logger, tel *tele
 	if err != nil {
 		return nil, fmt.Errorf("FENCEGATE_RULES: %w", err)
 	}
+	log.Info("write gate", "upstream", upstream.Redacted(), "rules", len(rules), "resource_header", cfg.ResourceHeader)
 	if len(rules) == 0 && !cfg.ResourceHeader {
 		log.Warn("write gate has no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused with resource-required")
 	}

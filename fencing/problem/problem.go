@@ -99,10 +99,15 @@ func From(err error) *Error {
 func Write(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	p := From(err)
 	if p.Cause != nil && log != nil && (p.Status >= 500) {
-		log.LogAttrs(r.Context(), slog.LevelError, "request failed",
+		attrs := []slog.Attr{
 			slog.String("request_id", middleware.GetReqID(r.Context())),
 			slog.String("code", p.Code), slog.String("method", r.Method), slog.String("path", r.URL.Path),
-			slog.String("error", p.Cause.Error()))
+			slog.String("error", p.Cause.Error()),
+		}
+		for k, v := range p.Extra {
+			attrs = append(attrs, slog.Any(k, v))
+		}
+		log.LogAttrs(r.Context(), slog.LevelError, "request failed", attrs...)
 	}
 	m := make(map[string]any, 5+len(p.Extra))
 	for k, v := range p.Extra {

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -312,9 +313,17 @@ func readReply(r *bufio.Reader) (string, error) {
 	return "", fmt.Errorf("unexpected reply %q", line)
 }
 
-// Cluster is a Valkey Cluster of primaries on loopback, without replicas.
+// Cluster is a Valkey Cluster on loopback: primaries (StartCluster), and
+// the replicas AddReplica attached.
 type Cluster struct {
+	// Nodes are the primaries, in the order StartCluster created them.
 	Nodes []*Server
+	// Replicas are the nodes AddReplica attached, in order.
+	Replicas []*Server
+
+	bin   string
+	extra []string
+	conf  config
 }
 
 // URL is valkey://first?addr=second&addr=third..., every node a seed.
@@ -347,10 +356,10 @@ func StartCluster(t testing.TB, n int, opts ...Option) *Cluster {
 	if cli == "" {
 		t.Fatalf("valkeytest: %s found but no valkey-cli/redis-cli to create the cluster", bin)
 	}
-	cl := &Cluster{}
+	cl := &Cluster{bin: bin, conf: c, extra: []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"}}
 	addrs := []string{}
 	for range n {
-		s := start(t, bin, c, []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"})
+		s := start(t, bin, c, cl.extra)
 		cl.Nodes = append(cl.Nodes, s)
 		addrs = append(addrs, s.Addr())
 	}
@@ -374,4 +383,44 @@ func StartCluster(t testing.TB, n int, opts ...Option) *Cluster {
 		}
 	}
 	return cl
+}
+
+// AddReplica starts one more cluster-enabled server, joins it to the
+// cluster (CLUSTER MEET) as a replica of Nodes[primary] (CLUSTER REPLICATE),
+// and waits until its replication link is up and every primary lists it in
+// CLUSTER SLOTS, so that a client opened afterwards knows it. It fails the
+// test after 30 s.
+func (c *Cluster) AddReplica(t testing.TB, primary int) *Server {
+	t.Helper()
+	p := c.Nodes[primary]
+	r := start(t, c.bin, c.conf, c.extra)
+	host, port, _ := net.SplitHostPort(p.Addr())
+	r.MustDo("CLUSTER", "MEET", host, port)
+	id := strings.TrimSpace(p.MustDo("CLUSTER", "MYID"))
+	deadline := time.Now().Add(30 * time.Second)
+	wait := func(what string, done func() bool) {
+		t.Helper()
+		for !done() {
+			if time.Now().After(deadline) {
+				t.Fatalf("valkeytest: replica %s of %s: %s not reached within 30s", r.Addr(), p.Addr(), what)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	// REPLICATE fails until the new node has learned the primary's ID.
+	wait("CLUSTER REPLICATE accepted", func() bool { _, err := r.Do("CLUSTER", "REPLICATE", id); return err == nil })
+	wait("master_link_status:up", func() bool {
+		info, err := r.Do("INFO", "replication")
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	_, rport, _ := net.SplitHostPort(r.Addr())
+	for _, n := range c.Nodes {
+		wait("listed by "+n.Addr(), func() bool {
+			// CLUSTER SLOTS renders ports as integers: one line each.
+			slots, err := n.Do("CLUSTER", "SLOTS")
+			return err == nil && slices.Contains(strings.Split(slots, "\n"), rport)
+		})
+	}
+	c.Replicas = append(c.Replicas, r)
+	return r
 }

@@ -1,0 +1,58 @@
+package proxy
+
+import (
+	"net/http"
+	"testing"
+	"time"
+)
+
+// TestFencingHeadersSurviveConnection: a client that names the fencing
+// headers in Connection (making them hop-by-hop) still gets them to the
+// upstream unchanged, so an upstream that checks tokens itself can rely on
+// them.
+func TestFencingHeadersSurviveConnection(t *testing.T) {
+	e := newEnv(t, "PUT /jobs/{id} fence job:{id}")
+	l := e.acquire("job:1", "alice", time.Minute)
+	r := e.do("PUT", "/jobs/1", "x", HeaderToken, tok(l.Token), HeaderResource, "job:1",
+		"Connection", HeaderToken+", "+HeaderResource)
+	if r.Status != http.StatusOK {
+		t.Fatalf("write: %d %s", r.Status, r.Body)
+	}
+	got := e.up.requests()
+	if len(got) != 1 || got[0].Token != tok(l.Token) || got[0].Resource != "job:1" {
+		t.Fatalf("upstream received %+v; want both fencing headers unchanged", got)
+	}
+}
+
+// TestRequestID: the gate adopts a client's X-Request-Id (or makes one),
+// echoes it, and passes it to the upstream so their logs line up.
+func TestRequestID(t *testing.T) {
+	e := newEnv(t, "")
+	l := e.acquire("job:1", "alice", time.Minute)
+	r := e.do("PUT", "/x", "x", HeaderToken, tok(l.Token), HeaderResource, "job:1", "X-Request-Id", "req-42")
+	if r.Status != http.StatusOK || r.Header.Get("X-Request-Id") != "req-42" {
+		t.Fatalf("write: %d, echoed id %q", r.Status, r.Header.Get("X-Request-Id"))
+	}
+	if got := e.up.requests(); len(got) != 1 || got[0].Header.Get("X-Request-Id") != "req-42" {
+		t.Fatalf("upstream did not get the request id: %+v", got)
+	}
+	r = e.do("PUT", "/x", "x", HeaderResource, "job:1") // refused: no token
+	if r.Status != http.StatusPreconditionRequired || r.Header.Get("X-Request-Id") == "" {
+		t.Fatalf("refusal: %d, echoed id %q", r.Status, r.Header.Get("X-Request-Id"))
+	}
+}
+
+// TestRefusalNamesResourceAndToken: with route rules the resource comes
+// from the path, so a refusal says which resource and token were checked.
+func TestRefusalNamesResourceAndToken(t *testing.T) {
+	e := newEnv(t, "PUT /jobs/{id} fence job:{id}")
+	e.acquire("job:7", "alice", time.Minute)
+	r := e.do("PUT", "/jobs/9", "x", HeaderToken, "1", HeaderResource, "job:7")
+	wantProblem(t, r, http.StatusConflict, "token-not-issued")
+	if r.Problem["resource"] != "job:9" || r.Problem["token"] != float64(1) || r.Problem["issued_token"] != float64(0) {
+		t.Fatalf("refusal does not name what was checked: %s", r.Body)
+	}
+	if e.up.count() != 0 {
+		t.Fatal("a refused write reached the upstream")
+	}
+}
