@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -373,5 +374,51 @@ func TestClosedStoreIsUnavailable(t *testing.T) {
 	}
 	if err := s.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestCloseDuringCallIsAmbiguous: Close while an acquire has been sent but
+// not answered (the server holds it: CLIENT PAUSE WRITE) must report
+// ErrAmbiguous, not ErrUnavailable ("not performed"): whether the server
+// runs it depends on where it was (here, a paused command is dropped with
+// its connection; a command still in the socket buffer of a busy server is
+// run once the server reads it).
+func TestCloseDuringCallIsAmbiguous(t *testing.T) {
+	srv := valkeytest.Start(t)
+	prefix := freshPrefix()
+	s, err := Open(context.Background(), Options{URL: srv.URL(), KeyPrefix: prefix, CommandTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, s, "warm", "x") // connection up, script loaded
+	srv.MustDo("CLIENT", "PAUSE", "10000", "WRITE")
+	unpaused := false
+	defer func() {
+		if !unpaused {
+			srv.Do("CLIENT", "UNPAUSE")
+		}
+	}()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Acquire(context.Background(), fencing.AcquireRequest{Resource: "inflight", Owner: "alice", TTL: time.Minute})
+		done <- err
+	}()
+	held := false
+	for range 400 { // until the server holds the acquire
+		if list, err := srv.Do("CLIENT", "LIST"); err == nil && strings.Contains(list, "cmd=evalsha") {
+			held = true
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !held {
+		t.Fatal("the acquire never reached the paused server")
+	}
+	s.Close()
+	err = <-done
+	srv.MustDo("CLIENT", "UNPAUSE")
+	unpaused = true
+	if errors.Is(err, fencing.ErrUnavailable) || !errors.Is(err, fencing.ErrAmbiguous) {
+		t.Fatalf("acquire in flight during Close: %v, want ErrAmbiguous", err)
 	}
 }

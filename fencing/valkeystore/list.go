@@ -21,13 +21,15 @@ const scanCount = 1000
 // lease has an index key P:{R}:live that expires with the lease (PXAT, the
 // server's clock), and List
 //
-//  1. SCANs every node (in a cluster: each node the client knows, answers
-//     de-duplicated) with MATCH P:{<prefix>*}:live,
+//  1. SCANs the data set with MATCH P:{<prefix>*}:live: on a single node,
+//     that node; in a cluster, the primary of every shard (replicas hold
+//     copies and are skipped, so a dead replica does not fail List; a
+//     primary that does not answer fails it with a store fault),
 //  2. runs list.lua once per resource found (one slot each, pipelined by the
 //     client) to confirm the lease is live at the server's time,
 //  3. sorts by resource and returns the first Limit.
 //
-// Cost: the SCAN visits every key of every node, O(total keys), whatever
+// Cost: the SCAN visits every key of every primary, O(total keys), whatever
 // the prefix or limit, plus one script per live lease matching the prefix.
 // Fine for an operator's listing of thousands of leases; not a hot path.
 // The result is not one snapshot: a lease taken or ended while List runs
@@ -43,8 +45,12 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 	defer cancel()
 	pattern := s.prefix + ":{" + req.Prefix + "*}:live"
 	head, tail := s.prefix+":{", "}:live"
+	nodes, err := s.primaries(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
 	found := map[string]bool{}
-	for _, node := range s.client.Nodes() {
+	for _, node := range nodes {
 		var cursor uint64
 		for {
 			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(pattern).Count(scanCount).Build()).AsScanEntry()

@@ -49,6 +49,7 @@ var (
 	statusScript         = script("status", true)
 	admitScript          = script("admit", false)
 	listScript           = script("list", true)
+	pingScript           = script("ping", false)
 )
 
 // admitSource is the admission script as the store runs it, for comparing

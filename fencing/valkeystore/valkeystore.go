@@ -16,15 +16,37 @@
 //	P:{R}:live   the live lease's token, expiring with the lease; the index
 //	             List scans.
 //
+// A checkpoint exists when the record has checkpoint metadata and P:{R}:state
+// holds a state. Metadata whose state key is gone (deleted outside
+// fencegate) reads as no checkpoint: ReadCheckpoint answers
+// fencing.ErrNoCheckpoint and Status has no Checkpoint. ReadCheckpoint never
+// returns a state that is not valid JSON (a state key overwritten outside
+// fencegate with something else is an internal error).
+//
+// In a cluster, Ping, List and Open judge the cluster by its primaries, the
+// nodes every operation runs on: a dead replica fails none of them, a dead
+// primary fails Ping and List with a store fault (fencing.IsStoreFault)
+// until a replica is promoted and the client has learnt it (it re-reads the
+// slot map every 15 seconds, and after a connection error).
+//
 // Tokens follow the server clock: a new token is max(issued+1, the server's
 // TIME in microseconds). Tokens stay below 2^53 (exact as JSON numbers) until
-// the year 2255. This is what makes store loss safe without coordination: if
-// the server loses writes (restart without persistence, FLUSHALL, failover to
-// an empty or lagging replica), tokens issued afterwards are still above
-// every token issued before, and a record re-created after a loss refuses
-// every token at or below its floor, so a token issued before the loss is
-// never admitted. The assumption is that the server clock does not go back
-// across a loss; see the README.
+// the year 2255. When the store loses writes:
+//
+//   - Tokens never repeat: a token issued afterwards is above every token
+//     issued before the loss, provided the clock of the node serving after
+//     the loss is not behind the issue time of the lost tokens (clocks kept
+//     in sync across nodes, e.g. by NTP).
+//   - A record lost whole (restart without persistence, FLUSHALL, failover
+//     to an empty replica) is re-created with a floor that refuses every
+//     token issued before the loss.
+//   - A record rolled back to an older version (failover to a lagging
+//     replica, replication being asynchronous; a crash losing the last
+//     second of an appendfsync everysec AOF) has an older high-water mark
+//     and issued counter: a token superseded or issued in the lost window
+//     may be admitted again, until a newer token is admitted. appendfsync
+//     always prevents the crash loss on one node, not a failover to a
+//     lagging replica.
 //
 // Faults are classified here: a request that never left the client
 // (connection refused, dial failure, client closed, server LOADING/BUSY)
@@ -37,6 +59,7 @@ package valkeystore
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -105,7 +128,9 @@ var _ fencing.Store = (*Store)(nil)
 // Open connects, pings, and checks every server node: maxmemory-policy must
 // be noeviction (Open refuses otherwise: an evicting server may drop token
 // counters and high-water marks), and a warning is logged when neither AOF
-// nor RDB snapshots are on. Connection failures match
+// nor RDB snapshots are on. In a cluster every primary must answer; a
+// replica that does not answer is skipped with a warning (it is checked by
+// the next Open that reaches it). Connection failures match
 // fencing.ErrUnavailable.
 func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.KeyPrefix == "" {
@@ -181,6 +206,10 @@ func clientOption(opts Options) (valkey.ClientOption, error) {
 	// operation's own deadline (CommandTimeout) usually ends it first.
 	copt.ConnWriteTimeout = max(opts.CommandTimeout, time.Second)
 	copt.DisableCache = true // no client-side caching: every read is from the server
+	// In a cluster, re-read the slot map periodically too, not only after a
+	// command failed: so the client forgets failed replicas and learns
+	// promoted ones (ignored by a single-node client).
+	copt.ClusterOption.ShardsRefreshInterval = topologyRefresh
 	if copt.ClientName == "" {
 		copt.ClientName = "fencegate"
 	}
@@ -206,42 +235,66 @@ func ValidateKeyPrefix(p string) error {
 }
 
 // checkNodes enforces noeviction and warns about missing persistence on
-// every node the client knows (in a cluster: every primary and replica).
+// every node the client knows (in a cluster: every primary and replica,
+// since a replica may be promoted). Every primary must answer; a cluster
+// node that is not a primary and cannot be reached (a dead replica) is
+// skipped with a warning, so that a replica being down never stops a gate
+// from starting.
 func (s *Store) checkNodes(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*s.cmdTimeout)
-	defer cancel()
+	pctx, cancel := context.WithTimeout(ctx, 2*s.cmdTimeout)
+	prim, err := s.primaries(pctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("valkeystore: %w", err)
+	}
 	for addr, node := range s.client.Nodes() {
-		mem, err := node.Do(ctx, node.B().Info().Section("memory").Build()).ToString()
-		if err != nil {
-			return fmt.Errorf("valkeystore: INFO memory on %s: %w", addr, classify("check", err))
-		}
-		policy := infoField(mem, "maxmemory_policy")
-		if policy != "noeviction" {
-			return fmt.Errorf("valkeystore: server %s has maxmemory-policy %q; fencegate requires noeviction, "+
-				"because an evicting server may silently drop token counters and high-water marks "+
-				"(set maxmemory-policy noeviction: a full server then refuses writes, and fencegate fails closed)", addr, policy)
-		}
-		pers, err := node.Do(ctx, node.B().Info().Section("persistence").Build()).ToString()
-		if err != nil {
-			return fmt.Errorf("valkeystore: INFO persistence on %s: %w", addr, classify("check", err))
-		}
-		aof := infoField(pers, "aof_enabled") == "1"
-		save := ""
-		if kv, err := node.Do(ctx, node.B().ConfigGet().Parameter("save").Build()).AsStrMap(); err == nil {
-			save = kv["save"]
-		} else {
-			s.log.Warn("valkeystore: cannot read the server's save setting (CONFIG GET refused)", "addr", addr, "error", err)
+		reached, err := s.checkNode(ctx, addr, node)
+		if err == nil {
 			continue
 		}
-		if !aof && strings.TrimSpace(save) == "" {
-			s.log.Warn("valkeystore: persistence is off on the server (no AOF, no RDB snapshots): a restart loses every lease, checkpoint and high-water mark; "+
-				"tokens stay unique and pre-restart tokens are refused, but every holder must re-acquire. Enable appendonly yes (appendfsync always for no rollback)",
-				"addr", addr)
-		} else if !aof {
-			s.log.Warn("valkeystore: only RDB snapshots are on: a crash rolls back to the last snapshot; enable appendonly yes", "addr", addr)
+		if _, isPrimary := prim[addr]; reached || isPrimary || !s.isCluster() {
+			return err
 		}
+		s.log.Warn("valkeystore: a cluster node that is not a primary does not answer; its maxmemory-policy and persistence are not checked",
+			"addr", addr, "error", err)
 	}
 	return nil
+}
+
+// checkNode checks one node; reached reports whether it answered at all.
+func (s *Store) checkNode(ctx context.Context, addr string, node valkey.Client) (reached bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*s.cmdTimeout)
+	defer cancel()
+	mem, err := node.Do(ctx, node.B().Info().Section("memory").Build()).ToString()
+	if err != nil {
+		return false, fmt.Errorf("valkeystore: INFO memory on %s: %w", addr, classify("check", err))
+	}
+	policy := infoField(mem, "maxmemory_policy")
+	if policy != "noeviction" {
+		return true, fmt.Errorf("valkeystore: server %s has maxmemory-policy %q; fencegate requires noeviction, "+
+			"because an evicting server may silently drop token counters and high-water marks "+
+			"(set maxmemory-policy noeviction: a full server then refuses writes, and fencegate fails closed)", addr, policy)
+	}
+	pers, err := node.Do(ctx, node.B().Info().Section("persistence").Build()).ToString()
+	if err != nil {
+		return true, fmt.Errorf("valkeystore: INFO persistence on %s: %w", addr, classify("check", err))
+	}
+	aof := infoField(pers, "aof_enabled") == "1"
+	save := ""
+	if kv, err := node.Do(ctx, node.B().ConfigGet().Parameter("save").Build()).AsStrMap(); err == nil {
+		save = kv["save"]
+	} else {
+		s.log.Warn("valkeystore: cannot read the server's save setting (CONFIG GET refused)", "addr", addr, "error", err)
+		return true, nil
+	}
+	if !aof && strings.TrimSpace(save) == "" {
+		s.log.Warn("valkeystore: persistence is off on the server (no AOF, no RDB snapshots): a restart loses every lease, checkpoint and high-water mark; "+
+			"tokens stay unique and pre-restart tokens are refused, but every holder must re-acquire. Enable appendonly yes (appendfsync always so that a crash loses nothing)",
+			"addr", addr)
+	} else if !aof {
+		s.log.Warn("valkeystore: only RDB snapshots are on: a crash rolls back to the last snapshot; enable appendonly yes", "addr", addr)
+	}
+	return true, nil
 }
 
 // infoField returns field's value from an INFO reply.
@@ -269,6 +322,11 @@ func (s *Store) run(ctx context.Context, op string, sc *valkey.Lua, keys, args [
 	defer cancel()
 	out, err := sc.Exec(ctx, s.client, keys, args).AsStrSlice()
 	if err != nil {
+		if errors.Is(err, valkey.ErrClosing) {
+			// The store was open when the call started, so Close ran
+			// during it: the script may have been sent and run.
+			return nil, fmt.Errorf("%w: %s: the store was closed during the call", fencing.ErrAmbiguous, op)
+		}
 		return nil, classify(op, err)
 	}
 	if len(out) == 0 {
@@ -472,7 +530,14 @@ func parseRecord(res string, f []string) (record, bool) {
 	return r, true
 }
 
-// ReadCheckpoint implements fencing.Store.
+// ReadCheckpoint implements fencing.Store. A checkpoint exists when the
+// record has checkpoint metadata and the state key P:{R}:state holds a
+// non-empty string; metadata whose state is gone (the key was deleted
+// outside fencegate) reads as no checkpoint, here and in Status, so a
+// caller never receives an empty state. A state that is not valid JSON
+// (only possible when the key was overwritten outside fencegate) is an
+// error that matches no fencing sentinel: an internal error, not a
+// checkpoint.
 func (s *Store) ReadCheckpoint(ctx context.Context, resource string) (fencing.Checkpoint, error) {
 	if err := fencing.ValidateResource(resource); err != nil {
 		return fencing.Checkpoint{}, err
@@ -488,7 +553,11 @@ func (s *Store) ReadCheckpoint(ctx context.Context, resource string) (fencing.Ch
 	if r.saved == nil {
 		return fencing.Checkpoint{}, fmt.Errorf("%w for %q", fencing.ErrNoCheckpoint, resource)
 	}
-	return fencing.Checkpoint{State: []byte(f[17]), Token: r.saved.Token, UpdatedAt: r.saved.UpdatedAt, Previous: r.previous}, nil
+	state := []byte(f[17])
+	if !json.Valid(state) {
+		return fencing.Checkpoint{}, fmt.Errorf("valkeystore: the checkpoint state of %q is not valid JSON (its key was changed outside fencegate)", resource)
+	}
+	return fencing.Checkpoint{State: state, Token: r.saved.Token, UpdatedAt: r.saved.UpdatedAt, Previous: r.previous}, nil
 }
 
 // Status implements fencing.Store.
@@ -496,7 +565,7 @@ func (s *Store) Status(ctx context.Context, resource string) (fencing.Status, er
 	if err := fencing.ValidateResource(resource); err != nil {
 		return fencing.Status{}, err
 	}
-	f, err := s.run(ctx, "status", statusScript, []string{s.recKey(resource)}, nil)
+	f, err := s.run(ctx, "status", statusScript, []string{s.recKey(resource), s.stateKey(resource)}, nil)
 	if err != nil {
 		return fencing.Status{}, err
 	}
@@ -543,19 +612,24 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	return fencing.Admission{}, corrupt("admit", r)
 }
 
-// Ping implements fencing.Store: every node answers PING.
+// Ping implements fencing.Store: it succeeds when the store can serve every
+// resource now. On a single node: the node answers PING. In a cluster: a
+// node reports a slot map that covers every hash slot, and the primary of
+// each shard runs a script routed by key, as every operation is. Replicas
+// are not consulted: a dead replica never fails Ping; a dead primary fails
+// it with a store fault (fencing.ErrUnavailable, or fencing.ErrAmbiguous
+// when an open connection broke) until the cluster has promoted a replica
+// and the client has learnt it.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.closed.Load() {
 		return fmt.Errorf("%w: ping: the store is closed", fencing.ErrUnavailable)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
 	defer cancel()
-	for _, node := range s.client.Nodes() {
-		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
-			return classify("ping", err)
-		}
+	if s.isCluster() {
+		return s.pingCluster(ctx)
 	}
-	return nil
+	return classify("ping", s.client.Do(ctx, s.client.B().Ping().Build()).Error())
 }
 
 // Close implements fencing.Store. Calls after Close match

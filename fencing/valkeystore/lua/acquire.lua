@@ -15,9 +15,12 @@
 -- the server clock, and a record that lost its recent writes (restart
 -- without persistence, FLUSHALL, failover to a lagging or empty replica)
 -- still issues tokens above every token issued before the loss, as long as
--- the server clock has not gone back across the loss. A record created
--- here (never used, or lost) gets floor = first token - 1: admit.lua refuses
--- every token <= floor, so a token from before a loss is never admitted.
+-- the clock of the node serving now is not behind the issue time of the
+-- lost tokens. A record created here (never used, or lost whole) gets
+-- floor = first token - 1: admit.lua refuses every token <= floor, so a
+-- token from before the loss of the whole record is never admitted. A
+-- record rolled back to an older version keeps its old floor and marks:
+-- see the package doc for what that admits.
 --
 -- NOT idempotent (issues a token): the client never retries it.
 local now_ms, now_us = fg_now()

@@ -44,3 +44,28 @@ local function fg_live(owner, exp, rel, now_ms)
   return owner and owner ~= '' and rel ~= '1' and now_ms < tonumber(exp)
 end
 
+-- fg_has_state reports whether the checkpoint state key holds a state: a
+-- non-empty string (a checkpoint's state is JSON, never empty).
+local function fg_has_state(state)
+  local t = redis.call('TYPE', state)
+  if type(t) == 'table' then t = t['ok'] end
+  return t == 'string' and redis.call('STRLEN', state) > 0
+end
+
+-- fg_record reads a resource's record for status.lua and readcheckpoint.lua:
+-- {now_ms, issued, hw, owner, token, ttl, acq, exp, rel, fin, p_owner,
+-- p_token, p_ended, p_fin, cp_token, cp_ms, cp_size}, "" for every absent
+-- field. The checkpoint fields are "" unless the state key holds a state,
+-- so that metadata whose state is gone (deleted outside fencegate) never
+-- announces a checkpoint that cannot be read.
+local function fg_record(rec, state)
+  local now_ms = fg_now()
+  local f = redis.call('HMGET', rec, 'issued', 'hw', 'owner', 'token', 'ttl', 'acq', 'exp', 'rel', 'fin',
+    'p_owner', 'p_token', 'p_ended', 'p_fin', 'cp_token', 'cp_ms', 'cp_size')
+  local out = {fg_fmt(now_ms)}
+  for i = 1, 16 do out[i + 1] = f[i] or '' end
+  if out[15] ~= '' and not fg_has_state(state) then
+    out[15], out[16], out[17] = '', '', ''
+  end
+  return out
+end

@@ -4,12 +4,17 @@
 -- KEYS[2] -> <prefix>:{R}:state  checkpoint state
 --
 -- Returns the 17 fields of status.lua followed by the state ("" when none).
+-- A checkpoint exists when cp_token is set and the state key holds a
+-- non-empty string. Metadata whose state key is gone (deleted outside
+-- fencegate) is reported as no checkpoint: cp_token, cp_ms and cp_size are
+-- "" and so is the state, the same answer status.lua gives (see fg_record).
+-- The caller therefore never receives checkpoint metadata with an empty
+-- state; it also checks that the state is valid JSON.
 --
 -- Read-only, idempotent.
-local now_ms = fg_now()
-local f = redis.call('HMGET', KEYS[1], 'issued', 'hw', 'owner', 'token', 'ttl', 'acq', 'exp', 'rel', 'fin',
-  'p_owner', 'p_token', 'p_ended', 'p_fin', 'cp_token', 'cp_ms', 'cp_size')
-local out = {fg_fmt(now_ms)}
-for i = 1, 16 do out[i + 1] = f[i] or '' end
-out[18] = redis.call('GET', KEYS[2]) or ''
+local out = fg_record(KEYS[1], KEYS[2])
+out[18] = ''
+if out[15] ~= '' then
+  out[18] = redis.call('GET', KEYS[2])
+end
 return out

@@ -1,15 +1,13 @@
 -- status: read a resource's whole record at the server's current time.
 --
 -- KEYS[1] -> <prefix>:{R}        record hash
+-- KEYS[2] -> <prefix>:{R}:state  checkpoint state (only its presence is read)
 --
 -- Returns {now_ms, issued, hw, owner, token, ttl, acq, exp, rel, fin,
 --          p_owner, p_token, p_ended, p_fin, cp_token, cp_ms, cp_size}
--- with "" for every absent field (an unknown resource is all "").
+-- with "" for every absent field (an unknown resource is all ""). The
+-- checkpoint fields are "" when the state key is missing or empty, exactly
+-- as readcheckpoint.lua reports "no checkpoint" then (see fg_record).
 --
 -- Read-only, idempotent.
-local now_ms = fg_now()
-local f = redis.call('HMGET', KEYS[1], 'issued', 'hw', 'owner', 'token', 'ttl', 'acq', 'exp', 'rel', 'fin',
-  'p_owner', 'p_token', 'p_ended', 'p_fin', 'cp_token', 'cp_ms', 'cp_size')
-local out = {fg_fmt(now_ms)}
-for i = 1, 16 do out[i + 1] = f[i] or '' end
-return out
+return fg_record(KEYS[1], KEYS[2])

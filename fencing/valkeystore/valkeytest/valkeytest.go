@@ -393,9 +393,19 @@ func StartCluster(t testing.TB, n int, opts ...Option) *Cluster {
 func (c *Cluster) AddReplica(t testing.TB, primary int) *Server {
 	t.Helper()
 	p := c.Nodes[primary]
+	// A full sync would otherwise wait 5 s for more replicas to join; and
+	// nodes list a replica in CLUSTER SLOTS only once its replication
+	// offset is not 0, which on an idle primary takes a replication PING
+	// (every 10 s by default).
+	p.MustDo("CONFIG", "SET", "repl-diskless-sync-delay", "0")
+	p.MustDo("CONFIG", "SET", "repl-ping-replica-period", "1")
 	r := start(t, c.bin, c.conf, c.extra)
-	host, port, _ := net.SplitHostPort(p.Addr())
-	r.MustDo("CLUSTER", "MEET", host, port)
+	// Meet every primary, so that each learns the new node at once rather
+	// than by gossip.
+	for _, n := range c.Nodes {
+		host, port, _ := net.SplitHostPort(n.Addr())
+		r.MustDo("CLUSTER", "MEET", host, port)
+	}
 	id := strings.TrimSpace(p.MustDo("CLUSTER", "MYID"))
 	deadline := time.Now().Add(30 * time.Second)
 	wait := func(what string, done func() bool) {

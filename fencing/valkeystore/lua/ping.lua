@@ -1,0 +1,12 @@
+-- ping: prove that the node owning a slot runs scripts (Ping runs it once
+-- per cluster primary, routed by the key; once on a single node).
+--
+-- KEYS[1] -> any key in the slot to probe (never read or written; declared
+--            so that the script is routed to, and checked by, the slot's
+--            primary: a replica or a former owner answers MOVED)
+--
+-- Returns {"PONG"}.
+--
+-- Read-only. Not retried by the client, so that an unreachable primary
+-- fails Ping at once instead of at the command timeout.
+return {'PONG'}
