@@ -1,6 +1,7 @@
 package leaseapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -171,24 +172,80 @@ func tooLarge(limit int64) error {
 		fmt.Sprintf("the request body exceeds the limit of %d bytes", limit))
 }
 
-// decodeJSON decodes exactly one JSON object from body into dst, refusing
-// unknown members. limit is only quoted in the too-large message.
+// decodeJSON decodes exactly one JSON object from body into dst (a pointer
+// to a struct with json tags), refusing unknown members, members whose name
+// differs in case from the field's, and repeated members: encoding/json
+// would accept the last two silently, so {"Owner":"a","owner":"b"} could
+// mean something other than what its sender read. limit is only quoted in
+// the too-large message.
 func decodeJSON(body io.Reader, limit int64, dst any) error {
 	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(dst); err != nil {
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
 		return decodeProblem(err, limit)
 	}
 	// Exactly one value: anything but end of input after it is refused.
 	var extra json.RawMessage
 	switch err := dec.Decode(&extra); {
 	case err == io.EOF:
-		return nil
 	case isMaxBytes(err):
 		return tooLarge(limit)
 	default:
 		return problem.New(http.StatusBadRequest, "invalid-json", "the request body must hold a single JSON object, with nothing after it")
 	}
+	if err := checkMembers(raw, dst); err != nil {
+		return err
+	}
+	strict := json.NewDecoder(bytes.NewReader(raw))
+	strict.DisallowUnknownFields()
+	if err := strict.Decode(dst); err != nil {
+		return decodeProblem(err, limit)
+	}
+	return nil
+}
+
+// checkMembers checks that raw is a JSON object whose member names are
+// fields of dst's struct, spelled exactly, each at most once.
+func checkMembers(raw json.RawMessage, dst any) error {
+	known := map[string]bool{}
+	t := reflect.TypeOf(dst).Elem()
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+			known[name] = true
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return problem.New(http.StatusBadRequest, "invalid-json", "the request body must be a JSON object")
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return problem.New(http.StatusBadRequest, "invalid-json", "the request body is not valid JSON")
+		}
+		name, _ := tok.(string)
+		switch {
+		case !known[name]:
+			return problem.From(&fencing.ValidationError{Field: fmt.Sprintf("%q", truncateName(name)), Reason: "is not a member of this request (names are case-sensitive)"})
+		case seen[name]:
+			return problem.From(&fencing.ValidationError{Field: fmt.Sprintf("%q", name), Reason: "appears more than once"})
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return problem.New(http.StatusBadRequest, "invalid-json", "the request body is not valid JSON")
+		}
+	}
+	return nil
+}
+
+// truncateName bounds a client-supplied member name quoted in an error.
+func truncateName(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
 }
 
 func isMaxBytes(err error) bool {
