@@ -35,10 +35,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -282,7 +284,7 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
 			"a write with a lower token for this resource is still in flight through this gate, or the barrier is held closed after an upstream timeout; this write was admitted but not forwarded: retry it with the same token")
-		p.Headers = http.Header{"Retry-After": {"1"}}
+		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(g.barrier.HeldUntil(resource)))}}
 		g.refuseWrite(w, r, p, resource, token)
 		return
 	}
@@ -367,6 +369,12 @@ func truncate(s string) string {
 		return s[:64] + "..."
 	}
 	return s
+}
+
+// retryAfter is the Retry-After, in whole seconds (at least 1), for a
+// barrier held until heldUntil (zero: not held, only busy).
+func retryAfter(heldUntil time.Time) int {
+	return max(1, int(math.Ceil(time.Until(heldUntil).Seconds())))
 }
 
 // refuseWrite refuses a write whose resource and token are known, and says

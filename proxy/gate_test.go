@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -392,6 +393,10 @@ func TestUpstreamTimeout(t *testing.T) {
 		}
 		r := e.do("PUT", "/jobs/9", "newer", HeaderToken, tok(b.Token))
 		wantProblem(t, r, 503, "barrier-timeout")
+		// Retry-After points at the end of the grace (an hour), not 1 s.
+		if ra, _ := strconv.Atoi(r.Header.Get("Retry-After")); ra < 3500 || ra > 3600 {
+			t.Fatalf("Retry-After %q during a one-hour grace", r.Header.Get("Retry-After"))
+		}
 		if r := e.do("PUT", "/jobs/10", "other resource", HeaderToken, "1"); r.Status != 409 {
 			t.Fatalf("other resource: %d %s", r.Status, r.Body) // not issued, but not held by the barrier
 		}

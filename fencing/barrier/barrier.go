@@ -39,6 +39,8 @@ type inflight struct {
 	// changed is closed (and cleared) whenever a write leaves, to wake the
 	// writes waiting on this resource. Nil while nobody waits.
 	changed chan struct{}
+	// heldUntil is when the latest Hold on this resource ends.
+	heldUntil time.Time
 }
 
 // New returns an empty barrier. It is safe for concurrent use.
@@ -128,8 +130,31 @@ func (t *Ticket) Hold(d time.Duration) {
 			t.b.leave(t)()
 			return
 		}
+		t.b.mu.Lock()
+		if f := t.b.res[t.resource]; f != nil {
+			f.heldUntil = later(f.heldUntil, time.Now().Add(d))
+		}
+		t.b.mu.Unlock()
 		time.AfterFunc(d, t.b.leave(t))
 	})
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// HeldUntil is when the last Hold on resource ends, or the zero time when
+// none is pending: a refused writer can be told when to retry.
+func (b *Barrier) HeldUntil(resource string) time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if f := b.res[resource]; f != nil && time.Now().Before(f.heldUntil) {
+		return f.heldUntil
+	}
+	return time.Time{}
 }
 
 func (b *Barrier) leave(t *Ticket) func() {
