@@ -21,6 +21,8 @@ import (
 	"github.com/fencegate/fencegate/fencing/boltstore"
 	"github.com/fencegate/fencegate/fencing/memstore"
 	"github.com/fencegate/fencegate/fencing/storemetrics"
+	"github.com/fencegate/fencegate/fencing/valkeystore"
+	"github.com/fencegate/fencegate/fencing/valkeystore/valkeytest"
 )
 
 // BenchmarkGate measures, in one run, fenced writes (PUT /jobs/{id} with a
@@ -30,8 +32,9 @@ import (
 //   - direct: straight to the upstream;
 //   - reverseproxy: through a bare httputil.ReverseProxy with the gate's
 //     tuned transport;
-//   - gate-memory, gate-file: through the gate, admitting every write in
-//     the memory store or the file (bbolt) store.
+//   - gate-memory, gate-file, gate-valkey: through the gate, admitting
+//     every write in the memory store, the file (bbolt) store or a local
+//     Valkey-compatible server.
 //
 // It reports req/s, p50 and p99 latency, and each path's throughput as a
 // fraction of direct's (rps/direct). Run it alone, without -race:
@@ -119,6 +122,17 @@ func BenchmarkGate(b *testing.B) {
 	})
 	run("gate-file", func(b *testing.B) (string, []fencing.Token, func()) {
 		st, err := boltstore.Open(filepath.Join(b.TempDir(), "fencegate.db"), boltstore.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := httptest.NewServer(gate(b, st))
+		return s.URL, hold(b, st), func() { s.Close(); _ = st.Close() }
+	})
+	// gate-valkey admits in a throwaway Valkey-compatible server on
+	// loopback (skipped when none is installed): the many-gates store.
+	run("gate-valkey", func(b *testing.B) (string, []fencing.Token, func()) {
+		srv := valkeytest.Start(b)
+		st, err := valkeystore.Open(context.Background(), valkeystore.Options{URL: srv.URL()})
 		if err != nil {
 			b.Fatal(err)
 		}
