@@ -36,6 +36,8 @@ type Config struct {
 	ValkeyDialTimeout    time.Duration `env:"VALKEY_DIAL_TIMEOUT" envDefault:"5s" help:"Valkey connection attempt timeout, a duration > 0"`
 	ValkeyCommandTimeout time.Duration `env:"VALKEY_COMMAND_TIMEOUT" envDefault:"2s" help:"Valkey per-operation timeout (a write gives up with 503 after it), a duration > 0"`
 	ValkeyCAFile         string        `env:"VALKEY_CA_FILE" help:"PEM file of CA certificates to verify a valkeys:// server (default: the system roots)"`
+	ValkeyWaitReplicas   int           `env:"VALKEY_WAIT_REPLICAS" envDefault:"0" help:"replicas (>= 0) that must confirm (Valkey WAIT) the high-water mark a write relies on before it is forwarded; 0 never waits"`
+	ValkeyWaitTimeout    time.Duration `env:"VALKEY_WAIT_TIMEOUT" envDefault:"1s" help:"how long a write waits for those replicas before it fails closed with 503, a duration > 0"`
 
 	DefaultTTL         time.Duration `env:"DEFAULT_TTL" envDefault:"30s" help:"lease TTL when ttl_seconds is absent, whole seconds in [1s, 24h]"`
 	MaxCheckpointBytes int           `env:"MAX_CHECKPOINT_BYTES" envDefault:"1048576" help:"largest checkpoint state in bytes, 1 to 16777216"`
@@ -136,6 +138,10 @@ func (c Config) Validate() error {
 	positive("ShutdownGrace", c.ShutdownGrace)
 	positive("ValkeyDialTimeout", c.ValkeyDialTimeout)
 	positive("ValkeyCommandTimeout", c.ValkeyCommandTimeout)
+	positive("ValkeyWaitTimeout", c.ValkeyWaitTimeout)
+	if c.ValkeyWaitReplicas < 0 {
+		check("ValkeyWaitReplicas", fmt.Errorf("%d is negative", c.ValkeyWaitReplicas))
+	}
 	if c.DrainDelay < 0 {
 		check("DrainDelay", fmt.Errorf("%v is negative", c.DrainDelay))
 	}

@@ -217,6 +217,8 @@ func openStore(ctx context.Context, cfg config.Config, log *slog.Logger) (fencin
 			DialTimeout:        cfg.ValkeyDialTimeout,
 			CommandTimeout:     cfg.ValkeyCommandTimeout,
 			TLSConfig:          tlsConfig,
+			WaitReplicas:       cfg.ValkeyWaitReplicas,
+			WaitTimeout:        cfg.ValkeyWaitTimeout,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("opening the valkey store %s: %w", spec.Redacted(), err)

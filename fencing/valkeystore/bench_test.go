@@ -132,3 +132,54 @@ func TestCompareRedisBenchmark(t *testing.T) {
 	t.Logf("ratio store/%s: %.2f", tool, goRate/toolRate)
 	t.Logf("store acquire+renew+release (Go, %d cycles): %.0f cycles/s = %.0f scripts/s", cyc.N, float64(cyc.N)/cyc.T.Seconds(), 3*float64(cyc.N)/cyc.T.Seconds())
 }
+
+// BenchmarkReplicaAdmit compares, on one server with one replica, admits
+// without and with WaitReplicas=1:
+//
+//   - equal: the holder's token from 32 goroutines per CPU (after the first,
+//     every admission is at a confirmed mark);
+//
+//   - raise: acquire, admit (which raises the mark: with WaitReplicas one
+//     WAIT), release, from 32 goroutines per CPU on their own resources.
+//
+//     FENCEGATE_REQUIRE_VALKEY=1 go test -run - -bench ReplicaAdmit -benchtime 2s ./fencing/valkeystore/
+func BenchmarkReplicaAdmit(b *testing.B) {
+	p := valkeytest.Start(b)
+	valkeytest.StartReplica(b, p)
+	for _, n := range []int{0, 1} {
+		b.Run("equal/wait="+strconv.Itoa(n), func(b *testing.B) {
+			benchAdmitParallel(b, openWait(b, p.URL(), freshPrefix(), n, nil))
+		})
+		b.Run("raise/wait="+strconv.Itoa(n), func(b *testing.B) {
+			benchRaiseParallel(b, openWait(b, p.URL(), freshPrefix(), n, nil))
+		})
+	}
+}
+
+func benchRaiseParallel(b *testing.B, s *Store) {
+	ctx := context.Background()
+	b.SetParallelism(32)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		res := "raise" + strconv.FormatInt(prefixSeq.Add(1), 10)
+		for pb.Next() {
+			l, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: res, Owner: "w", TTL: time.Minute})
+			if err == nil {
+				var a fencing.Admission
+				if a, err = s.Admit(ctx, fencing.AdmitRequest{Resource: res, Token: l.Token}); err == nil && !a.Raised {
+					b.Error("the admission did not raise the mark")
+					return
+				}
+			}
+			if err == nil {
+				_, err = s.Release(ctx, fencing.ReleaseRequest{Resource: res, Owner: "w", Token: l.Token})
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "raises/s")
+}

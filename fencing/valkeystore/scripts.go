@@ -50,6 +50,7 @@ var (
 	admitScript          = script("admit", false)
 	listScript           = script("list", true)
 	pingScript           = script("ping", false)
+	confirmScript        = script("confirm", false)
 )
 
 // admitSource is the admission script as the store runs it, for comparing

@@ -9,7 +9,8 @@
 // Keys, for resource R under the key prefix P (default "fencegate"), are
 // hash-tagged so that each script touches one cluster slot:
 //
-//	P:{R}        hash: issued and high-water tokens, floor, the most recent
+//	P:{R}        hash: issued and high-water tokens, floor, the highest
+//	             high-water mark confirmed on replicas (see wait.go), the most recent
 //	             lease, how the one before it ended, checkpoint metadata.
 //	             Never expires and is never deleted.
 //	P:{R}:state  the last checkpoint state.
@@ -46,7 +47,8 @@
 //     and issued counter: a token superseded or issued in the lost window
 //     may be admitted again, until a newer token is admitted. appendfsync
 //     always prevents the crash loss on one node, not a failover to a
-//     lagging replica.
+//     lagging replica; Options.WaitReplicas does, for the marks of
+//     admitted writes (see wait.go).
 //
 // Faults are classified here: a request that never left the client
 // (connection refused, dial failure, client closed, server LOADING/BUSY)
@@ -81,6 +83,9 @@ const (
 	DefaultDialTimeout = 5 * time.Second
 	// DefaultCommandTimeout bounds one operation (one script).
 	DefaultCommandTimeout = 2 * time.Second
+	// DefaultWaitTimeout bounds the WAIT for replicas when
+	// Options.WaitReplicas > 0 and Options.WaitTimeout is 0.
+	DefaultWaitTimeout = time.Second
 )
 
 // Options configure Open.
@@ -110,6 +115,21 @@ type Options struct {
 	// TLSConfig overrides the TLS settings of a valkeys:// URL (CA,
 	// client certificate); ignored for valkey://.
 	TLSConfig *tls.Config
+	// WaitReplicas, when > 0, makes Admit confirm with WAIT that the
+	// high-water mark a successful admission relies on has reached at
+	// least this many replicas of the resource's primary, so that a
+	// failover to one of them cannot roll the mark back. An admission whose
+	// mark cannot be confirmed within WaitTimeout fails with
+	// fencing.ErrAmbiguous (the mark stays raised on the primary; the gate
+	// forwards nothing). Only admissions that raise the mark, or rely on a
+	// mark not yet confirmed, wait: one round trip plus the replicas'
+	// acknowledgement. 0 (the default) never waits. Must not be negative.
+	// See wait.go for the design and its limits.
+	WaitReplicas int
+	// WaitTimeout bounds each WAIT for replicas (on top of CommandTimeout);
+	// 0 means DefaultWaitTimeout. Used only when WaitReplicas > 0. Must not
+	// be negative.
+	WaitTimeout time.Duration
 }
 
 // Store is the Valkey fencing.Store. Safe for concurrent use: calls share
@@ -121,6 +141,10 @@ type Store struct {
 	cmdTimeout time.Duration
 	log        *slog.Logger
 	closed     atomic.Bool
+
+	waitReplicas int           // Options.WaitReplicas
+	waitTimeout  time.Duration // Options.WaitTimeout
+	waitMillis   int64         // waitTimeout in whole ms, at least 1 (WAIT's 0 blocks for ever)
 }
 
 var _ fencing.Store = (*Store)(nil)
@@ -154,6 +178,15 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.CommandTimeout <= 0 {
 		opts.CommandTimeout = DefaultCommandTimeout
 	}
+	if opts.WaitReplicas < 0 {
+		return nil, errors.New("valkeystore: WaitReplicas must not be negative")
+	}
+	if opts.WaitTimeout < 0 {
+		return nil, errors.New("valkeystore: WaitTimeout must not be negative")
+	}
+	if opts.WaitTimeout == 0 {
+		opts.WaitTimeout = DefaultWaitTimeout
+	}
 	copt, err := clientOption(opts)
 	if err != nil {
 		return nil, err
@@ -162,7 +195,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("valkeystore: connect to %s: %w", strings.Join(copt.InitAddress, ","), classify("connect", err))
 	}
-	s := &Store{client: client, prefix: opts.KeyPrefix, maxState: opts.MaxCheckpointBytes, cmdTimeout: opts.CommandTimeout, log: opts.Logger}
+	s := &Store{client: client, prefix: opts.KeyPrefix, maxState: opts.MaxCheckpointBytes, cmdTimeout: opts.CommandTimeout, log: opts.Logger,
+		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout, waitMillis: max(opts.WaitTimeout.Milliseconds(), 1)}
 	if err := s.Ping(ctx); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("valkeystore: ping: %w", err)
@@ -170,6 +204,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := s.checkNodes(ctx); err != nil {
 		client.Close()
 		return nil, err
+	}
+	if s.waitReplicas > 0 {
+		s.warnFewReplicas(ctx)
 	}
 	return s, nil
 }
@@ -295,6 +332,24 @@ func (s *Store) checkNode(ctx context.Context, addr string, node valkey.Client) 
 		s.log.Warn("valkeystore: only RDB snapshots are on: a crash rolls back to the last snapshot; enable appendonly yes", "addr", addr)
 	}
 	return true, nil
+}
+
+// warnFewReplicas logs a warning for each primary that has fewer connected
+// replicas than WaitReplicas now: every admission that raises a mark there
+// would fail closed until enough replicas connect. It never fails Open.
+func (s *Store) warnFewReplicas(ctx context.Context) {
+	for addr, node := range s.client.Nodes() {
+		cctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
+		info, err := node.Do(cctx, node.B().Info().Section("replication").Build()).ToString()
+		cancel()
+		if err != nil || infoField(info, "role") != "master" {
+			continue
+		}
+		if n, err := strconv.Atoi(infoField(info, "connected_slaves")); err == nil && n < s.waitReplicas {
+			s.log.Warn("valkeystore: a primary has fewer connected replicas than WaitReplicas; admissions that raise a high-water mark there fail with 503 until enough replicas connect",
+				"addr", addr, "replicas", n, "wait_replicas", s.waitReplicas)
+		}
+	}
 }
 
 // infoField returns field's value from an INFO reply.
@@ -579,6 +634,13 @@ func (s *Store) Status(ctx context.Context, resource string) (fencing.Status, er
 // Admit implements fencing.Store. The check and the raise of the high-water
 // mark are one script. It is idempotent, so a caller may retry it after
 // fencing.ErrAmbiguous with the same token.
+//
+// With Options.WaitReplicas > 0, an admission succeeds only once the mark
+// it relies on is confirmed on that many replicas (see wait.go): an
+// admission at an already confirmed mark costs one script, as without it;
+// one that raises the mark (or relies on an unconfirmed one) also waits
+// for the replicas, up to Options.WaitTimeout, and fails with
+// fencing.ErrAmbiguous when they do not confirm.
 func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Admission, error) {
 	if err := req.Validate(); err != nil {
 		return fencing.Admission{}, err
@@ -587,12 +649,21 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	if req.RequireLive {
 		live = "1"
 	}
-	r, err := s.run(ctx, "admit", admitScript, []string{s.recKey(req.Resource)}, []string{req.Token.String(), live})
+	args := []string{req.Token.String(), live}
+	if s.waitReplicas > 0 {
+		args = append(args, "1") // probe: see wait.go
+	}
+	r, err := s.run(ctx, "admit", admitScript, []string{s.recKey(req.Resource)}, args)
 	if err != nil {
 		return fencing.Admission{}, err
 	}
+	if r[0] == "WAIT" && len(r) == 1 && s.waitReplicas > 0 {
+		if r, err = s.admitWaiting(ctx, req, live); err != nil {
+			return fencing.Admission{}, err
+		}
+	}
 	switch {
-	case r[0] == "OK" && len(r) == 4:
+	case r[0] == "OK" && (len(r) == 4 || len(r) == 5 && s.waitReplicas > 0):
 		issued, ok1 := parseToken(r[1])
 		hw, ok2 := parseToken(r[2])
 		if ok1 && ok2 {

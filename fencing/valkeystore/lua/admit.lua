@@ -3,9 +3,26 @@
 -- KEYS[1] -> <prefix>:{R}        record hash
 -- ARGV[1] -> token (decimal string, 1 to 20 digits, no leading zeros)
 -- ARGV[2] -> "1" to also require a live lease holding the token, else "0"
+-- ARGV[3] -> replication mode (absent means "0"; see valkeystore/wait.go):
+--            "0" plain: admit and raise, no confirmation bookkeeping;
+--            "1" probe: admit only a token equal to a confirmed mark (hw,
+--                the record's "hwc" field, the highest mark a WAIT has
+--                confirmed); for a token that would raise hw or equals an
+--                unconfirmed hw, return {"WAIT"} and write nothing;
+--            "2" write: admit and set hw to the token even when it is equal
+--                (so that the replication offset of this connection covers
+--                the mark, which is what WAIT counts).
 --
 -- Returns one of:
 --   {"OK", issued, hw, raised}   admitted; raised is "1" when hw moved up
+--                                (modes "0" and "1"; mode "1" never raises)
+--   {"OK", issued, hw, raised, confirm}
+--                                admitted (mode "2"); confirm is "1" when
+--                                the caller must WAIT for replicas before
+--                                relying on it (hw was written), "0" when
+--                                the mark is already confirmed
+--   {"WAIT"}                     (mode "1") rerun in mode "2" on a dedicated
+--                                connection and WAIT
 --   {"NOTISSUED", issued}        token > issued (never handed out)
 --   {"STALE", mark}              token < hw (mark = hw), or token <= floor
 --                                (mark = floor + 1): the token predates this
@@ -34,9 +51,31 @@ if ARGV[2] == '1' then
     return {'NOTHELD'}
   end
 end
+local mode = ARGV[3] or '0'
+if mode == '0' then
+  local raised = '0'
+  if fg_cmp(t, hw) > 0 then
+    redis.call('HSET', rec, 'hw', t)
+    raised = '1'
+  end
+  return {'OK', issued, t, raised}
+end
+-- t >= hw here. The mark t is confirmed when hwc >= t (then t == hw).
+local hwc = redis.call('HGET', rec, 'hwc') or '0'
+if fg_cmp(t, hwc) <= 0 then
+  if mode == '2' then
+    return {'OK', issued, t, '0', '0'}
+  end
+  return {'OK', issued, t, '0'}
+end
+if mode == '1' then
+  return {'WAIT'}
+end
 local raised = '0'
 if fg_cmp(t, hw) > 0 then
-  redis.call('HSET', rec, 'hw', t)
   raised = '1'
 end
-return {'OK', issued, t, raised}
+-- Written even when equal: an HSET is replicated whether or not the value
+-- changes, so the WAIT that follows on this connection covers the mark.
+redis.call('HSET', rec, 'hw', t)
+return {'OK', issued, t, raised, '1'}

@@ -7,7 +7,8 @@
 --       <prefix>:{R}:state  string: the last checkpoint state
 --       <prefix>:{R}:live   string: the live lease's token, expiring with
 --                           the lease (PXAT); an index used only by List
---   * Record fields: issued, hw, floor (tokens, decimal strings); owner,
+--   * Record fields: issued, hw, floor, hwc (tokens, decimal strings; hwc,
+--     the highest mark a WAIT confirmed, only with WaitReplicas); owner,
 --     token, ttl (ms), acq, exp (server ms), rel, fin ("1"/"0") for the most
 --     recent lease; p_owner, p_token, p_ended, p_fin for the lease before
 --     it; cp_token, cp_ms, cp_size for the checkpoint.

@@ -210,6 +210,78 @@ func (s *Server) Kill() {
 	}
 }
 
+// Freeze stops the server process with SIGSTOP (its connections stay open
+// but it answers nothing, as a hung or paused node would) until Thaw or the
+// end of the test, which sends SIGCONT.
+func (s *Server) Freeze() {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil || cmd.Process == nil || cmd.Process.Pid <= 0 {
+		s.t.Fatal("valkeytest: Freeze on a server that is not running")
+		return
+	}
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("valkeytest: SIGSTOP %d: %v", cmd.Process.Pid, err)
+	}
+	s.t.Cleanup(s.Thaw)
+}
+
+// Thaw resumes a server stopped by Freeze with SIGCONT. Calling it on a
+// server that is not frozen does nothing.
+func (s *Server) Thaw() {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd != nil && cmd.Process != nil && cmd.Process.Pid > 0 {
+		cmd.Process.Signal(syscall.SIGCONT) // to this PID only
+	}
+}
+
+// StartReplica starts a server (with the same options as Start) that
+// replicates primary (--replicaof), and waits until its replication link is
+// up and primary counts it as a connected replica; it fails the test after
+// 30 s. Kill, Freeze or Restart it like any server.
+func StartReplica(t testing.TB, primary *Server, opts ...Option) *Server {
+	t.Helper()
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.password == "" && primary.pass != "" {
+		c.password = primary.pass
+	}
+	bin, _ := binaries(t)
+	// A full sync would otherwise wait for more replicas to join.
+	primary.MustDo("CONFIG", "SET", "repl-diskless-sync-delay", "0")
+	host, port, _ := net.SplitHostPort(primary.Addr())
+	extra := []string{"--replicaof", host, port}
+	if primary.pass != "" {
+		extra = append(extra, "--masterauth", primary.pass)
+	}
+	r := start(t, bin, c, extra)
+	// Online is not enough: a freshly synced replica may not acknowledge
+	// offsets for up to a second, so also wait until a write on one
+	// connection is confirmed by WAIT 1.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := r.Do("INFO", "replication")
+		pinfo, perr := primary.Do("INFO", "replication")
+		if err == nil && perr == nil && strings.Contains(info, "master_link_status:up") &&
+			strings.Contains(pinfo, "port="+strconv.Itoa(r.port)+",state=online") {
+			acked, err := primary.doAll([]string{"SET", "valkeytest:replica-probe", r.Addr()}, []string{"WAIT", "1", "100"})
+			if err == nil && acked[1] != "0" {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("valkeytest: replica %s of %s not online and acknowledging within 30s: %v %v", r.Addr(), primary.Addr(), err, perr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // Restart kills the server and starts it again on the same port and data
 // directory: empty, unless started WithPersistence (then the AOF is
 // replayed).
@@ -247,6 +319,32 @@ func (s *Server) Do(args ...string) (string, error) {
 		}
 	}
 	return roundTrip(c, r, args...)
+}
+
+// doAll sends commands in order over one fresh connection and returns their
+// replies (as Do renders them); it stops at the first error.
+func (s *Server) doAll(cmds ...[]string) ([]string, error) {
+	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	r := bufio.NewReader(c)
+	if s.pass != "" {
+		if _, err := roundTrip(c, r, "AUTH", s.pass); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]string, 0, len(cmds))
+	for _, cmd := range cmds {
+		reply, err := roundTrip(c, r, cmd...)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, reply)
+	}
+	return out, nil
 }
 
 func roundTrip(c net.Conn, r *bufio.Reader, args ...string) (string, error) {
