@@ -1,11 +1,14 @@
 package leaseapi_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fencegate/fencegate/fencing"
 )
 
 // TestLeaseLifecycle walks every row of the lease API table through its
@@ -90,7 +93,8 @@ func TestLeaseLifecycle(t *testing.T) {
 		if st.num("issued_token") != 1 || st.obj("lease")["owner"] != "w1" || st.obj("checkpoint")["size_bytes"] == nil || st.body["previous"] != nil {
 			t.Fatalf("status while held: %s", st.raw)
 		}
-		if cp := st.obj("checkpoint"); fmt.Sprint(cp["token"]) != "1" || fmt.Sprint(cp["size_bytes"]) != fmt.Sprint(len(`{"done":[1,2,3],"cursor":"abc"}`)) {
+		if cp := st.obj("checkpoint"); fmt.Sprint(cp["token"]) != "1" || fmt.Sprint(cp["size_bytes"]) != fmt.Sprint(len(`{"done":[1,2,3],"cursor":"abc"}`)) ||
+			cp["updated_at"] != start.Add(7*time.Second).Format("2006-01-02T15:04:05.000Z") {
 			t.Fatalf("status checkpoint: %s", st.raw)
 		}
 
@@ -229,6 +233,26 @@ func TestStoreFault(t *testing.T) {
 		wantProblem(t, "readyz on closed store", e.get("/readyz"), 503, "store-unavailable")
 		if e.get("/livez").status != http.StatusOK {
 			t.Fatal("livez depends on the store")
+		}
+	})
+}
+
+// TestStatusTokens checks that status reports the issued token and the
+// high-water mark each from its own source: after an admission of an older
+// token they differ, so a swapped or copied member shows.
+func TestStatusTokens(t *testing.T) {
+	forEachStore(t, func(t *testing.T, k storeKind) {
+		e := newEnv(t, k, nil)
+		wantOK(t, "acquire w1", e.post("/v1/leases/job:1/acquire", `{"owner":"w1"}`))
+		wantOK(t, "release w1", e.post("/v1/leases/job:1/release", `{"owner":"w1","token":1}`))
+		wantOK(t, "acquire w2", e.post("/v1/leases/job:1/acquire", `{"owner":"w2"}`))
+		if _, err := e.store.Admit(context.Background(), fencing.AdmitRequest{Resource: "job:1", Token: 1}); err != nil {
+			t.Fatal(err)
+		}
+		st := e.get("/v1/leases/job:1")
+		wantOK(t, "status", st)
+		if st.num("issued_token") != 2 || st.num("high_water_token") != 1 {
+			t.Fatalf("status after admitting token 1 of 2: %s", st.raw)
 		}
 	})
 }

@@ -143,7 +143,7 @@ func (c *Client) Renew(ctx context.Context, resource, owner string, token fencin
 // another owner holds the resource.
 func (c *Client) Release(ctx context.Context, resource, owner string, token fencing.Token, finished bool) (bool, error) {
 	var out releasedJSON
-	err := c.call(ctx, http.MethodPost, resource, "/release", nil, releaseBody{Owner: owner, Token: token, Finished: finished}, &out)
+	err := c.call(ctx, http.MethodPost, resource, "/release", releaseBody{Owner: owner, Token: token, Finished: finished}, &out)
 	return out.Released && err == nil, err
 }
 
@@ -164,7 +164,7 @@ func (c *Client) Checkpoint(ctx context.Context, resource, owner string, token f
 // previous holder left. No checkpoint: fencing.ErrNoCheckpoint.
 func (c *Client) ReadCheckpoint(ctx context.Context, resource string) (fencing.Checkpoint, error) {
 	var out checkpointJSON
-	if err := c.call(ctx, http.MethodGet, resource, "/checkpoint", nil, nil, &out); err != nil {
+	if err := c.call(ctx, http.MethodGet, resource, "/checkpoint", nil, &out); err != nil {
 		return fencing.Checkpoint{}, err
 	}
 	at, err := parseTime(out.UpdatedAt)
@@ -178,7 +178,7 @@ func (c *Client) ReadCheckpoint(ctx context.Context, resource string) (fencing.C
 // members.
 func (c *Client) Status(ctx context.Context, resource string) (fencing.Status, error) {
 	var out statusJSON
-	if err := c.call(ctx, http.MethodGet, resource, "", nil, nil, &out); err != nil {
+	if err := c.call(ctx, http.MethodGet, resource, "", nil, &out); err != nil {
 		return fencing.Status{}, err
 	}
 	st := fencing.Status{Resource: out.Resource, Issued: out.Issued, HighWater: out.HighWater, Previous: fromPreviousJSON(out.Previous)}
@@ -211,7 +211,7 @@ func (c *Client) List(ctx context.Context, prefix string, limit int) ([]fencing.
 		q.Set("limit", strconv.Itoa(limit))
 	}
 	var out listJSON
-	if err := c.call(ctx, http.MethodGet, listAll, "", q, nil, &out); err != nil {
+	if err := c.do(ctx, http.MethodGet, "/v1/leases", "", q, nil, &out); err != nil {
 		return nil, err
 	}
 	leases := make([]fencing.Lease, 0, len(out.Leases))
@@ -227,29 +227,29 @@ func (c *Client) List(ctx context.Context, prefix string, limit int) ([]fencing.
 
 func (c *Client) leaseCall(ctx context.Context, method, resource, suffix string, body any) (fencing.Lease, error) {
 	var out leaseJSON
-	if err := c.call(ctx, method, resource, suffix, nil, body, &out); err != nil {
+	if err := c.call(ctx, method, resource, suffix, body, &out); err != nil {
 		return fencing.Lease{}, err
 	}
 	return fromLeaseJSON(out)
 }
 
-// listAll, as call's resource, addresses the collection /v1/leases. It is
-// not a valid resource name, so it cannot collide with one.
-const listAll = "\x00list"
-
-// call sends one request to /v1/leases/resource+suffix (or /v1/leases for
-// listAll) and decodes a 2xx answer into out, or a refusal into a
-// *ProblemError.
-func (c *Client) call(ctx context.Context, method, resource, suffix string, query url.Values, body, out any) error {
+// call sends one request about resource to /v1/leases/{resource}+suffix,
+// after checking the name locally, and decodes the answer as do does.
+func (c *Client) call(ctx context.Context, method, resource, suffix string, body, out any) error {
 	if c.baseErr != nil {
 		return c.baseErr
 	}
-	path := "/v1/leases"
-	if resource != listAll {
-		if err := fencing.ValidateResource(resource); err != nil {
-			return err
-		}
-		path += "/" + url.PathEscape(resource) + suffix
+	if err := fencing.ValidateResource(resource); err != nil {
+		return err
+	}
+	return c.do(ctx, method, "/v1/leases/"+url.PathEscape(resource)+suffix, resource, nil, body, out)
+}
+
+// do sends one request to path and decodes a 2xx answer into out, or a
+// refusal into a *ProblemError about resource (empty for the collection).
+func (c *Client) do(ctx context.Context, method, path, resource string, query url.Values, body, out any) error {
+	if c.baseErr != nil {
+		return c.baseErr
 	}
 	target := c.base + path
 	if len(query) > 0 {
@@ -281,9 +281,6 @@ func (c *Client) call(ctx context.Context, method, resource, suffix string, quer
 	defer resp.Body.Close()
 	rb := io.LimitReader(resp.Body, maxResponseBytes)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		if resource == listAll {
-			resource = ""
-		}
 		return readProblem(resp, rb, resource)
 	}
 	if err := json.NewDecoder(rb).Decode(out); err != nil {

@@ -152,8 +152,8 @@ func TestClientErrors(t *testing.T) {
 				t.Errorf("%s: %v, want a local ErrInvalid", name, err)
 			}
 		}
-		if st, _ := c.Status(ctx, "job:3"); st.Issued != 0 {
-			t.Fatal("a locally refused acquire reached the server")
+		if st, err := c.Status(ctx, "job:3"); err != nil || st.Issued != 0 {
+			t.Fatalf("a locally refused acquire reached the server: %+v, %v", st, err)
 		}
 
 		// Store fault: ErrUnavailable.

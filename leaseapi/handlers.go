@@ -8,10 +8,10 @@ import (
 	"strconv"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/fencing/reqid"
 )
 
 // fail answers err as a problem. When the client has gone away (its
@@ -20,10 +20,33 @@ import (
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if ctxErr := r.Context().Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 		s.log.LogAttrs(r.Context(), slog.LevelDebug, "client gone",
-			slog.String("request_id", middleware.GetReqID(r.Context())), slog.String("path", r.URL.Path))
+			slog.String("request_id", reqid.From(r)), slog.String("path", r.URL.Path))
 		return
 	}
 	problem.Write(w, r, s.log, err)
+}
+
+// resourceCall serves one call on the resource name, already taken from
+// the path and validated. It returns the answer to send as 200 JSON, or the
+// error to send as a problem; it writes nothing itself (w is only for
+// bounding the request body).
+type resourceCall func(w http.ResponseWriter, r *http.Request, name string) (any, error)
+
+// onResource adapts a resourceCall: an invalid {resource} is refused before
+// the call runs, and the call's answer or error is written.
+func (s *Server) onResource(call resourceCall) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name, err := resource(r)
+		var out any
+		if err == nil {
+			out, err = call(w, r, name)
+		}
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		writeJSON(w, out)
+	}
 }
 
 // resource returns the {resource} path parameter, percent-decoded and
@@ -58,32 +81,25 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]string{"status": "ready"})
 }
 
-func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request) {
-	name, err := resource(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
+// The calls below leave the bounds of owner, token and state to the store,
+// which validates every request before it changes anything (see
+// fencing.Store); they check here only what the store never sees: the
+// body's shape and the optional seconds.
+
+func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	var body acquireBody
 	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
 	ttl, err := seconds(body.TTLSeconds, s.defaultTTL, fencing.MaxTTL, fencing.ValidateTTL)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
 	wait, err := seconds(body.WaitSeconds, 0, fencing.MaxWait, fencing.ValidateWait)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
 	req := fencing.AcquireRequest{Resource: name, Owner: body.Owner, TTL: ttl}
-	if err := req.Validate(); err != nil {
-		s.fail(w, r, err)
-		return
-	}
 	var lease fencing.Lease
 	if wait > 0 {
 		lease, err = fencing.AcquireWait(r.Context(), s.store, req, wait)
@@ -91,105 +107,70 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request) {
 		lease, err = s.store.Acquire(r.Context(), req)
 	}
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
-	writeJSON(w, toLeaseJSON(lease))
+	return toLeaseJSON(lease), nil
 }
 
-func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
-	name, err := resource(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
+func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	var body renewBody
 	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
 	ttl, err := seconds(body.TTLSeconds, 0, fencing.MaxTTL, fencing.ValidateTTL)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
 	lease, err := s.store.Renew(r.Context(), fencing.RenewRequest{Resource: name, Owner: body.Owner, Token: body.Token, TTL: ttl})
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
-	writeJSON(w, toLeaseJSON(lease))
+	return toLeaseJSON(lease), nil
 }
 
-func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
-	name, err := resource(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
+func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	var body releaseBody
 	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
 	released, err := s.store.Release(r.Context(), fencing.ReleaseRequest{Resource: name, Owner: body.Owner, Token: body.Token, Finished: body.Finished})
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
-	writeJSON(w, releasedJSON{Released: released})
+	return releasedJSON{Released: released}, nil
 }
 
-func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request) {
-	name, err := resource(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
+func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	var body checkpointBody
 	if err := decodeBody(w, r, s.checkpointLimit, &body); err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
 	lease, err := s.store.Checkpoint(r.Context(), fencing.CheckpointRequest{Resource: name, Owner: body.Owner, Token: body.Token, State: body.State})
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
-	writeJSON(w, toLeaseJSON(lease))
+	return toLeaseJSON(lease), nil
 }
 
-func (s *Server) handleReadCheckpoint(w http.ResponseWriter, r *http.Request) {
-	name, err := resource(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
+func (s *Server) handleReadCheckpoint(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	cp, err := s.store.ReadCheckpoint(r.Context(), name)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
-	writeJSON(w, checkpointJSON{State: cp.State, Token: cp.Token, UpdatedAt: problem.FormatTime(cp.UpdatedAt), Previous: toPreviousJSON(cp.Previous)})
+	return checkpointJSON{State: cp.State, Token: cp.Token, UpdatedAt: problem.FormatTime(cp.UpdatedAt), Previous: toPreviousJSON(cp.Previous)}, nil
 }
 
-func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
-	name, err := resource(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	st, err := s.store.Status(r.Context(), name)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
-	writeJSON(w, toStatusJSON(st))
+	return toStatusJSON(st), nil
 }
 
 // handleList answers the live leases. limit is 1 to fencing.MaxListLimit
 // (absent or empty: MaxListLimit); prefix is empty or a resource name
-// prefix.
+// prefix, which the store validates.
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	for name := range q {
@@ -208,10 +189,6 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		req.Limit = n
-	}
-	if err := req.Validate(); err != nil {
-		s.fail(w, r, err)
-		return
 	}
 	leases, err := s.store.List(r.Context(), req)
 	if err != nil {

@@ -178,6 +178,10 @@ func tooLarge(limit int64) error {
 // would accept the last two silently, so {"Owner":"a","owner":"b"} could
 // mean something other than what its sender read. limit is only quoted in
 // the too-large message.
+//
+// The body is read whole and checked as JSON first, so a body that is too
+// large or malformed is refused as such (413 or invalid-json) whatever its
+// members; only then are the members decoded, each straight into its field.
 func decodeJSON(body io.Reader, limit int64, dst any) error {
 	dec := json.NewDecoder(body)
 	var raw json.RawMessage
@@ -193,51 +197,51 @@ func decodeJSON(body io.Reader, limit int64, dst any) error {
 	default:
 		return problem.New(http.StatusBadRequest, "invalid-json", "the request body must hold a single JSON object, with nothing after it")
 	}
-	if err := checkMembers(raw, dst); err != nil {
-		return err
-	}
-	strict := json.NewDecoder(bytes.NewReader(raw))
-	strict.DisallowUnknownFields()
-	if err := strict.Decode(dst); err != nil {
-		return decodeProblem(err, limit)
-	}
-	return nil
+	return decodeMembers(raw, reflect.ValueOf(dst).Elem())
 }
 
-// checkMembers checks that raw is a JSON object whose member names are
-// fields of dst's struct, spelled exactly, each at most once.
-func checkMembers(raw json.RawMessage, dst any) error {
-	known := map[string]bool{}
-	t := reflect.TypeOf(dst).Elem()
-	for i := range t.NumField() {
-		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
-			known[name] = true
-		}
-	}
+// decodeMembers decodes raw, well-formed JSON, into the struct v: raw must
+// be an object whose member names are json names of v's fields, spelled
+// exactly, each at most once. A JSON null leaves its field as it is.
+func decodeMembers(raw json.RawMessage, v reflect.Value) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return problem.New(http.StatusBadRequest, "invalid-json", "the request body must be a JSON object")
 	}
-	seen := map[string]bool{}
+	seen := make([]bool, v.NumField())
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
 			return problem.New(http.StatusBadRequest, "invalid-json", "the request body is not valid JSON")
 		}
 		name, _ := tok.(string)
+		i := fieldIndex(v.Type(), name)
 		switch {
-		case !known[name]:
+		case i < 0:
 			return problem.From(&fencing.ValidationError{Field: fmt.Sprintf("%q", truncateName(name)), Reason: "is not a member of this request (names are case-sensitive)"})
-		case seen[name]:
+		case seen[i]:
 			return problem.From(&fencing.ValidationError{Field: fmt.Sprintf("%q", name), Reason: "appears more than once"})
 		}
-		seen[name] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
+		seen[i] = true
+		if err := dec.Decode(v.Field(i).Addr().Interface()); err != nil {
+			var typ *json.UnmarshalTypeError
+			if errors.As(err, &typ) {
+				return problem.New(http.StatusBadRequest, "invalid-request", fmt.Sprintf("%s must be %s", name, describe(typ.Type)))
+			}
 			return problem.New(http.StatusBadRequest, "invalid-json", "the request body is not valid JSON")
 		}
 	}
 	return nil
+}
+
+// fieldIndex returns the index of t's field whose json name is name, or -1.
+func fieldIndex(t reflect.Type, name string) int {
+	for i := range t.NumField() {
+		if tag, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); tag == name && tag != "" && tag != "-" {
+			return i
+		}
+	}
+	return -1
 }
 
 // truncateName bounds a client-supplied member name quoted in an error.
@@ -253,13 +257,10 @@ func isMaxBytes(err error) bool {
 	return errors.As(err, &mb)
 }
 
-// decodeProblem explains a decoding error to the client. The texts quote
-// only the client's own input and the expected shape.
+// decodeProblem explains an error of reading the body as one JSON value.
+// The texts quote only the client's own input and the expected shape.
 func decodeProblem(err error, limit int64) error {
-	var (
-		syntax *json.SyntaxError
-		typ    *json.UnmarshalTypeError
-	)
+	var syntax *json.SyntaxError
 	switch {
 	case isMaxBytes(err):
 		return tooLarge(limit)
@@ -269,13 +270,6 @@ func decodeProblem(err error, limit int64) error {
 		return problem.New(http.StatusBadRequest, "invalid-json", "the request body ends before its JSON value is complete")
 	case errors.As(err, &syntax):
 		return problem.New(http.StatusBadRequest, "invalid-json", fmt.Sprintf("the request body is not valid JSON: %s (at byte %d)", syntax.Error(), syntax.Offset))
-	case errors.As(err, &typ):
-		if typ.Field == "" {
-			return problem.New(http.StatusBadRequest, "invalid-json", "the request body must be a JSON object")
-		}
-		return problem.New(http.StatusBadRequest, "invalid-request", fmt.Sprintf("%s must be %s", typ.Field, describe(typ.Type)))
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		return problem.New(http.StatusBadRequest, "invalid-request", "unknown member "+strings.TrimPrefix(err.Error(), "json: unknown field "))
 	}
 	return problem.New(http.StatusBadRequest, "invalid-json", "the request body is not valid JSON")
 }

@@ -10,9 +10,9 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/fencing/reqid"
 )
 
 // noStore forbids caching: every answer describes lease state at one
@@ -38,7 +38,7 @@ func (s *Server) recoverer(next http.Handler) http.Handler {
 				panic(v)
 			}
 			s.log.LogAttrs(r.Context(), slog.LevelError, "handler panic",
-				slog.String("request_id", middleware.GetReqID(r.Context())),
+				slog.String("request_id", reqid.From(r)),
 				slog.String("method", r.Method), slog.String("path", r.URL.Path),
 				slog.String("panic", fmt.Sprint(v)), slog.String("stack", string(debug.Stack())))
 			problem.Write(w, r, nil, problem.New(http.StatusInternalServerError, "internal-error", "internal error"))

@@ -31,12 +31,12 @@ func (s *Server) routes() *chi.Mux {
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.authenticate)
 		r.Get("/leases", s.handleList)
-		r.Get("/leases/{resource}", s.handleStatus)
-		r.Post("/leases/{resource}/acquire", s.handleAcquire)
-		r.Post("/leases/{resource}/renew", s.handleRenew)
-		r.Post("/leases/{resource}/release", s.handleRelease)
-		r.Put("/leases/{resource}/checkpoint", s.handleCheckpoint)
-		r.Get("/leases/{resource}/checkpoint", s.handleReadCheckpoint)
+		r.Get("/leases/{resource}", s.onResource(s.handleStatus))
+		r.Post("/leases/{resource}/acquire", s.onResource(s.handleAcquire))
+		r.Post("/leases/{resource}/renew", s.onResource(s.handleRenew))
+		r.Post("/leases/{resource}/release", s.onResource(s.handleRelease))
+		r.Put("/leases/{resource}/checkpoint", s.onResource(s.handleCheckpoint))
+		r.Get("/leases/{resource}/checkpoint", s.onResource(s.handleReadCheckpoint))
 	})
 	return r
 }

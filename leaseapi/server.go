@@ -55,7 +55,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
@@ -127,8 +126,7 @@ type Server struct {
 	metrics         http.Handler
 	telemetry       bool // tag spans and metrics with the route pattern
 	draining        atomic.Bool
-	mux             *chi.Mux
-	handler         http.Handler // mux, wrapped with otelhttp when telemetry is on
+	handler         http.Handler // the routes, wrapped with otelhttp when telemetry is on
 }
 
 var _ http.Handler = (*Server)(nil)
@@ -167,10 +165,9 @@ func NewServer(opts Options) *Server {
 	if s.authOn {
 		s.authSum = sha256.Sum256([]byte(opts.AuthToken))
 	}
-	s.mux = s.routes()
-	s.handler = s.mux
+	s.handler = s.routes()
 	if s.telemetry {
-		s.handler = instrument(s.mux, opts)
+		s.handler = instrument(s.handler, opts)
 	}
 	return s
 }

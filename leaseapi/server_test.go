@@ -1,10 +1,15 @@
 package leaseapi_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -199,6 +204,69 @@ func TestPanicBecomesProblem(t *testing.T) {
 	wantProblem(t, "panicking store", e.post("/v1/leases/job:1/acquire", `{"owner":"w"}`), 500, "internal-error")
 	spy.panic.Store(false)
 	wantOK(t, "after panic", e.post("/v1/leases/job:1/acquire", `{"owner":"w"}`))
+}
+
+// TestFailuresLoggedWithRequestID checks DESIGN §5 on the API listener: an
+// internal error says only "internal error", a store fault says nothing of
+// its cause, and each cause is logged beside the request id the response
+// carries.
+func TestFailuresLoggedWithRequestID(t *testing.T) {
+	var logs syncBuffer
+	clock := newFakeClock()
+	spy := &spyStore{Store: storeKinds[0].open(t, clock), held: make(chan struct{}, 1)}
+	e := newEnvWith(t, clock, spy, func(o *leaseapi.Options) { o.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
+
+	spy.panic.Store(true)
+	a := e.req(http.MethodPost, "/v1/leases/job:1/acquire", "application/json", `{"owner":"w"}`, "X-Request-Id", "req-panic-1")
+	wantProblem(t, "panic", a, 500, "internal-error")
+	if a.str("detail") != "internal error" || strings.Contains(string(a.raw), "boom") {
+		t.Fatalf("panic answer says more than internal error: %s", a.raw)
+	}
+	spy.panic.Store(false)
+
+	if err := spy.Store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f := e.req(http.MethodGet, "/v1/leases/job:1", "", "", "X-Request-Id", "req-fault-2")
+	wantProblem(t, "closed store", f, 503, "store-unavailable")
+
+	lines := map[string]map[string]any{}
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if id, _ := m["request_id"].(string); id != "" {
+			lines[id] = m
+		}
+	}
+	if m := lines["req-panic-1"]; m == nil || !strings.Contains(fmt.Sprint(m["panic"]), "boom") {
+		t.Errorf("panic not logged with its request id: %s", logs.String())
+	}
+	if m := lines["req-fault-2"]; m == nil || m["code"] != "store-unavailable" || m["error"] == nil {
+		t.Errorf("store fault not logged with its cause and request id: %s", logs.String())
+	}
+	if detail := f.str("detail"); strings.Contains(detail, fmt.Sprint(lines["req-fault-2"]["error"])) {
+		t.Errorf("store fault answer quotes its cause: %s", f.raw)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the server's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func TestNewServerRejectsBadOptions(t *testing.T) {

@@ -15,9 +15,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/go-chi/chi/v5/middleware"
-
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/reqid"
 )
 
 // ContentType is the media type of every error body.
@@ -100,7 +99,7 @@ func Write(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) 
 	p := From(err)
 	if p.Cause != nil && log != nil && (p.Status >= 500) {
 		attrs := []slog.Attr{
-			slog.String("request_id", middleware.GetReqID(r.Context())),
+			slog.String("request_id", reqid.From(r)),
 			slog.String("code", p.Code), slog.String("method", r.Method), slog.String("path", r.URL.Path),
 			slog.String("error", p.Cause.Error()),
 		}

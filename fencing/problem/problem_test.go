@@ -2,6 +2,7 @@ package problem
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/fencegate/fencegate/fencing"
 )
@@ -40,7 +43,9 @@ func TestTable(t *testing.T) {
 		var logs bytes.Buffer
 		log := slog.New(slog.NewJSONHandler(&logs, nil))
 		rec := httptest.NewRecorder()
-		Write(rec, httptest.NewRequest("POST", "/x", nil), log, tc.err)
+		req := httptest.NewRequest("POST", "/x", nil)
+		req = req.WithContext(context.WithValue(req.Context(), middleware.RequestIDKey, "req-77"))
+		Write(rec, req, log, tc.err)
 		if rec.Code != tc.status {
 			t.Errorf("%v: status %d, want %d", tc.err, rec.Code, tc.status)
 		}
@@ -61,8 +66,8 @@ func TestTable(t *testing.T) {
 			if strings.Contains(rec.Body.String(), "10.1.2.3") || strings.Contains(rec.Body.String(), "hunter2") {
 				t.Errorf("%v: the cause leaked to the client: %s", tc.err, rec.Body)
 			}
-			if !strings.Contains(logs.String(), tc.err.Error()) {
-				t.Errorf("%v: the cause was not logged: %s", tc.err, logs.String())
+			if !strings.Contains(logs.String(), tc.err.Error()) || !strings.Contains(logs.String(), `"request_id":"req-77"`) {
+				t.Errorf("%v: the cause was not logged with the request id: %s", tc.err, logs.String())
 			}
 		}
 	}
