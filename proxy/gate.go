@@ -35,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -138,7 +139,8 @@ type Gate struct {
 	rp             *httputil.ReverseProxy
 	barrier        *barrier.Barrier
 	writes         metric.Int64Counter
-	handler        http.Handler // serve, wrapped with otelhttp when telemetry is on
+	writeOpts      map[writeKey][]metric.AddOption // read-only after New
+	handler        http.Handler                    // serve, wrapped with otelhttp when telemetry is on
 	// barrierOff skips the barrier wait. Only tests set it, to show the
 	// reordering the barrier prevents.
 	barrierOff bool
@@ -256,8 +258,9 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	strict := rule != nil && rule.Strict
-	span := trace.SpanFromContext(r.Context())
-	span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(token)))
+	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+		span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(token)))
+	}
 
 	// Register before the admission check: any write admitted before this
 	// one is already registered, so the wait below cannot miss it.
@@ -381,11 +384,10 @@ func retryAfter(heldUntil time.Time) int {
 // which resource and token were checked: with route rules, the resource
 // comes from the path, which a caller may not expect.
 func (g *Gate) refuseWrite(w http.ResponseWriter, r *http.Request, err error, resource string, token fencing.Token) {
-	p := *problem.From(err) // a copy: the extension members are this write's
-	p.Extra = make(map[string]any, len(p.Extra)+2)
-	for k, v := range problem.From(err).Extra {
-		p.Extra[k] = v
-	}
+	src := problem.From(err)
+	p := *src // a copy: the extension members are this write's
+	p.Extra = make(map[string]any, len(src.Extra)+2)
+	maps.Copy(p.Extra, src.Extra)
 	p.Extra["resource"] = resource
 	p.Extra["token"] = token
 	g.refuse(w, r, &p)
@@ -433,14 +435,13 @@ func (g *Gate) modifyResponse(resp *http.Response) error {
 // timeout → 504, anything else → 502. For a fenced write whose request may
 // have reached the upstream, the barrier stays closed for the grace period.
 func (g *Gate) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
-	var t *barrier.Ticket
 	fw, _ := r.Context().Value(flightKey{}).(*fencedWrite)
+	sent := !notSent(err)
 	if fw != nil {
-		t = fw.ticket
-		if notSent(err) {
-			t.Leave()
+		if sent {
+			fw.ticket.Hold(g.grace)
 		} else {
-			t.Hold(g.grace)
+			fw.ticket.Leave()
 		}
 	}
 	if r.Context().Err() != nil {
@@ -452,12 +453,12 @@ func (g *Gate) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	var p *problem.Error
 	if isTimeout(err) {
 		p = problem.New(http.StatusGatewayTimeout, "upstream-timeout", "the upstream did not answer in time")
-		if t != nil {
+		if fw != nil {
 			p.Detail += "; the write may still be applied by the upstream"
 		}
 	} else {
 		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream could not be reached or failed before answering")
-		if t != nil && !notSent(err) {
+		if fw != nil && sent {
 			p.Detail += "; the write may have been applied by the upstream"
 		}
 	}

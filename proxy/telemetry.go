@@ -55,10 +55,41 @@ var (
 	attrCode     = attribute.Key("fencegate.gate.code")
 )
 
+// writeCodes are the outcome codes count can report (those MetricWrites
+// lists, plus invalid-request, which problem.From gives a store's
+// validation error), and writeMethods the values of its method attribute.
+var (
+	writeCodes = []string{CodeAdmitted, CodeUnfenced, CodeClientGone,
+		"token-required", "invalid-token", "resource-required", "write-denied",
+		"stale-token", "token-not-issued", "lease-not-held", "store-unavailable",
+		"barrier-timeout", "upstream-timeout", "upstream-unavailable",
+		"internal-error", "invalid-request"}
+	writeMethods = []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, "_OTHER"}
+)
+
+// writeKey is a (code, method) pair of MetricWrites.
+type writeKey struct{ code, method string }
+
+// writeAttrs is the measurement option of one (code, method) pair, as the
+// variadic slice Add takes.
+func writeAttrs(k writeKey) []metric.AddOption {
+	return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
+		attribute.String("code", k.code), attribute.String("method", k.method)))}
+}
+
 // instrument creates the counter and wraps serve with otelhttp when a
 // provider is set; with neither, requests go straight to serve.
 func (g *Gate) instrument(opts Options) error {
 	g.handler = http.HandlerFunc(g.serve)
+	// Every attribute set count can use, built once: a write then counts
+	// without sorting or allocating one.
+	g.writeOpts = make(map[writeKey][]metric.AddOption, len(writeCodes)*len(writeMethods))
+	for _, c := range writeCodes {
+		for _, m := range writeMethods {
+			k := writeKey{c, m}
+			g.writeOpts[k] = writeAttrs(k)
+		}
+	}
 	mp, tp := opts.MeterProvider, opts.TracerProvider
 	if mp == nil && tp == nil {
 		g.writes, _ = metricnoop.Meter{}.Int64Counter(MetricWrites)
@@ -111,10 +142,16 @@ func spanName(_ string, r *http.Request) string {
 // count records one write's final outcome on the counter and the span.
 func (g *Gate) count(r *http.Request, code string) {
 	ctx := r.Context()
-	trace.SpanFromContext(ctx).SetAttributes(attrCode.String(code))
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attrCode.String(code))
+	}
+	k := writeKey{code, writeMethod(r.Method)}
+	opts, ok := g.writeOpts[k]
+	if !ok {
+		opts = writeAttrs(k) // a code missing from writeCodes
+	}
 	// WithoutCancel: a write whose client left is counted all the same.
-	g.writes.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(
-		attribute.String("code", code), attribute.String("method", writeMethod(r.Method))))
+	g.writes.Add(context.WithoutCancel(ctx), 1, opts...)
 }
 
 // writeMethod bounds the method attribute of MetricWrites.
