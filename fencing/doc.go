@@ -5,8 +5,10 @@
 // The contract, for every resource R:
 //
 //   - Tokens never repeat and never go backwards. Each acquisition of R by a
-//     new owner (or after the previous lease ended) gets issued(R)+1. The same
-//     owner re-acquiring a live lease extends it and keeps its token.
+//     new owner (or after the previous lease ended) gets a token above
+//     issued(R): issued(R)+1 in the memory and file stores, possibly more in
+//     the Valkey store, whose tokens follow its server clock. The same owner
+//     re-acquiring a live lease extends it and keeps its token.
 //   - Admission is atomic in the store: a write with token t is admitted only
 //     if high_water(R) <= t <= issued(R), and admission raises high_water(R)
 //     to t in the same atomic store operation.

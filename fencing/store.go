@@ -15,9 +15,10 @@ import (
 // ErrUnavailable (not performed), ErrAmbiguous (may have been performed) or
 // ErrStoreLost; see IsStoreFault. Stores validate every request themselves.
 type Store interface {
-	// Acquire takes a lease. No live lease: a new lease with token
-	// issued+1. Live lease of the same owner: extended by req.TTL, same
-	// token. Live lease of another owner: *LeaseHeldError.
+	// Acquire takes a lease. No live lease: a new lease with a token
+	// above issued (issued+1, or more where a store's tokens skip ahead,
+	// as the Valkey store's do). Live lease of the same owner: extended by
+	// req.TTL, same token. Live lease of another owner: *LeaseHeldError.
 	Acquire(ctx context.Context, req AcquireRequest) (Lease, error)
 	// Renew extends the live lease if req.Owner and req.Token both match
 	// it; otherwise ErrLeaseLost. An expired lease is not revived.

@@ -163,15 +163,20 @@ func (s *Store) classify(err error, committing bool) error {
 
 // load reads the resource's record in tx; a missing one is empty.
 func load(tx *bolt.Tx, resource string) (*record.Record, error) {
-	r := &record.Record{}
 	b := tx.Bucket(bucketRecords)
 	if b == nil {
 		return nil, errors.New("records bucket missing")
 	}
 	v := b.Get([]byte(resource))
 	if v == nil {
-		return r, nil
+		return &record.Record{}, nil
 	}
+	return decode(resource, v)
+}
+
+// decode parses a stored record.
+func decode(resource string, v []byte) (*record.Record, error) {
+	r := &record.Record{}
 	if err := json.Unmarshal(v, r); err != nil {
 		return nil, fmt.Errorf("corrupt record for %q: %w", resource, err)
 	}
@@ -348,11 +353,12 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 		now := s.clock.Now()
 		c := tx.Bucket(bucketRecords).Cursor()
 		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-			var r record.Record
-			if err := json.Unmarshal(v, &r); err != nil {
-				return fmt.Errorf("corrupt record for %q: %w", k, err)
+			name := string(k)
+			r, err := decode(name, v)
+			if err != nil {
+				return err
 			}
-			if l, ok := r.Live(string(k), now); ok {
+			if l, ok := r.Live(name, now); ok {
 				leases = append(leases, l)
 				if len(leases) == limit {
 					break

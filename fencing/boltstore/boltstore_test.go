@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/boltstore"
 	"github.com/fencegate/fencegate/fencing/fencingtest"
@@ -184,6 +186,32 @@ func TestOpenRefusesBadOptions(t *testing.T) {
 		t.Fatal("Open of a junk file succeeded")
 	} else if !errors.Is(err, fencing.ErrUnavailable) || !strings.Contains(err.Error(), junk) {
 		t.Fatalf("Open of a junk file: %v, want ErrUnavailable naming the file", err)
+	}
+}
+
+// TestOpenRefusesOtherFormatVersion: a file stamped with another layout
+// version (a future fencegate's) is refused, not misread or rewritten.
+func TestOpenRefusesOtherFormatVersion(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fencegate.db")
+	open(t, path, boltstore.Options{}).Close()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("meta")).Put([]byte("format"), []byte("2"))
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := boltstore.Open(path, boltstore.Options{}); err == nil {
+		st.Close()
+		t.Fatal("Open of a file with format version 2 succeeded")
+	} else if !errors.Is(err, fencing.ErrUnavailable) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), `"2"`) {
+		t.Fatalf("Open of a file with format version 2: %v, want ErrUnavailable naming the file and the version", err)
 	}
 }
 

@@ -25,8 +25,29 @@ func testTokenMonotonicAcrossRelease(s *suite) {
 	if a2.Token <= b.Token {
 		s.t.Fatalf("token of returning owner %d, want > %d", a2.Token, b.Token)
 	}
-	if st := s.status(res); st.Issued != a2.Token {
-		s.t.Fatalf("issued %d, want the newest token %d", st.Issued, a2.Token)
+	// The same owner again, with nobody in between: a released lease is
+	// never revived either.
+	if !s.release(a2, false) {
+		s.t.Fatal("release of a live lease reported false")
+	}
+	a3 := s.acquire(res, "alice", longTTL)
+	if a3.Token <= a2.Token {
+		s.t.Fatalf("same owner's token after its own release %d, want > %d", a3.Token, a2.Token)
+	}
+	// Its old token names an ended lease with a newer one issued: lost.
+	_, err := s.st.Renew(s.ctx, fencing.RenewRequest{Resource: res, Owner: "alice", Token: a2.Token})
+	s.wantErr("Renew with the same owner's older token", err, fencing.ErrLeaseLost)
+	_, err = s.st.Checkpoint(s.ctx, fencing.CheckpointRequest{Resource: res, Owner: "alice", Token: a2.Token, State: []byte(`1`)})
+	s.wantErr("Checkpoint with the same owner's older token", err, fencing.ErrLeaseLost)
+	ok, err := s.st.Release(s.ctx, fencing.ReleaseRequest{Resource: res, Owner: "alice", Token: a2.Token})
+	s.wantErr("Release with the same owner's older token", err, fencing.ErrLeaseLost)
+	if ok {
+		s.t.Fatal("Release with the same owner's older token reported released")
+	}
+	st := s.status(res)
+	s.wantLeaseIs("lease after calls with an older token", st.Lease, a3)
+	if st.Issued != a3.Token {
+		s.t.Fatalf("issued %d, want the newest token %d", st.Issued, a3.Token)
 	}
 }
 
@@ -196,13 +217,23 @@ func testReleaseTwice(s *suite) {
 	if s.release(l, false) {
 		s.t.Fatal("second Release reported true, want false: the lease had already ended")
 	}
+	// A late release changes nothing, finished flag included.
+	if s.release(l, true) {
+		s.t.Fatal("third Release reported true, want false: the lease had already ended")
+	}
+	// Another owner naming the ended lease is lost, not "already ended".
+	ok, err := s.st.Release(s.ctx, fencing.ReleaseRequest{Resource: res, Owner: "bob", Token: l.Token})
+	s.wantErr("Release of an ended lease by another owner", err, fencing.ErrLeaseLost)
+	if ok {
+		s.t.Fatal("Release of an ended lease by another owner reported released")
+	}
 	st := s.status(res)
 	if st.Lease != nil || st.Issued != l.Token {
 		s.t.Fatalf("status after release %+v, want no lease and issued %d", st, l.Token)
 	}
 	s.wantPrevious("status after release", st.Previous, "alice", l.Token, fencing.EndReleased, false)
 	// The ended lease cannot be renewed or checkpointed.
-	_, err := s.st.Renew(s.ctx, fencing.RenewRequest{Resource: res, Owner: "alice", Token: l.Token})
+	_, err = s.st.Renew(s.ctx, fencing.RenewRequest{Resource: res, Owner: "alice", Token: l.Token})
 	s.wantErr("Renew after release", err, fencing.ErrLeaseLost)
 	_, err = s.st.Checkpoint(s.ctx, fencing.CheckpointRequest{Resource: res, Owner: "alice", Token: l.Token, State: []byte(`1`)})
 	s.wantErr("Checkpoint after release", err, fencing.ErrLeaseLost)
@@ -255,6 +286,8 @@ func testRenewAfterExpiryLost(s *suite) {
 	if l2.Token <= l.Token {
 		s.t.Fatalf("re-acquire after expiry got token %d, want > %d", l2.Token, l.Token)
 	}
+	// The re-acquisition is a new lease: the old one is history.
+	s.wantPrevious("status after the same owner re-acquired", s.status(res).Previous, "alice", l.Token, fencing.EndExpired, false)
 }
 
 func testExpiryFollowsClock(s *suite) {

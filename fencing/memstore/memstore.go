@@ -67,8 +67,9 @@ func (s *Store) rec(resource string) *record.Record {
 	return &record.Record{}
 }
 
-// apply runs op on a copy of the resource's record and keeps the copy only
-// when op succeeds, so a refusal changes nothing.
+// apply runs op on the resource's record in place. A record method that
+// refuses leaves the record unchanged (record's contract), so a refusal
+// changes nothing; a new record is kept only when op succeeds.
 func apply[T any](s *Store, ctx context.Context, resource string, op func(r *record.Record) (T, error)) (T, error) {
 	var zero T
 	if err := ctx.Err(); err != nil {
@@ -78,30 +79,18 @@ func apply[T any](s *Store, ctx context.Context, resource string, op func(r *rec
 		return zero, err
 	}
 	defer s.mu.Unlock()
-	r := clone(s.rec(resource))
+	r, ok := s.records[resource]
+	if !ok {
+		r = &record.Record{}
+	}
 	v, err := op(r)
 	if err != nil {
 		return zero, err
 	}
-	s.records[resource] = r
+	if !ok {
+		s.records[resource] = r
+	}
 	return v, nil
-}
-
-func clone(r *record.Record) *record.Record {
-	c := *r
-	if r.Last != nil {
-		l := *r.Last
-		c.Last = &l
-	}
-	if r.Prior != nil {
-		p := *r.Prior
-		c.Prior = &p
-	}
-	if r.Saved != nil {
-		cp := *r.Saved
-		c.Saved = &cp
-	}
-	return &c
 }
 
 // Acquire implements fencing.Store.
@@ -207,24 +196,9 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	if err := req.Validate(); err != nil {
 		return fencing.Admission{}, err
 	}
-	if err := ctx.Err(); err != nil {
-		return fencing.Admission{}, err
-	}
-	if err := s.lock(); err != nil {
-		return fencing.Admission{}, err
-	}
-	defer s.mu.Unlock()
-	r, ok := s.records[req.Resource]
-	if !ok {
-		r = &record.Record{}
-	}
-	// Admit changes the record only on success, and only the high-water
-	// mark, so it may run on the stored record directly.
-	a, err := r.Admit(req, s.clock.Now())
-	if err == nil && !ok {
-		s.records[req.Resource] = r
-	}
-	return a, err
+	return apply(s, ctx, req.Resource, func(r *record.Record) (fencing.Admission, error) {
+		return r.Admit(req, s.clock.Now())
+	})
 }
 
 // Ping implements fencing.Store.

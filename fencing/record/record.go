@@ -3,7 +3,9 @@
 // transaction (the memory and file stores). Each method applies one
 // operation of fencing.Store to a Record at a given instant; the caller makes
 // the read-modify-write atomic and persists the Record when the method says
-// it changed. Requests must already be validated.
+// it changed. A method that returns an error leaves the Record exactly as it
+// was, so a store may apply it to its stored Record in place. Requests must
+// already be validated.
 //
 // Times are stored as Unix milliseconds: a persisted lease keeps its
 // wall-clock expiry across restarts, and millisecond precision is what the

@@ -62,7 +62,7 @@ func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
 
 // TestRefusalsChangeNothing runs every refusal on a record with history and
 // checks the record is byte-for-byte the same afterwards: the stores rely on
-// it (memstore admits on the stored record in place).
+// it (memstore applies every operation to the stored record in place).
 func TestRefusalsChangeNothing(t *testing.T) {
 	const res = "job:1"
 	var r record.Record
@@ -80,10 +80,13 @@ func TestRefusalsChangeNothing(t *testing.T) {
 		{"acquire held", second(r.Acquire(fencing.AcquireRequest{Resource: res, Owner: "carol", TTL: time.Minute}, now)), fencing.ErrLeaseHeld},
 		{"renew other owner", second(r.Renew(fencing.RenewRequest{Resource: res, Owner: "alice", Token: b.Token}, now)), fencing.ErrLeaseLost},
 		{"renew old token", second(r.Renew(fencing.RenewRequest{Resource: res, Owner: "bob", Token: a.Token}, now)), fencing.ErrLeaseLost},
+		{"renew with TTL, other owner", second(r.Renew(fencing.RenewRequest{Resource: res, Owner: "alice", Token: b.Token, TTL: time.Hour}, now)), fencing.ErrLeaseLost},
+		{"renew after expiry", second(r.Renew(fencing.RenewRequest{Resource: res, Owner: "bob", Token: b.Token}, t0.Add(time.Hour))), fencing.ErrLeaseLost},
 		{"release old", second(r.Release(fencing.ReleaseRequest{Resource: res, Owner: "alice", Token: a.Token}, now)), fencing.ErrLeaseLost},
 		{"checkpoint forged", second(r.Checkpoint(fencing.CheckpointRequest{Resource: res, Owner: "bob", Token: 99, State: []byte(`1`)}, now)), fencing.ErrLeaseLost},
 		{"admit stale", second(r.Admit(fencing.AdmitRequest{Resource: res, Token: a.Token}, now)), fencing.ErrStaleToken},
 		{"admit not issued", second(r.Admit(fencing.AdmitRequest{Resource: res, Token: b.Token + 1}, now)), fencing.ErrTokenNotIssued},
+		{"strict admit after expiry", second(r.Admit(fencing.AdmitRequest{Resource: res, Token: b.Token, RequireLive: true}, t0.Add(time.Hour))), fencing.ErrLeaseNotHeld},
 		{"read no checkpoint", second(r.ReadCheckpoint(nil, now)), fencing.ErrNoCheckpoint},
 	}
 	for _, c := range refusals {
