@@ -112,7 +112,7 @@ func TestCompareRedisBenchmark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sha := srv.MustDo("SCRIPT", "LOAD", admitSource())
+	sha := srv.MustDo("SCRIPT", "LOAD", admitSrc)
 	port := srv.Addr()[len("127.0.0.1:"):]
 	out, err := exec.Command(path, "-h", "127.0.0.1", "-p", port, "-n", "200000", "-c", "50", "-P", "1", "-q",
 		"evalsha", sha, "1", prefix+":{hot}", l.Token.String(), "0").CombinedOutput()

@@ -38,8 +38,8 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
-	if s.closed.Load() {
-		return nil, fmt.Errorf("%w: list: the store is closed", fencing.ErrUnavailable)
+	if err := s.checkOpen("list"); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*s.cmdTimeout)
 	defer cancel()

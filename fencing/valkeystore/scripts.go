@@ -22,6 +22,15 @@ var luaFiles embed.FS
 // they are not retried either and their faults stay exactly classified. The
 // caller (the gate) decides whether to try again.
 func script(name string, retryable bool) *valkey.Lua {
+	if retryable {
+		return valkey.NewLuaScriptRetryable(source(name))
+	}
+	return valkey.NewLuaScript(source(name))
+}
+
+// source is lua/<name>.lua with lua/lib.lua prepended: the text the server
+// runs, and whose SHA1 EVALSHA names.
+func source(name string) string {
 	lib, err := luaFiles.ReadFile("lua/lib.lua")
 	if err != nil {
 		panic(err)
@@ -30,11 +39,7 @@ func script(name string, retryable bool) *valkey.Lua {
 	if err != nil {
 		panic(err)
 	}
-	src := string(lib) + string(body)
-	if retryable {
-		return valkey.NewLuaScriptRetryable(src)
-	}
-	return valkey.NewLuaScript(src)
+	return string(lib) + string(body)
 }
 
 // Scripts run with EVALSHA; valkey-go falls back to EVAL (which loads the
@@ -52,11 +57,3 @@ var (
 	pingScript           = script("ping", false)
 	confirmScript        = script("confirm", false)
 )
-
-// admitSource is the admission script as the store runs it, for comparing
-// the store with redis-benchmark running the same EVALSHA.
-func admitSource() string {
-	lib, _ := luaFiles.ReadFile("lua/lib.lua")
-	body, _ := luaFiles.ReadFile("lua/admit.lua")
-	return string(lib) + string(body)
-}

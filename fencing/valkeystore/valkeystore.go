@@ -144,7 +144,6 @@ type Store struct {
 
 	waitReplicas int           // Options.WaitReplicas
 	waitTimeout  time.Duration // Options.WaitTimeout
-	waitMillis   int64         // waitTimeout in whole ms, at least 1 (WAIT's 0 blocks for ever)
 }
 
 var _ fencing.Store = (*Store)(nil)
@@ -196,7 +195,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("valkeystore: connect to %s: %w", strings.Join(copt.InitAddress, ","), classify("connect", err))
 	}
 	s := &Store{client: client, prefix: opts.KeyPrefix, maxState: opts.MaxCheckpointBytes, cmdTimeout: opts.CommandTimeout, log: opts.Logger,
-		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout, waitMillis: max(opts.WaitTimeout.Milliseconds(), 1)}
+		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout}
 	if err := s.Ping(ctx); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("valkeystore: ping: %w", err)
@@ -370,12 +369,26 @@ func (s *Store) stateKey(res string) string { return s.prefix + ":{" + res + "}:
 // run executes one script with the command timeout and returns its array
 // reply, classifying faults.
 func (s *Store) run(ctx context.Context, op string, sc *valkey.Lua, keys, args []string) ([]string, error) {
-	if s.closed.Load() {
-		return nil, fmt.Errorf("%w: %s: the store is closed", fencing.ErrUnavailable, op)
+	if err := s.checkOpen(op); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
 	defer cancel()
-	out, err := sc.Exec(ctx, s.client, keys, args).AsStrSlice()
+	return scriptReply(op, sc.Exec(ctx, s.client, keys, args))
+}
+
+// checkOpen fails a call on a closed store (nothing is sent) with
+// fencing.ErrUnavailable.
+func (s *Store) checkOpen(op string) error {
+	if s.closed.Load() {
+		return fmt.Errorf("%w: %s: the store is closed", fencing.ErrUnavailable, op)
+	}
+	return nil
+}
+
+// scriptReply decodes a script's array reply, classifying faults.
+func scriptReply(op string, res valkey.ValkeyResult) ([]string, error) {
+	out, err := res.AsStrSlice()
 	if err != nil {
 		if errors.Is(err, valkey.ErrClosing) {
 			// The store was open when the call started, so Close ran
@@ -470,10 +483,11 @@ func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest) (fencing.Le
 	if err != nil {
 		return fencing.Lease{}, err
 	}
-	return s.leaseReply("renew", req.Resource, req.Owner, r)
+	return leaseReply("renew", req.Resource, req.Owner, r)
 }
 
-func (s *Store) leaseReply(op, res, owner string, r []string) (fencing.Lease, error) {
+// leaseReply decodes the reply of renew.lua and checkpoint.lua.
+func leaseReply(op, res, owner string, r []string) (fencing.Lease, error) {
 	switch r[0] {
 	case "OK":
 		if l, ok := lease(res, owner, r[1:]); ok {
@@ -520,7 +534,7 @@ func (s *Store) Checkpoint(ctx context.Context, req fencing.CheckpointRequest) (
 	if err != nil {
 		return fencing.Lease{}, err
 	}
-	return s.leaseReply("checkpoint", req.Resource, req.Owner, r)
+	return leaseReply("checkpoint", req.Resource, req.Owner, r)
 }
 
 // record is a resource's record as read by status.lua and
@@ -692,8 +706,8 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 // when an open connection broke) until the cluster has promoted a replica
 // and the client has learnt it.
 func (s *Store) Ping(ctx context.Context) error {
-	if s.closed.Load() {
-		return fmt.Errorf("%w: ping: the store is closed", fencing.ErrUnavailable)
+	if err := s.checkOpen("ping"); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
 	defer cancel()

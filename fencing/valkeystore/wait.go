@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
-	"errors"
 	"fmt"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -80,10 +79,11 @@ import (
 // set WaitReplicas to the number of replicas that may be promoted, or rely
 // on the failover choosing the replica with the highest replication offset.
 
-// admitSrcSHA1 is the SHA1 of admit.lua as the store runs it, for EVALSHA
-// on a dedicated connection (valkey.Lua runs only on a valkey.Client).
+// admitSrc is admit.lua as the store runs it, and admitSrcSHA1 its SHA1,
+// for EVALSHA on a dedicated connection (valkey.Lua runs only on a
+// valkey.Client).
 var (
-	admitSrc     = admitSource()
+	admitSrc     = source("admit")
 	admitSrcSHA1 = func() string { h := sha1.Sum([]byte(admitSrc)); return hex.EncodeToString(h[:]) }()
 )
 
@@ -92,8 +92,8 @@ var (
 // script's reply (an admission with 5 fields, or a refusal) once the mark
 // is confirmed, or a fault.
 func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live string) ([]string, error) {
-	if s.closed.Load() {
-		return nil, fmt.Errorf("%w: admit: the store is closed", fencing.ErrUnavailable)
+	if err := s.checkOpen("admit"); err != nil {
+		return nil, err
 	}
 	// The script has the command timeout, the WAIT its own on top.
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout+s.waitTimeout)
@@ -103,7 +103,8 @@ func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live
 	var res []valkey.ValkeyResult
 	err := s.client.Dedicated(func(c valkey.DedicatedClient) error {
 		wait := func() valkey.Completed {
-			return c.B().Wait().Numreplicas(int64(s.waitReplicas)).Timeout(s.waitMillis).Build()
+			// Whole ms, at least 1: WAIT's 0 blocks for ever.
+			return c.B().Wait().Numreplicas(int64(s.waitReplicas)).Timeout(max(s.waitTimeout.Milliseconds(), 1)).Build()
 		}
 		res = c.DoMulti(ctx, c.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(1).Key(keys...).Arg(args...).Build(), wait())
 		if verr, ok := valkey.IsValkeyErr(res[0].Error()); ok && verr.IsNoScript() {
@@ -124,15 +125,9 @@ func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live
 	if err != nil { // Dedicated returns the callback's error only
 		return nil, classify("admit", err)
 	}
-	r, err := res[0].AsStrSlice()
+	r, err := scriptReply("admit", res[0])
 	if err != nil {
-		if errors.Is(err, valkey.ErrClosing) {
-			return nil, fmt.Errorf("%w: admit: the store was closed during the call", fencing.ErrAmbiguous)
-		}
-		return nil, classify("admit", err)
-	}
-	if len(r) == 0 {
-		return nil, fmt.Errorf("%w: admit: empty script reply", fencing.ErrAmbiguous)
+		return nil, err
 	}
 	if r[0] != "OK" || len(r) != 5 || r[4] != "1" {
 		return r, nil // a refusal, or a mark confirmed meanwhile: no WAIT needed

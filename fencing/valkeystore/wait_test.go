@@ -2,6 +2,7 @@ package valkeystore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -244,9 +245,9 @@ func TestWaitReplicasCluster(t *testing.T) {
 		res := fmt.Sprint("cw", i)
 		mustAcquire(t, s, res, "w")
 		if n, err := cl.Nodes[0].Do("EXISTS", prefix+":{"+res+"}"); err == nil && n == "1" {
-			withReplica = cmpOr(withReplica, res)
+			withReplica = cmp.Or(withReplica, res)
 		} else {
-			without = cmpOr(without, res)
+			without = cmp.Or(without, res)
 		}
 	}
 	if withReplica == "" || without == "" {
@@ -271,11 +272,4 @@ func TestWaitReplicasCluster(t *testing.T) {
 	l := mustRelease(withReplica)
 	a, err = admit(s, withReplica, l.Token)
 	wantAmbiguous(t, "raising Admit with the cluster replica frozen", a, err)
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

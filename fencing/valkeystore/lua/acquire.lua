@@ -34,10 +34,7 @@ if issued then
     if cur ~= owner then
       return {'HELD', cur, exp}
     end
-    local nexp = fg_fmt(now_ms + ttl)
-    redis.call('HSET', rec, 'ttl', ARGV[2], 'exp', nexp)
-    redis.call('SET', live, tok, 'PXAT', nexp)
-    return {'OK', tok, ARGV[2], acq, nexp}
+    return fg_extend(rec, live, tok, ARGV[2], acq, now_ms)
   end
   if cur then
     local ended = 'expired'

@@ -15,12 +15,10 @@
 -- Idempotent: a retry saves the same state again.
 local now_ms = fg_now()
 local rec, live, state = KEYS[1], KEYS[2], KEYS[3]
-local f = redis.call('HMGET', rec, 'owner', 'token', 'ttl', 'acq', 'exp', 'rel')
-if not fg_live(f[1], f[5], f[6], now_ms) or f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then
+local f = fg_holder(rec, ARGV[1], ARGV[2], now_ms)
+if not f then
   return {'LOST'}
 end
-local exp = fg_fmt(now_ms + tonumber(f[3]))
 redis.call('SET', state, ARGV[3])
-redis.call('HSET', rec, 'exp', exp, 'cp_token', ARGV[2], 'cp_ms', fg_fmt(now_ms), 'cp_size', tostring(#ARGV[3]))
-redis.call('SET', live, ARGV[2], 'PXAT', exp)
-return {'OK', ARGV[2], f[3], f[4], exp}
+redis.call('HSET', rec, 'cp_token', ARGV[2], 'cp_ms', fg_fmt(now_ms), 'cp_size', tostring(#ARGV[3]))
+return fg_extend(rec, live, ARGV[2], f[3], f[4], now_ms)

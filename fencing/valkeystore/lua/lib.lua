@@ -45,6 +45,26 @@ local function fg_live(owner, exp, rel, now_ms)
   return owner and owner ~= '' and rel ~= '1' and now_ms < tonumber(exp)
 end
 
+-- fg_holder returns the most recent lease's fields {owner, token, ttl, acq,
+-- exp, rel} when that lease is live and held by owner with token, else nil.
+local function fg_holder(rec, owner, token, now_ms)
+  local f = redis.call('HMGET', rec, 'owner', 'token', 'ttl', 'acq', 'exp', 'rel')
+  if fg_live(f[1], f[5], f[6], now_ms) and f[1] == owner and f[2] == token then
+    return f
+  end
+  return nil
+end
+
+-- fg_extend sets the live lease's ttl (ms, a decimal string) and its expiry
+-- to now_ms + ttl, moves the live-lease index key's expiry with it, and
+-- returns the lease reply {"OK", token, ttl, acq, exp}.
+local function fg_extend(rec, live, token, ttl, acq, now_ms)
+  local exp = fg_fmt(now_ms + tonumber(ttl))
+  redis.call('HSET', rec, 'ttl', ttl, 'exp', exp)
+  redis.call('SET', live, token, 'PXAT', exp)
+  return {'OK', token, ttl, acq, exp}
+end
+
 -- fg_has_state reports whether the checkpoint state key holds a state: a
 -- non-empty string (a checkpoint's state is JSON, never empty).
 local function fg_has_state(state)

@@ -13,13 +13,10 @@
 -- Idempotent: running it twice extends from the later server time.
 local now_ms = fg_now()
 local rec, live = KEYS[1], KEYS[2]
-local f = redis.call('HMGET', rec, 'owner', 'token', 'ttl', 'acq', 'exp', 'rel')
-if not fg_live(f[1], f[5], f[6], now_ms) or f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then
+local f = fg_holder(rec, ARGV[1], ARGV[2], now_ms)
+if not f then
   return {'LOST'}
 end
 local ttl = f[3]
 if ARGV[3] ~= '' then ttl = ARGV[3] end
-local exp = fg_fmt(now_ms + tonumber(ttl))
-redis.call('HSET', rec, 'ttl', ttl, 'exp', exp)
-redis.call('SET', live, ARGV[2], 'PXAT', exp)
-return {'OK', ARGV[2], ttl, f[4], exp}
+return fg_extend(rec, live, ARGV[2], ttl, f[4], now_ms)

@@ -36,6 +36,14 @@ type config struct {
 	args     []string
 }
 
+func newConfig(opts []Option) config {
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
 // WithPassword requires the password (requirepass); Do authenticates with
 // it and URL includes it.
 func WithPassword(pw string) Option { return func(c *config) { c.password = pw } }
@@ -101,12 +109,8 @@ func freePort(t testing.TB) int {
 // ends.
 func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
-	var c config
-	for _, o := range opts {
-		o(&c)
-	}
 	bin, _ := binaries(t)
-	return start(t, bin, c, nil)
+	return start(t, bin, newConfig(opts), nil)
 }
 
 func start(t testing.TB, bin string, c config, extra []string) *Server {
@@ -128,7 +132,7 @@ func start(t testing.TB, bin string, c config, extra []string) *Server {
 	for range 3 {
 		s.port = freePort(t)
 		if err = s.launch(); err == nil {
-			t.Cleanup(s.stop)
+			t.Cleanup(s.Kill)
 			return s
 		}
 	}
@@ -168,6 +172,22 @@ func (s *Server) launch() error {
 	return errors.New("server did not answer PING within 10s")
 }
 
+// waitUntil polls done every 50 ms until it returns nil, and fails the test
+// with done's last error once deadline has passed.
+func waitUntil(t testing.TB, deadline time.Time, done func() error) {
+	t.Helper()
+	for {
+		err := done()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("valkeytest: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], " | ")
@@ -183,9 +203,6 @@ func (s *Server) URL() string {
 	}
 	return "valkey://" + s.Addr()
 }
-
-// Dir is the server's data directory.
-func (s *Server) Dir() string { return s.dir }
 
 // Kill ends the server with SIGKILL (no shutdown save) and waits until its
 // port is closed.
@@ -245,10 +262,7 @@ func (s *Server) Thaw() {
 // 30 s. Kill, Freeze or Restart it like any server.
 func StartReplica(t testing.TB, primary *Server, opts ...Option) *Server {
 	t.Helper()
-	var c config
-	for _, o := range opts {
-		o(&c)
-	}
+	c := newConfig(opts)
 	if c.password == "" && primary.pass != "" {
 		c.password = primary.pass
 	}
@@ -264,22 +278,19 @@ func StartReplica(t testing.TB, primary *Server, opts ...Option) *Server {
 	// Online is not enough: a freshly synced replica may not acknowledge
 	// offsets for up to a second, so also wait until a write on one
 	// connection is confirmed by WAIT 1.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitUntil(t, time.Now().Add(30*time.Second), func() error {
 		info, err := r.Do("INFO", "replication")
 		pinfo, perr := primary.Do("INFO", "replication")
 		if err == nil && perr == nil && strings.Contains(info, "master_link_status:up") &&
 			strings.Contains(pinfo, "port="+strconv.Itoa(r.port)+",state=online") {
 			acked, err := primary.doAll([]string{"SET", "valkeytest:replica-probe", r.Addr()}, []string{"WAIT", "1", "100"})
 			if err == nil && acked[1] != "0" {
-				return r
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("valkeytest: replica %s of %s not online and acknowledging within 30s: %v %v", r.Addr(), primary.Addr(), err, perr)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("replica %s of %s not online and acknowledging within 30s: %v %v", r.Addr(), primary.Addr(), err, perr)
+	})
+	return r
 }
 
 // Restart kills the server and starts it again on the same port and data
@@ -298,27 +309,17 @@ func (s *Server) Restart() {
 	s.t.Fatalf("valkeytest: restart on port %d: %v", s.port, err)
 }
 
-func (s *Server) stop() { s.Kill() }
-
 // Do sends one command over a fresh connection (authenticated first when
 // WithPassword) and returns the reply
 // rendered as text: simple strings and bulk strings as is, integers in
 // decimal, arrays as their elements joined by newlines. An error reply is
 // returned as an error.
 func (s *Server) Do(args ...string) (string, error) {
-	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	r, err := s.doAll(args)
 	if err != nil {
 		return "", err
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(30 * time.Second))
-	r := bufio.NewReader(c)
-	if s.pass != "" {
-		if _, err := roundTrip(c, r, "AUTH", s.pass); err != nil {
-			return "", err
-		}
-	}
-	return roundTrip(c, r, args...)
+	return r[0], nil
 }
 
 // doAll sends commands in order over one fresh connection and returns their
@@ -416,8 +417,6 @@ func readReply(r *bufio.Reader) (string, error) {
 type Cluster struct {
 	// Nodes are the primaries, in the order StartCluster created them.
 	Nodes []*Server
-	// Replicas are the nodes AddReplica attached, in order.
-	Replicas []*Server
 
 	bin   string
 	extra []string
@@ -446,10 +445,7 @@ func StartCluster(t testing.TB, n int, opts ...Option) *Cluster {
 	if n < 3 {
 		t.Fatalf("valkeytest: a cluster needs at least 3 primaries, got %d", n)
 	}
-	var c config
-	for _, o := range opts {
-		o(&c)
-	}
+	c := newConfig(opts)
 	bin, cli := binaries(t)
 	if cli == "" {
 		t.Fatalf("valkeytest: %s found but no valkey-cli/redis-cli to create the cluster", bin)
@@ -469,16 +465,13 @@ func StartCluster(t testing.TB, n int, opts ...Option) *Cluster {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for _, s := range cl.Nodes {
-		for {
+		waitUntil(t, deadline, func() error {
 			info, err := s.Do("CLUSTER", "INFO")
 			if err == nil && strings.Contains(info, "cluster_state:ok") {
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("valkeytest: cluster not ok after 30s on %s: %v %s", s.Addr(), err, info)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return fmt.Errorf("cluster not ok after 30s on %s: %v %s", s.Addr(), err, info)
+		})
 	}
 	return cl
 }
@@ -508,12 +501,12 @@ func (c *Cluster) AddReplica(t testing.TB, primary int) *Server {
 	deadline := time.Now().Add(30 * time.Second)
 	wait := func(what string, done func() bool) {
 		t.Helper()
-		for !done() {
-			if time.Now().After(deadline) {
-				t.Fatalf("valkeytest: replica %s of %s: %s not reached within 30s", r.Addr(), p.Addr(), what)
+		waitUntil(t, deadline, func() error {
+			if done() {
+				return nil
 			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return fmt.Errorf("replica %s of %s: %s not reached within 30s", r.Addr(), p.Addr(), what)
+		})
 	}
 	// REPLICATE fails until the new node has learned the primary's ID.
 	wait("CLUSTER REPLICATE accepted", func() bool { _, err := r.Do("CLUSTER", "REPLICATE", id); return err == nil })
@@ -529,6 +522,5 @@ func (c *Cluster) AddReplica(t testing.TB, primary int) *Server {
 			return err == nil && slices.Contains(strings.Split(slots, "\n"), rport)
 		})
 	}
-	c.Replicas = append(c.Replicas, r)
 	return r
 }
