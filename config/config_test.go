@@ -55,6 +55,12 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{"FENCEGATE_VALKEY_WAIT_REPLICAS=-1", "FENCEGATE_VALKEY_WAIT_REPLICAS"},
 		{"FENCEGATE_VALKEY_WAIT_TIMEOUT=0s", "FENCEGATE_VALKEY_WAIT_TIMEOUT"},
 		{"FENCEGATE_VALKEY_COMMAND_TIMEOUT=-1s", "FENCEGATE_VALKEY_COMMAND_TIMEOUT"},
+		{"FENCEGATE_VALKEY_DIAL_TIMEOUT=0s", "FENCEGATE_VALKEY_DIAL_TIMEOUT"},
+		{"FENCEGATE_MAX_CHECKPOINT_BYTES=16777217", "FENCEGATE_MAX_CHECKPOINT_BYTES"},
+		{"FENCEGATE_UPSTREAM_TIMEOUT=0s", "FENCEGATE_UPSTREAM_TIMEOUT"},
+		{"FENCEGATE_TIMEOUT_GRACE=-1s", "FENCEGATE_TIMEOUT_GRACE"},
+		{"FENCEGATE_DRAIN_DELAY=-1s", "FENCEGATE_DRAIN_DELAY"},
+		{"FENCEGATE_SHUTDOWN_GRACE=0s", "FENCEGATE_SHUTDOWN_GRACE"},
 	}
 	for _, tc := range cases {
 		_, err := Load([]string{tc.env})
@@ -65,6 +71,9 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "accepts") {
 			t.Errorf("%s: error %q does not name %s and what it accepts", tc.env, err, tc.want)
 		}
+	}
+	if _, err := Load([]string{"FENCEGATE_RULES=PUT /a fence a", "FENCEGATE_RULES_FILE=rules.txt"}); err == nil || !strings.Contains(err.Error(), "FENCEGATE_RULES_FILE") {
+		t.Errorf("FENCEGATE_RULES and FENCEGATE_RULES_FILE both set: error %v", err)
 	}
 }
 

@@ -3,30 +3,46 @@
 # -race, including the Valkey store against a real Valkey-compatible server.
 #
 # The Valkey tests start their own throwaway servers on free loopback ports
-# (and a 3-node cluster) and stop them when done; this script only makes sure
-# a server binary exists: valkey-server if present, else Debian's
-# redis-server, installed with apt-get when missing and running as root.
-# With FENCEGATE_REQUIRE_VALKEY=1 (set here) those tests fail instead of
-# skipping when no server can be started.
+# (and a 3-node cluster, created with the matching CLI) and stop them when
+# done; this script only makes sure the binaries exist: valkey-server with
+# valkey-cli if present, else Debian's redis-server with redis-cli (package
+# redis-tools, which also brings redis-benchmark for the opt-in
+# FENCEGATE_VALKEY_BENCH comparison). -race needs cgo, so a C compiler too.
+# Whatever is missing is installed with apt-get when running as root;
+# otherwise the script stops. With FENCEGATE_REQUIRE_VALKEY=1 (set here)
+# the Valkey tests fail instead of skipping when no server can be started.
 #
 # Extra arguments go to `go test` (e.g. ./scripts/test.sh -run Gate ./proxy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-have_server() { command -v valkey-server >/dev/null 2>&1 || command -v redis-server >/dev/null 2>&1; }
-have_cli() { command -v valkey-cli >/dev/null 2>&1 || command -v redis-cli >/dev/null 2>&1; }
+has() { command -v "$1" >/dev/null 2>&1; }
+# The pair valkeytest uses: valkey-server with valkey-cli, else redis-*.
+have_server() { has valkey-server || has redis-server; }
+have_cli() { if has valkey-server; then has valkey-cli; else has redis-cli; fi; }
+have_cc() { has "$(go env CC)"; }
 
-if ! have_server || ! have_cli; then
-	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-		echo "test.sh: installing redis-server (a Valkey-compatible server) with apt-get" >&2
-		export DEBIAN_FRONTEND=noninteractive
-		apt-get install -y --no-install-recommends redis-server redis-tools >/dev/null 2>&1 ||
-			{ apt-get update >/dev/null && apt-get install -y --no-install-recommends redis-server redis-tools >/dev/null; }
-	fi
+missing=()
+if ! have_server || ! have_cli; then missing+=(redis-server redis-tools); fi
+if ! have_cc; then missing+=(gcc libc6-dev); fi
+if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
+	echo "test.sh: installing ${missing[*]} with apt-get" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 ||
+		{ apt-get update >/dev/null && apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
 if ! have_server; then
 	echo "test.sh: no valkey-server or redis-server on PATH and none could be installed;" >&2
 	echo "         install one (e.g. apt-get install redis-server) and run again" >&2
+	exit 1
+fi
+if ! have_cli; then
+	echo "test.sh: the cluster tests need valkey-cli (with valkey-server) or redis-cli (with redis-server);" >&2
+	echo "         install it (e.g. apt-get install redis-tools) and run again" >&2
+	exit 1
+fi
+if [ "$(go env CGO_ENABLED)" != 1 ]; then
+	echo "test.sh: go test -race needs cgo: install a C compiler (e.g. apt-get install gcc libc6-dev) and do not set CGO_ENABLED=0" >&2
 	exit 1
 fi
 export FENCEGATE_REQUIRE_VALKEY=1

@@ -118,13 +118,8 @@ func TestSIGTERMDrains(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Fatalf("exit after drain: %v\n%s", err, p.logs)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("no exit after the drain delay")
+	if err := p.wait(20 * time.Second); err != nil {
+		t.Fatalf("exit after drain: %v\n%s", err, p.logs)
 	}
 	if !strings.Contains(p.logs.String(), "forgotten when fencegate stops") {
 		t.Errorf("the memory store did not warn that it forgets:\n%s", p.logs)
@@ -166,10 +161,11 @@ func TestSIGTERMWithSlowWrites(t *testing.T) {
 			if st != 200 {
 				t.Fatalf("acquire: %d", st)
 			}
+			tok := strconv.FormatInt(token(t, lease), 10) // token may t.Fatal: not in the goroutine
 			got := make(chan int, 1)
 			go func() {
 				req, _ := http.NewRequest("PUT", p.url("gate", "/jobs/1"), strings.NewReader("x"))
-				req.Header.Set("Fencing-Token", strconv.FormatInt(token(t, lease), 10))
+				req.Header.Set("Fencing-Token", tok)
 				req.Header.Set("Fencing-Resource", "job:1")
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
@@ -190,13 +186,8 @@ func TestSIGTERMWithSlowWrites(t *testing.T) {
 			if status := <-got; status != tc.wantStatus {
 				t.Fatalf("in-flight write ended with %d, want %d", status, tc.wantStatus)
 			}
-			select {
-			case err := <-p.done:
-				if err != nil {
-					t.Fatalf("exit: %v\n%s", err, p.logs)
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatal("no exit")
+			if err := p.wait(20 * time.Second); err != nil {
+				t.Fatalf("exit: %v\n%s", err, p.logs)
 			}
 			if cut := strings.Contains(p.logs.String(), "cut off"); cut != (tc.wantStatus == 0) {
 				t.Fatalf("cut-off logged = %v, want %v:\n%s", cut, tc.wantStatus == 0, p.logs)

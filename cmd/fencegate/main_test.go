@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,11 +42,12 @@ func TestMain(m *testing.M) {
 
 // proc is a running fencegate binary.
 type proc struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	addr map[string]string // listener name -> address
-	logs *syncBuffer
-	done chan error
+	t      *testing.T
+	cmd    *exec.Cmd
+	addr   map[string]string // listener name -> address; set once, before start returns
+	logs   *syncBuffer
+	exited chan struct{} // closed when the process has exited; err is then set
+	err    error         // cmd.Wait's result
 }
 
 type syncBuffer struct {
@@ -78,46 +81,43 @@ func start(t *testing.T, dir string, env []string, listeners ...string) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{t: t, cmd: cmd, addr: map[string]string{}, logs: &syncBuffer{}, done: make(chan error, 1)}
+	p := &proc{t: t, cmd: cmd, logs: &syncBuffer{}, exited: make(chan struct{})}
 	ready := make(chan struct{})
 	go func() {
+		// The addresses are collected here and published once, before
+		// ready is closed; later "listening" lines are not recorded.
+		addrs := map[string]string{}
 		sc := bufio.NewScanner(stderr)
-		signalled := false
-		var mu sync.Mutex
 		for sc.Scan() {
 			line := sc.Text()
 			p.logs.Write([]byte(line + "\n"))
 			var rec struct {
 				Msg, Listener, Addr string
 			}
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
-				mu.Lock()
-				p.addr[rec.Listener] = rec.Addr
-				all := true
-				for _, l := range listeners {
-					if p.addr[l] == "" {
-						all = false
-					}
-				}
-				mu.Unlock()
-				if all && !signalled {
-					signalled = true
-					close(ready)
-				}
+			if p.addr != nil || json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "listening" {
+				continue
+			}
+			addrs[rec.Listener] = rec.Addr
+			if !slices.ContainsFunc(listeners, func(l string) bool { return addrs[l] == "" }) {
+				p.addr = addrs
+				close(ready)
 			}
 		}
-		p.done <- cmd.Wait()
+		p.err = cmd.Wait() // after the last read from the pipe, as Wait requires
+		close(p.exited)
 	}()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		select {
+		case <-p.exited:
+		default:
 			_ = cmd.Process.Kill()
-			<-p.done
+			<-p.exited
 		}
 	})
 	select {
 	case <-ready:
-	case err := <-p.done:
-		t.Fatalf("fencegate exited before listening: %v\n%s", err, p.logs)
+	case <-p.exited:
+		t.Fatalf("fencegate exited before listening: %v\n%s", p.err, p.logs)
 	case <-time.After(30 * time.Second):
 		t.Fatalf("fencegate did not start listening\n%s", p.logs)
 	}
@@ -130,11 +130,17 @@ func (p *proc) stop() error {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		p.t.Fatal(err)
 	}
+	return p.wait(30 * time.Second)
+}
+
+// wait waits up to d for the process to exit and returns its exit error.
+func (p *proc) wait(d time.Duration) error {
+	p.t.Helper()
 	select {
-	case err := <-p.done:
-		return err
-	case <-time.After(30 * time.Second):
-		p.t.Fatalf("fencegate did not exit after SIGTERM\n%s", p.logs)
+	case <-p.exited:
+		return p.err
+	case <-time.After(d):
+		p.t.Fatalf("fencegate did not exit within %v\n%s", d, p.logs)
 		return nil
 	}
 }
@@ -193,11 +199,30 @@ func TestVersionAndEnv(t *testing.T) {
 }
 
 func TestBadConfigurationFailsToStartNamingTheVariable(t *testing.T) {
-	cmd := exec.Command(binary)
-	cmd.Env = []string{"FENCEGATE_DEFAULT_TTL=forever"}
-	out, err := cmd.CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "FENCEGATE_DEFAULT_TTL") {
-		t.Fatalf("bad config: err %v, output %q", err, out)
+	for _, tc := range []struct {
+		env  []string
+		want []string
+	}{
+		{[]string{"FENCEGATE_DEFAULT_TTL=forever"}, []string{"FENCEGATE_DEFAULT_TTL"}},
+		{[]string{"FENCEGATE_UPSTREAM=http://127.0.0.1:1", "FENCEGATE_RULES=PUT /x/{id} fence job/{id}"}, []string{"FENCEGATE_RULES", "line 1"}},
+	} {
+		// Were the bad value accepted, the process would serve: keep it off
+		// the default port and out of the package directory, and bound its run.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, binary)
+		cmd.Dir = t.TempDir()
+		cmd.Env = append([]string{"FENCEGATE_API_ADDR=127.0.0.1:0", "FENCEGATE_PROXY_ADDR=127.0.0.1:0"}, tc.env...)
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			t.Errorf("%v: started; output %q", tc.env, out)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(string(out), w) {
+				t.Errorf("%v: output %q does not say %q", tc.env, out, w)
+			}
+		}
 	}
 }
 

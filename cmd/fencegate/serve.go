@@ -35,6 +35,14 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	}
 	log := newLogger(cfg, stderr)
 	log.Info("starting fencegate", "version", Version(), "api_auth", cfg.APIToken != "")
+	// Rules are configuration: a mistake in them stops start-up before
+	// telemetry and the store are set up.
+	var rules []proxy.Rule
+	if cfg.Upstream != "" {
+		if rules, err = loadRules(cfg); err != nil {
+			return err
+		}
+	}
 	tel, err := newTelemetry(ctx, environ, log)
 	if err != nil {
 		return err
@@ -71,7 +79,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 			log.Warn("FENCEGATE_RULES / FENCEGATE_RULES_FILE are ignored while the write gate is off")
 		}
 	} else {
-		gate, err := newGate(cfg, store, log, tel)
+		gate, err := newGate(cfg, rules, store, log, tel)
 		if err != nil {
 			return err
 		}
@@ -246,12 +254,9 @@ func valkeyTLS(caFile string) (*tls.Config, error) {
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
 
-// newGate builds the write gate from the configuration.
-func newGate(cfg config.Config, store fencing.Store, log *slog.Logger, tel *telemetry) (http.Handler, error) {
-	upstream, err := url.Parse(cfg.Upstream)
-	if err != nil {
-		return nil, fmt.Errorf("FENCEGATE_UPSTREAM: %w", err)
-	}
+// loadRules reads and parses the write gate's route rules from
+// FENCEGATE_RULES or FENCEGATE_RULES_FILE.
+func loadRules(cfg config.Config) ([]proxy.Rule, error) {
 	text := cfg.Rules
 	if cfg.RulesFile != "" {
 		b, err := os.ReadFile(cfg.RulesFile)
@@ -263,6 +268,15 @@ func newGate(cfg config.Config, store fencing.Store, log *slog.Logger, tel *tele
 	rules, err := proxy.ParseRules(text)
 	if err != nil {
 		return nil, fmt.Errorf("FENCEGATE_RULES: %w", err)
+	}
+	return rules, nil
+}
+
+// newGate builds the write gate from the configuration and its parsed rules.
+func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, log *slog.Logger, tel *telemetry) (http.Handler, error) {
+	upstream, err := url.Parse(cfg.Upstream)
+	if err != nil {
+		return nil, fmt.Errorf("FENCEGATE_UPSTREAM: %w", err)
 	}
 	log.Info("write gate", "upstream", upstream.Redacted(), "rules", len(rules), "resource_header", cfg.ResourceHeader)
 	if len(rules) == 0 && !cfg.ResourceHeader {
