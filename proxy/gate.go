@@ -273,9 +273,6 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 			g.count(r, CodeClientGone)
 			return // client gone: nobody to answer
 		}
-		if !fencing.IsStoreFault(err) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
-			err = fmt.Errorf("%w: %w", fencing.ErrAmbiguous, err)
-		}
 		g.refuseWrite(w, r, err, resource, token)
 		return
 	}

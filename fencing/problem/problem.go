@@ -8,6 +8,7 @@
 package problem
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -84,7 +85,10 @@ func From(err error) *Error {
 		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload-too-large", Detail: err.Error()}
 	case errors.Is(err, fencing.ErrInvalid):
 		return New(http.StatusBadRequest, "invalid-request", err.Error())
-	case fencing.IsStoreFault(err):
+	case fencing.IsStoreFault(err), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// A bare context error reaching here (the caller's own request is
+		// still live, or its handler would not answer) came from a store
+		// that gave up without classifying it: the outcome is unknown.
 		return &Error{Status: http.StatusServiceUnavailable, Code: "store-unavailable",
 			Detail:  "the lease store could not give a definite answer; nothing was done, retry later",
 			Headers: http.Header{"Retry-After": {strconv.Itoa(RetryAfterStoreFault)}}, Cause: err}

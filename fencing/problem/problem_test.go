@@ -36,6 +36,7 @@ func TestTable(t *testing.T) {
 		{fmt.Errorf("dial 10.1.2.3:6379: %w", fencing.ErrUnavailable), 503, "store-unavailable", ""},
 		{fencing.ErrAmbiguous, 503, "store-unavailable", ""},
 		{fencing.ErrStoreLost, 503, "store-unavailable", ""},
+		{fmt.Errorf("admit: %w", context.DeadlineExceeded), 503, "store-unavailable", ""},
 		{New(403, "write-denied", "no"), 403, "write-denied", ""},
 		{errors.New("password=hunter2 at 10.1.2.3"), 500, "internal-error", ""},
 	}
