@@ -26,9 +26,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "fencegate:", err)
-		os.Exit(1)
+	if code, print := exitCode(err); code != exitOK {
+		if print {
+			fmt.Fprintln(os.Stderr, "fencegate:", err)
+		}
+		os.Exit(code)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -267,5 +268,24 @@ func TestDefaultStoreKeepsTokensAcrossRestart(t *testing.T) {
 	}
 	if err := second.stop(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	for _, tc := range []struct {
+		err   error
+		code  int
+		print bool
+	}{
+		{nil, exitOK, false},
+		{errors.New("boom"), exitFailure, true},
+		{withExit(exitUsage, errors.New("bad flag")), exitUsage, true},
+		{fmt.Errorf("wrapped: %w", withExit(exitRefused, errors.New("lease-held"))), exitRefused, true},
+		{withExit(exitLeaseLost, nil), exitLeaseLost, false},
+	} {
+		code, print := exitCode(tc.err)
+		if code != tc.code || print != tc.print {
+			t.Errorf("exitCode(%v) = %d, %v; want %d, %v", tc.err, code, print, tc.code, tc.print)
+		}
 	}
 }
