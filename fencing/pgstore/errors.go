@@ -22,8 +22,12 @@ import (
 //   - no answer to anything but a committing statement (connection refused
 //     or lost, timeout): an open transaction cannot commit without its
 //     COMMIT, so nothing changed -> fencing.ErrUnavailable;
-//   - no answer to a committing statement after it may have been sent ->
-//     fencing.ErrAmbiguous: it may have committed.
+//   - no answer to a committing statement -> fencing.ErrAmbiguous: it may
+//     have committed. pgconn.SafeToRetry cannot tell here: when the
+//     connection breaks while pgx reads a simple query's reply, pgx reports
+//     "conn closed" marked safe to retry although COMMIT was sent. A
+//     COMMIT is only sent on a connection that just answered the
+//     transaction's statements, so every failure of it counts as sent.
 //
 // Both fail closed; only ErrUnavailable promises nothing changed. Server
 // messages are kept in the error for logs; they never carry the password.
@@ -37,7 +41,7 @@ func classify(op string, err error, committing bool) error {
 		return fmt.Errorf("%w: %s: the server refused it (SQLSTATE %s): %s", fencing.ErrUnavailable, op, pgErr.Code, pgErr.Message)
 	case errors.Is(err, pgx.ErrTxCommitRollback):
 		return fmt.Errorf("%w: %s: the transaction was rolled back", fencing.ErrUnavailable, op)
-	case !committing || pgconn.SafeToRetry(err):
+	case !committing:
 		return fmt.Errorf("%w: %s: %w", fencing.ErrUnavailable, op, err)
 	default:
 		return fmt.Errorf("%w: %s: no answer to COMMIT: %w", fencing.ErrAmbiguous, op, err)
