@@ -69,6 +69,11 @@ func required() bool {
 // BinDir finds the directory holding initdb, postgres and pgbench.
 func BinDir() (string, error) {
 	if p, err := exec.LookPath("initdb"); err == nil {
+		// A link on PATH (/usr/local/bin/initdb) leads to the directory
+		// that also holds postgres and pgbench.
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
 		return filepath.Dir(p), nil
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
