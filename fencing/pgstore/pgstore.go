@@ -53,9 +53,11 @@
 // server error) rolled the transaction back and matches
 // fencing.ErrUnavailable; a COMMIT whose reply did not arrive matches
 // fencing.ErrAmbiguous. An operation that lost its connection before
-// sending COMMIT (a pooled connection a database restart closed) is tried
-// once more on a fresh connection; nothing else is retried, except
-// read-only statements after a serialization failure or deadlock.
+// sending COMMIT (a pooled connection a database restart closed), or whose
+// insert of a new resource's row lost the race to another transaction, is
+// tried again (three tries in all, within the statement timeout); so are
+// read-only statements after a serialization failure or deadlock. Nothing
+// that may have committed is retried.
 package pgstore
 
 import (

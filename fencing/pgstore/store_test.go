@@ -29,7 +29,7 @@ func freshSchema() string { return fmt.Sprintf("fgtest_%d", schemaSeq.Add(1)) }
 func open(t testing.TB, schema string) *Store {
 	t.Helper()
 	c := pgtest.Need(t, cluster)
-	s, err := Open(context.Background(), Options{URL: c.URL("postgres"), Schema: schema, StatementTimeout: 5 * time.Second})
+	s, err := Open(context.Background(), Options{URL: c.SocketURL("postgres"), Schema: schema, StatementTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
