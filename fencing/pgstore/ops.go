@@ -56,8 +56,7 @@ func tryWrite[T any](ctx context.Context, s *Store, op, resource string, decide 
 	if err != nil {
 		return zero, classify(op, err, false), connectionLost(err)
 	}
-	// After a commit this is a no-op; on a broken connection pgx closes it.
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer s.rollback(ctx, tx)
 	w, err := scanRow(tx.QueryRow(ctx, s.sql.readLocked, resource))
 	if err != nil {
 		return zero, classify(op, err, false), connectionLost(err)
@@ -85,6 +84,16 @@ func tryWrite[T any](ctx context.Context, s *Store, op, resource string, decide 
 		return zero, classify(op, err, true), false
 	}
 	return v, nil, false
+}
+
+// rollback ends tx unless it committed (then it is a no-op). It runs even
+// when ctx has ended, bounded by the statement timeout: a stalled server
+// must not hold the caller. On a broken connection pgx closes it and the
+// pool replaces it.
+func (s *Store) rollback(ctx context.Context, tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	_ = tx.Rollback(ctx)
 }
 
 func isUniqueViolation(err error) bool {

@@ -56,8 +56,11 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err != nil {
 		return classify("migrate", err, false)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer s.rollback(ctx, tx)
 	steps := []string{
+		// Waiting for another gate's migration, or creating tables on a
+		// busy server, may take longer than one operation may.
+		`SET LOCAL statement_timeout = '60s'`,
 		fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d, hashtext(%s))`, advisoryClass, quoteLiteral(s.schema)),
 		`CREATE SCHEMA IF NOT EXISTS ` + q,
 		`CREATE TABLE IF NOT EXISTS ` + q + `.schema_version (
