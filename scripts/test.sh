@@ -8,6 +8,7 @@
 # valkey-cli if present, else Debian's redis-server with redis-cli (package
 # redis-tools, which also brings redis-benchmark for the opt-in
 # FENCEGATE_VALKEY_BENCH comparison). -race needs cgo, so a C compiler too.
+# The WebDAV end-to-end test runs nginx (Debian's has the DAV module).
 # Whatever is missing is installed with apt-get when running as root;
 # otherwise the script stops. With FENCEGATE_REQUIRE_VALKEY=1 (set here)
 # the Valkey tests fail instead of skipping when no server can be started.
@@ -21,10 +22,12 @@ has() { command -v "$1" >/dev/null 2>&1; }
 have_server() { has valkey-server || has redis-server; }
 have_cli() { if has valkey-server; then has valkey-cli; else has redis-cli; fi; }
 have_cc() { has "$(go env CC)"; }
+have_nginx() { has nginx || [ -x /usr/sbin/nginx ]; }
 
 missing=()
 if ! have_server || ! have_cli; then missing+=(redis-server redis-tools); fi
 if ! have_cc; then missing+=(gcc libc6-dev); fi
+if ! have_nginx; then missing+=(nginx); fi
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
 	echo "test.sh: installing ${missing[*]} with apt-get" >&2
 	export DEBIAN_FRONTEND=noninteractive
@@ -46,6 +49,11 @@ if [ "$(go env CGO_ENABLED)" != 1 ]; then
 	exit 1
 fi
 export FENCEGATE_REQUIRE_VALKEY=1
+if have_nginx; then
+	export FENCEGATE_REQUIRE_NGINX=1
+else
+	echo "test.sh: nginx is not installed; the WebDAV end-to-end test will be skipped" >&2
+fi
 
 unformatted="$(gofmt -l .)"
 if [ -n "$unformatted" ]; then
