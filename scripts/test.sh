@@ -49,11 +49,12 @@ if [ "$(go env CGO_ENABLED)" != 1 ]; then
 	exit 1
 fi
 export FENCEGATE_REQUIRE_VALKEY=1
-if have_nginx; then
-	export FENCEGATE_REQUIRE_NGINX=1
-else
-	echo "test.sh: nginx is not installed; the WebDAV end-to-end test will be skipped" >&2
+if ! have_nginx; then
+	echo "test.sh: the WebDAV end-to-end test needs nginx and none could be installed;" >&2
+	echo "         install it (e.g. apt-get install nginx) and run again" >&2
+	exit 1
 fi
+export FENCEGATE_REQUIRE_NGINX=1
 
 unformatted="$(gofmt -l .)"
 if [ -n "$unformatted" ]; then
