@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 
@@ -19,6 +20,15 @@ const HeaderDestination = "Destination"
 // request's method (a POST becomes a DELETE, a GET a PUT). The gate judges
 // the method as sent, so it refuses any request that carries one.
 var methodOverrideHeaders = []string{"x-http-method-override", "x-http-method", "x-method-override"}
+
+// pathOverrideHeaders are headers some servers honour to replace the
+// request's path (IIS URL Rewrite, older Symfony and Zend). The gate judges
+// the path as sent, so it refuses any request that carries one.
+var pathOverrideHeaders = []string{"x-original-url", "x-rewrite-url"}
+
+// methodParam is the query parameter some frameworks (Symfony, Laravel)
+// honour to replace a POST's method.
+const methodParam = "_method"
 
 // Verdict is what the gate does with a request.
 type Verdict int
@@ -80,9 +90,10 @@ func refusal(status int, code, detail string) Decision {
 
 // decide is the gate's contract for one request, read top to bottom:
 //
-//  1. A method-override header is refused (403 method-override-denied),
-//     whatever the method: the upstream might apply another method than
-//     the one judged.
+//  1. A method-override header or _method query parameter is refused (403
+//     method-override-denied), and a path-override header (400
+//     path-not-canonical), whatever the method: the upstream might apply
+//     another method or path than the one judged.
 //  2. CONNECT and the HTTP/2 preface (PRI) are refused (403
 //     upgrade-denied); so is a protocol upgrade, unless the method is safe,
 //     the path canonical and an upgrade rule allows every protocol asked.
@@ -101,9 +112,16 @@ func refusal(status int, code, detail string) Decision {
 //     Otherwise it needs one Fencing-Token (428 token-required, 400
 //     invalid-token), admitted on every target.
 func (g *Gate) decide(in Incoming) Decision {
-	if name := methodOverride(in.Header); name != "" {
+	if name := overrideHeader(in.Header, methodOverrideHeaders); name != "" || queryHasMethod(in.Target) {
+		if name == "" {
+			name = "a " + methodParam + " query parameter"
+		}
 		return refusal(http.StatusForbidden, "method-override-denied",
 			fmt.Sprintf("the gate judges a request by the method it was sent with, and an upstream may honour %s instead: send the method itself", name))
+	}
+	if name := overrideHeader(in.Header, pathOverrideHeaders); name != "" {
+		return refusal(http.StatusBadRequest, "path-not-canonical",
+			fmt.Sprintf("the gate judges a request by the path it was sent to, and an upstream may honour %s instead: send the path itself", name))
 	}
 	if in.Method == http.MethodConnect || in.Method == "PRI" {
 		return refusal(http.StatusForbidden, "upgrade-denied",
@@ -352,20 +370,45 @@ func upgradeRequested(h http.Header) ([]string, bool) {
 	return protos, true
 }
 
-// methodOverride returns the name of a method-override header in h, in
-// any spelling an upstream might normalize to it ("_" for "-", any case),
-// or "".
-func methodOverride(h http.Header) string {
+// overrideHeader returns the name of a header of h that is one of names
+// (lower case) in any spelling an upstream might normalize to it ("_" for
+// "-", any case), or "".
+func overrideHeader(h http.Header, names []string) string {
 	for k := range h {
 		if len(k) < len("x-http-method") || (k[0] != 'X' && k[0] != 'x') {
 			continue
 		}
 		n := strings.ToLower(strings.ReplaceAll(k, "_", "-"))
-		if slices.Contains(methodOverrideHeaders, n) {
+		if slices.Contains(names, n) {
 			return k
 		}
 	}
 	return ""
+}
+
+// queryHasMethod reports whether target's query has a _method parameter,
+// its name decoded and in any case; "&" and ";" both separate parameters.
+func queryHasMethod(target string) bool {
+	_, q, ok := strings.Cut(target, "?")
+	if !ok || len(q) < len(methodParam) {
+		return false
+	}
+	for q != "" {
+		var kv string
+		if i := strings.IndexAny(q, "&;"); i >= 0 {
+			kv, q = q[:i], q[i+1:]
+		} else {
+			kv, q = q, ""
+		}
+		k, _, _ := strings.Cut(kv, "=")
+		if d, err := url.QueryUnescape(k); err == nil {
+			k = d
+		}
+		if strings.EqualFold(strings.TrimSpace(k), methodParam) {
+			return true
+		}
+	}
+	return false
 }
 
 // requestToken reads the write's Fencing-Token.

@@ -24,6 +24,14 @@
 // Several gates sharing one store share the high-water mark but not the
 // barrier: each orders only the writes that pass through it.
 //
+// The edge: the gate decides from what the client sent (method, raw
+// request target, headers) alone, and refuses what an upstream could read
+// differently from the gate: non-canonical paths on writes (CheckPath),
+// method and path overrides, protocol upgrades (allowed on reads only by
+// an upgrade rule), CONNECT and h2c. A write whose Destination header names
+// a second target is fenced on both resources. Writes are forwarded with
+// exactly the path bytes that were judged. See Gate.decide.
+//
 // Telemetry (see Options.MeterProvider and Options.TracerProvider): every
 // unsafe request is counted once in fencegate.gate.writes by its final
 // outcome, and every request gets an HTTP server span and the HTTP
@@ -82,7 +90,9 @@ type Options struct {
 	Rules []Rule
 	// ResourceHeader lets a fenced write name its resource in the
 	// Fencing-Resource header when no rule matches it. Without it such a
-	// write is refused with 400 resource-required.
+	// write is refused with 400 resource-required. With rules, leave it
+	// off: it lets a client choose the resource of any write the rules
+	// miss (the binary turns it on by default only without rules).
 	ResourceHeader bool
 	// Logger receives upstream and store faults; nil discards.
 	Logger *slog.Logger
@@ -224,7 +234,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.handler.Ser
 func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 	// The decision is made from what the client sent, nothing else: see
 	// decide for the contract.
-	d := g.decide(Incoming{Method: r.Method, Target: r.RequestURI, Host: r.Host, Header: r.Header})
+	d := g.decide(Incoming{Method: r.Method, Target: requestTarget(r), Host: r.Host, Header: r.Header})
 	if d.Rule != nil {
 		// Like http.ServeMux: the matched pattern, which the HTTP
 		// telemetry reports as http.route.
@@ -328,7 +338,7 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(g.upstream)
 	if !safeMethod(pr.In.Method) {
 		// A write goes upstream with exactly the path the gate judged.
-		forwardPath(pr.Out.URL, g.upstream, pr.In.RequestURI)
+		forwardPath(pr.Out.URL, g.upstream, requestTarget(pr.In))
 	}
 	// SetXForwarded replaces any X-Forwarded-* the client sent: the gate
 	// states what it saw, it does not relay claims.

@@ -233,8 +233,16 @@ func upstreamView(target string) string {
 }
 
 // upstreamMethod is the method an upstream may apply: the override
-// header's if any, in upper case as lenient servers do.
+// header's or _method parameter's if any, in upper case as lenient
+// servers do.
 func upstreamMethod(s seen) string {
+	if u, err := url.ParseRequestURI(s.Target); err == nil {
+		for k, v := range u.Query() {
+			if strings.EqualFold(k, "_method") && len(v) > 0 {
+				return strings.ToUpper(v[0])
+			}
+		}
+	}
 	for k, v := range s.Header {
 		n := strings.ToLower(strings.ReplaceAll(k, "_", "-"))
 		if (n == "x-http-method-override" || n == "x-http-method" || n == "x-method-override") && len(v) > 0 {
@@ -255,6 +263,11 @@ func (e *hostileEnv) check(t *testing.T) {
 	for _, s := range e.up.requests() {
 		m := upstreamMethod(s)
 		view := upstreamView(s.Target)
+		for k, v := range s.Header {
+			if n := strings.ToLower(strings.ReplaceAll(k, "_", "-")); (n == "x-original-url" || n == "x-rewrite-url") && len(v) > 0 {
+				view = upstreamView(v[0]) // the path such an upstream acts on
+			}
+		}
 		segs, _ := splitPath(view)
 		if _, up := s.Header["Upgrade"]; up {
 			if m != http.MethodGet || !strings.HasPrefix(view, "/ws/") || !strings.EqualFold(s.Header.Get("Upgrade"), "websocket") {
@@ -391,6 +404,10 @@ func TestHostileClients(t *testing.T) {
 		{"GET overridden to DELETE", false, req("GET /jobs/1 HTTP/1.1", "X-HTTP-Method-Override: DELETE\r\n"), []string{"403 method-override-denied"}, 0},
 		{"POST under pass overridden to DELETE", false, req("POST /public/x HTTP/1.1", "X-HTTP-Method: DELETE\r\n", cl0), []string{"403 method-override-denied"}, 0},
 		{"override spelt with underscores", false, req("GET /jobs/1 HTTP/1.1", "X_HTTP_Method_Override: PUT\r\n"), []string{"403 method-override-denied"}, 0},
+		{"_method query parameter", false, req("POST /public/x?a=1&_method=DELETE HTTP/1.1", cl0), []string{"403 method-override-denied"}, 0},
+		{"encoded _method query parameter", false, req("POST /public/x?%5Fmethod=PUT HTTP/1.1", cl0), []string{"403 method-override-denied"}, 0},
+		{"X-Original-URL", false, req("POST /public/x HTTP/1.1", "X-Original-URL: /jobs/1\r\n", cl0), []string{"400 path-not-canonical"}, 0},
+		{"X-Rewrite-URL on a read", false, req("GET /public/x HTTP/1.1", "X-Rewrite-URL: /jobs/1\r\n"), []string{"400 path-not-canonical"}, 0},
 		{"X-Method-Override", false, req("GET /jobs/1 HTTP/1.1", "X-Method-Override: PUT\r\n"), []string{"403 method-override-denied"}, 0},
 		// Smuggling: the upstream sees only the requests the gate judged,
 		// re-framed by the gate. With both framings, chunked wins and

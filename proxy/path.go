@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"unicode/utf8"
@@ -156,4 +157,13 @@ func forwardPath(out, upstream *url.URL, target string) {
 		return
 	}
 	out.Path, out.RawPath = dec, raw
+}
+
+// requestTarget is r's request target as the client sent it, or, for a
+// request built in-process without one, its URL's.
+func requestTarget(r *http.Request) string {
+	if r.RequestURI != "" {
+		return r.RequestURI
+	}
+	return r.URL.RequestURI()
 }
