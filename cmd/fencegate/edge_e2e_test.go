@@ -140,15 +140,16 @@ func send(t *testing.T, method, url, body string, hdr ...string) (int, string, s
 // TestWebDAVDestinationIsFenced plays the stale-holder story against a real
 // nginx WebDAV server behind the binary: the successor (token 2) wrote X;
 // the stale holder (token 1 on X) takes a fresh lease on X-scratch, writes
-// there, and tries to COPY, then MOVE, X-scratch onto X. Both are refused
-// and X keeps the successor's content. A COPY and a MOVE between two files
+// there, and tries to COPY, then MOVE, X-scratch onto X, then to PUT X
+// through encoded traversal past a pass rule. All are refused and X keeps
+// the successor's content. A COPY and a MOVE between two files
 // whose leases the writer does hold go through, so nginx does honour
 // Destination behind the gate.
 func TestWebDAVDestinationIsFenced(t *testing.T) {
 	dav, root := startNginx(t)
 	p := start(t, t.TempDir(), []string{
 		"FENCEGATE_UPSTREAM=" + dav,
-		"FENCEGATE_RULES=PUT,DELETE,COPY,MOVE /files/{name} fence file:{name}",
+		"FENCEGATE_RULES=PUT,DELETE,COPY,MOVE /files/{name} fence file:{name}; PUT /public/{rest...} pass",
 	}, "api", "gate")
 	acquire := func(res, owner string, ttl int) string {
 		t.Helper()
@@ -194,6 +195,17 @@ func TestWebDAVDestinationIsFenced(t *testing.T) {
 	}
 	if got := file("X-scratch"); got != "stale's" {
 		t.Fatalf("X-scratch holds %q after refused MOVEs", got)
+	}
+	// nginx decodes %2F and resolves "..": past a pass rule, these would
+	// land on /files/X unfenced.
+	for _, path := range []string{"/public/..%2Ffiles%2FX", "/public/%2e%2e/files/X", "/public/../files/X"} {
+		st, b, code := send(t, "PUT", gate(path), "stale's", "Fencing-Token", stale)
+		if st != http.StatusBadRequest || code != "path-not-canonical" {
+			t.Errorf("PUT %s: %d %s, want 400 path-not-canonical", path, st, b)
+		}
+		if got := file("X"); got != "successor's" {
+			t.Fatalf("after PUT %s, X holds %q", path, got)
+		}
 	}
 
 	// Positive control: a writer holding both A and B (token 1 on each).
