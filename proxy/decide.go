@@ -76,6 +76,10 @@ type Decision struct {
 	// Unfenced marks a write (unsafe method) forwarded without a check
 	// because a pass rule said so (Forward only).
 	Unfenced bool
+	// DropUpgrade: forward the read without its Upgrade header, as plain
+	// HTTP/1.1 (Forward only). For an h2c offer on a read, which a server
+	// may ignore (RFC 9110 §7.8), as curl --http2 sends on http:// URLs.
+	DropUpgrade bool
 	// Token is the write's fencing token (Fence only).
 	Token fencing.Token
 	// Targets are the resources the write is fenced on (Fence only): one,
@@ -97,6 +101,7 @@ func refusal(status int, code, detail string) Decision {
 //  2. CONNECT and the HTTP/2 preface (PRI) are refused (403
 //     upgrade-denied); so is a protocol upgrade, unless the method is safe,
 //     the path canonical and an upgrade rule allows every protocol asked.
+//     A read that offers only h2c is forwarded without the offer.
 //  3. Other safe methods are forwarded unfenced.
 //  4. An unsafe request whose target is not a canonical origin-form path
 //     is refused (400 path-not-canonical), before any rule is consulted.
@@ -311,6 +316,9 @@ func (g *Gate) decideUpgrade(in Incoming, protos []string) Decision {
 	if !safeMethod(in.Method) {
 		return refusal(http.StatusForbidden, "upgrade-denied",
 			"a write may not upgrade its connection: the tunnel would carry later bytes past the gate's fencing")
+	}
+	if len(protos) > 0 && !slices.ContainsFunc(protos, func(p string) bool { return p != "h2c" }) {
+		return Decision{Verdict: Forward, DropUpgrade: true}
 	}
 	segs, p := canonicalSegments(in.Target)
 	if p != nil {

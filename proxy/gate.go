@@ -248,6 +248,11 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 		if d.Unfenced {
 			g.count(r, CodeUnfenced)
 		}
+		if d.DropUpgrade {
+			// Without it the reverse proxy forwards a plain request, and
+			// drops the headers Connection lists (HTTP2-Settings).
+			r.Header.Del("Upgrade")
+		}
 		g.rp.ServeHTTP(w, r)
 		return
 	}

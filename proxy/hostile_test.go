@@ -387,7 +387,8 @@ func TestHostileClients(t *testing.T) {
 		{"upgrade header alone", false, req("GET /jobs/1 HTTP/1.1", "Upgrade: websocket\r\n"), []string{"403 upgrade-denied"}, 0},
 		{"websocket where a rule allows it", false, req("GET /ws/chat HTTP/1.1", "Connection: Upgrade\r\nUpgrade: websocket\r\n"), []string{"200"}, 1},
 		{"websocket rule, dot segments", false, req("GET /ws/../jobs/1 HTTP/1.1", "Connection: Upgrade\r\nUpgrade: websocket\r\n"), []string{"400 path-not-canonical"}, 0},
-		{"h2c upgrade", false, req("GET /ws/chat HTTP/1.1", "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n"), []string{"403 upgrade-denied"}, 0},
+		{"h2c upgrade on a read is ignored", false, req("GET /ws/chat HTTP/1.1", "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n"), []string{"200"}, 1},
+		{"h2c upgrade on a write", false, req("PUT /jobs/1 HTTP/1.1", fresh, cl0, "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n"), []string{"403 upgrade-denied"}, 0},
 		{"h2c prior knowledge", false, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", []string{"403 upgrade-denied"}, 0},
 		{"CONNECT", false, req("CONNECT 127.0.0.1:1 HTTP/1.1", fresh, asScr), []string{"403 upgrade-denied"}, 0},
 		// WebDAV Destination: a second target, fenced too.
