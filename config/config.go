@@ -48,7 +48,7 @@ type Config struct {
 
 	Rules           string        `env:"RULES" help:"write gate route rules, one per line"`
 	RulesFile       string        `env:"RULES_FILE" help:"path of a file with route rules (instead of FENCEGATE_RULES)"`
-	ResourceHeader  bool          `env:"RESOURCE_HEADER" envDefault:"true" help:"true or false: take the resource from the Fencing-Resource header when no rule matches"`
+	ResourceHeader  *bool         `env:"RESOURCE_HEADER" help:"true or false: take the resource from the Fencing-Resource header when no rule matches; unset: true without rules, false with rules"`
 	BarrierTimeout  time.Duration `env:"BARRIER_TIMEOUT" envDefault:"10s" help:"longest wait behind a lower-token write in flight, a duration > 0"`
 	TimeoutGrace    time.Duration `env:"TIMEOUT_GRACE" envDefault:"30s" help:"how long the barrier stays closed after an upstream timeout, a duration >= 0"`
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest wait for the upstream's response headers, a duration > 0"`
@@ -248,6 +248,16 @@ func (s StoreSpec) Redacted() string {
 		return "memory:"
 	}
 	return redact(s.URL)
+}
+
+// ResourceHeaderOn resolves FENCEGATE_RESOURCE_HEADER for a gate with
+// the given number of route rules: as set, or, unset, on only when there
+// are no rules (deriving the resource from the path is the safer mode).
+func (c Config) ResourceHeaderOn(rules int) bool {
+	if c.ResourceHeader != nil {
+		return *c.ResourceHeader
+	}
+	return rules == 0
 }
 
 // Help lists every variable with its default and what it accepts, in

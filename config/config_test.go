@@ -15,8 +15,12 @@ func TestLoadDefaults(t *testing.T) {
 	if c.APIAddr != "127.0.0.1:7070" || c.ProxyAddr != "127.0.0.1:8080" || c.Store != "file:fencegate.db" {
 		t.Fatalf("defaults: %+v", c)
 	}
-	if c.DefaultTTL != 30*time.Second || c.MaxCheckpointBytes != 1<<20 || !c.ResourceHeader || c.Upstream != "" {
+	if c.DefaultTTL != 30*time.Second || c.MaxCheckpointBytes != 1<<20 || c.ResourceHeader != nil || c.Upstream != "" {
 		t.Fatalf("defaults: %+v", c)
+	}
+	// Unset: the Fencing-Resource header is a fallback only without rules.
+	if !c.ResourceHeaderOn(0) || c.ResourceHeaderOn(1) {
+		t.Fatalf("unset FENCEGATE_RESOURCE_HEADER: on(0 rules)=%v on(1 rule)=%v", c.ResourceHeaderOn(0), c.ResourceHeaderOn(1))
 	}
 }
 
@@ -28,8 +32,12 @@ func TestLoadOverrides(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.APIAddr != "127.0.0.1:0" || c.Store != "memory:" || c.DefaultTTL != 2*time.Minute || c.ResourceHeader || c.Upstream != "http://127.0.0.1:9000" {
+	if c.APIAddr != "127.0.0.1:0" || c.Store != "memory:" || c.DefaultTTL != 2*time.Minute || c.ResourceHeaderOn(0) || c.Upstream != "http://127.0.0.1:9000" {
 		t.Fatalf("overrides not applied: %+v", c)
+	}
+	on, err := Load([]string{"FENCEGATE_RESOURCE_HEADER=true"})
+	if err != nil || !on.ResourceHeaderOn(3) {
+		t.Fatalf("FENCEGATE_RESOURCE_HEADER=true with rules: %v %v", on.ResourceHeaderOn(3), err)
 	}
 }
 

@@ -24,6 +24,14 @@
 // Several gates sharing one store share the high-water mark but not the
 // barrier: each orders only the writes that pass through it.
 //
+// The edge: the gate decides from what the client sent (method, raw
+// request target, headers) alone, and refuses what an upstream could read
+// differently from the gate: non-canonical paths on writes (CheckPath),
+// method and path overrides, protocol upgrades (allowed on reads only by
+// an upgrade rule), CONNECT and h2c. A write whose Destination header names
+// a second target is fenced on both resources. Writes are forwarded with
+// exactly the path bytes that were judged. See Gate.decide.
+//
 // Telemetry (see Options.MeterProvider and Options.TracerProvider): every
 // unsafe request is counted once in fencegate.gate.writes by its final
 // outcome, and every request gets an HTTP server span and the HTTP
@@ -82,7 +90,9 @@ type Options struct {
 	Rules []Rule
 	// ResourceHeader lets a fenced write name its resource in the
 	// Fencing-Resource header when no rule matches it. Without it such a
-	// write is refused with 400 resource-required.
+	// write is refused with 400 resource-required. With rules, leave it
+	// off: it lets a client choose the resource of any write the rules
+	// miss (the binary turns it on by default only without rules).
 	ResourceHeader bool
 	// Logger receives upstream and store faults; nil discards.
 	Logger *slog.Logger
@@ -214,7 +224,7 @@ type flightKey struct{}
 // forwards it. ModifyResponse and ErrorHandler run on the goroutine of
 // ServeHTTP, so no locking is needed.
 type fencedWrite struct {
-	ticket *barrier.Ticket
+	ticket *flight
 	code   string // final outcome for MetricWrites
 }
 
@@ -222,51 +232,42 @@ type fencedWrite struct {
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.handler.ServeHTTP(w, r) }
 
 func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
-	if safeMethod(r.Method) {
+	// The decision is made from what the client sent, nothing else: see
+	// decide for the contract.
+	d := g.decide(Incoming{Method: r.Method, Target: requestTarget(r), Host: r.Host, Header: r.Header})
+	if d.Rule != nil {
+		// Like http.ServeMux: the matched pattern, which the HTTP
+		// telemetry reports as http.route.
+		r.Pattern = d.Rule.Pattern
+	}
+	switch d.Verdict {
+	case Refuse:
+		g.refuse(w, r, d.Problem)
+		return
+	case Forward:
+		if d.Unfenced {
+			g.count(r, CodeUnfenced)
+		}
+		if d.DropUpgrade {
+			// Without it the reverse proxy forwards a plain request, and
+			// drops the headers Connection lists (HTTP2-Settings).
+			r.Header.Del("Upgrade")
+		}
 		g.rp.ServeHTTP(w, r)
 		return
 	}
-	rule, vars, err := g.route(r)
-	if err != nil {
-		g.refuse(w, r, problem.New(http.StatusBadRequest, "resource-required",
-			"the request path cannot be matched against the route rules: "+err.Error()))
-		return
-	}
-	if rule != nil {
-		// Like http.ServeMux: the matched pattern, which the HTTP
-		// telemetry reports as http.route.
-		r.Pattern = rule.Pattern
-		switch rule.Action {
-		case ActionDeny:
-			g.refuse(w, r, problem.New(http.StatusForbidden, "write-denied",
-				fmt.Sprintf("route rule on line %d denies %s %s", rule.Line, r.Method, rule.Pattern)))
-			return
-		case ActionPass:
-			g.count(r, CodeUnfenced)
-			g.rp.ServeHTTP(w, r)
-			return
-		}
-	}
-	token, p := requestToken(r)
-	if p != nil {
-		g.refuse(w, r, p)
-		return
-	}
-	resource, p := g.resource(r, rule, vars)
-	if p != nil {
-		g.refuse(w, r, p)
-		return
-	}
-	strict := rule != nil && rule.Strict
+	token := d.Token
+	resource := d.Targets[0].Resource
 	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
 		span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(token)))
 	}
 
 	// Register before the admission check: any write admitted before this
-	// one is already registered, so the wait below cannot miss it.
-	t := g.barrier.Register(resource, token)
+	// one is already registered, so the wait below cannot miss it. A write
+	// with a Destination registers and is admitted on both resources.
+	t := g.register(d.Targets, token)
 	ctx := r.Context()
-	_, err = g.store.Admit(ctx, fencing.AdmitRequest{Resource: resource, Token: token, RequireLive: strict})
+	resource, err := g.admit(ctx, d.Targets, token)
 	if err != nil {
 		t.Leave()
 		if ctx.Err() != nil {
@@ -284,7 +285,7 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
 			"a write with a lower token for this resource is still in flight through this gate, or the barrier is held closed after an upstream timeout; this write was admitted but not forwarded: retry it with the same token")
-		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(g.barrier.HeldUntil(resource)))}}
+		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(t.HeldUntil()))}}
 		g.refuseWrite(w, r, p, resource, token)
 		return
 	}
@@ -295,73 +296,11 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 	g.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, flightKey{}, fw)))
 }
 
-func (g *Gate) wait(ctx context.Context, t *barrier.Ticket) error {
+func (g *Gate) wait(ctx context.Context, t *flight) error {
 	if g.barrierOff {
 		return nil
 	}
 	return t.Wait(ctx, g.barrierTimeout)
-}
-
-// route returns the first rule matching r, and its pattern variables.
-func (g *Gate) route(r *http.Request) (*Rule, map[string]string, error) {
-	if len(g.rules) == 0 {
-		return nil, nil, nil
-	}
-	segs, err := splitPath(r.URL.EscapedPath())
-	if err != nil {
-		return nil, nil, err
-	}
-	for i := range g.rules {
-		if vars, ok := g.rules[i].match(r.Method, segs); ok {
-			return &g.rules[i], vars, nil
-		}
-	}
-	return nil, nil, nil
-}
-
-func requestToken(r *http.Request) (fencing.Token, *problem.Error) {
-	vs := r.Header[HeaderToken]
-	switch len(vs) {
-	case 0:
-		return 0, problem.New(http.StatusPreconditionRequired, "token-required",
-			"a write needs a Fencing-Token header with the token of a lease on its resource")
-	case 1:
-	default:
-		return 0, problem.New(http.StatusBadRequest, "invalid-token", "send exactly one Fencing-Token header")
-	}
-	t, err := fencing.ParseToken(vs[0])
-	if err != nil {
-		return 0, problem.New(http.StatusBadRequest, "invalid-token", "Fencing-Token: "+err.Error())
-	}
-	return t, nil
-}
-
-func (g *Gate) resource(r *http.Request, rule *Rule, vars map[string]string) (string, *problem.Error) {
-	if rule != nil {
-		res := rule.resource(vars)
-		if err := fencing.ValidateResource(res); err != nil {
-			return "", problem.New(http.StatusBadRequest, "resource-required",
-				fmt.Sprintf("route rule on line %d gives resource %q, which is not a valid resource name: %v", rule.Line, truncate(res), err))
-		}
-		return res, nil
-	}
-	if !g.resourceHeader {
-		return "", problem.New(http.StatusBadRequest, "resource-required",
-			"no route rule matches this write, so the gate cannot tell which resource it changes")
-	}
-	vs := r.Header[HeaderResource]
-	switch len(vs) {
-	case 0:
-		return "", problem.New(http.StatusBadRequest, "resource-required",
-			"no route rule matches this write: name its resource in a Fencing-Resource header")
-	case 1:
-	default:
-		return "", problem.New(http.StatusBadRequest, "resource-required", "send exactly one Fencing-Resource header")
-	}
-	if err := fencing.ValidateResource(vs[0]); err != nil {
-		return "", problem.New(http.StatusBadRequest, "resource-required", "Fencing-Resource: "+err.Error())
-	}
-	return vs[0], nil
 }
 
 func truncate(s string) string {
@@ -402,6 +341,10 @@ func (g *Gate) refuse(w http.ResponseWriter, r *http.Request, err error) {
 
 func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(g.upstream)
+	if !safeMethod(pr.In.Method) {
+		// A write goes upstream with exactly the path the gate judged.
+		forwardPath(pr.Out.URL, g.upstream, requestTarget(pr.In))
+	}
 	// SetXForwarded replaces any X-Forwarded-* the client sent: the gate
 	// states what it saw, it does not relay claims.
 	pr.SetXForwarded()

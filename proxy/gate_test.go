@@ -43,6 +43,7 @@ func TestOutcomes(t *testing.T) {
 		code    string            // problem code; empty for a forwarded request
 		extra   map[string]string // problem extension members, as fmt %v
 		retryOK bool              // Retry-After expected
+		hdrs    []string          // more request headers, not checked upstream
 	}
 	holder := func(e *env) []string {
 		l := e.acquire("job:7", "alice", 10*time.Second)
@@ -69,9 +70,17 @@ func TestOutcomes(t *testing.T) {
 			return []string{HeaderToken, "1", HeaderResource, "a/b"}
 		}, method: "POST", path: "/other", status: 400, code: "resource-required"},
 		{name: "template expands to an invalid name", setup: func(e *env) []string { return []string{HeaderToken, "1"} },
-			method: "PUT", path: "/jobs/a%2Fb", status: 400, code: "resource-required"},
+			method: "PUT", path: "/jobs/a%20b", status: 400, code: "resource-required"},
 		{name: "dot segments", setup: func(e *env) []string { return []string{HeaderToken, "1"} },
-			method: "PUT", path: "/jobs/%2E%2E", status: 400, code: "resource-required"},
+			method: "PUT", path: "/jobs/%2E%2E", status: 400, code: "path-not-canonical"},
+		{name: "encoded slash under a pass rule", setup: func(e *env) []string { return nil },
+			method: "POST", path: "/health%2F..%2Fjobs%2F7", status: 400, code: "path-not-canonical"},
+		{name: "upgrade on a write", setup: holder, method: "PUT", path: "/jobs/7", status: 403, code: "upgrade-denied",
+			hdrs: []string{"Connection", "Upgrade", "Upgrade", "websocket"}},
+		{name: "method override", setup: holder, method: "PUT", path: "/jobs/7", status: 403, code: "method-override-denied",
+			hdrs: []string{"X-HTTP-Method-Override", "DELETE"}},
+		{name: "method override on a read", setup: func(e *env) []string { return nil }, method: "GET", path: "/jobs/7", status: 403, code: "method-override-denied",
+			hdrs: []string{"X-Http-Method", "PUT"}},
 		{name: "stale token", setup: func(e *env) []string {
 			a := e.acquire("job:7", "alice", 10*time.Second)
 			e.clock.Advance(11 * time.Second)
@@ -107,7 +116,7 @@ func TestOutcomes(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t, testRules, func(o *Options) { o.ResourceHeader = !c.noHdr })
 			hdr := c.setup(e)
-			r := e.do(c.method, c.path, "body-of-"+c.name, hdr...)
+			r := e.do(c.method, c.path, "body-of-"+c.name, append(append([]string(nil), hdr...), c.hdrs...)...)
 			if c.code == "" {
 				if r.Status != c.status || r.Header.Get("X-Upstream") != "yes" || r.Body != "applied body-of-"+c.name {
 					t.Fatalf("got %d %q, want the upstream's %d", r.Status, r.Body, c.status)
@@ -566,8 +575,9 @@ func TestRequestBodyStreams(t *testing.T) {
 	}
 }
 
-// TestUpgradePassthrough: a WebSocket-style Upgrade on GET is tunnelled,
-// also through the telemetry wrapper (which must keep the Hijacker).
+// TestUpgradePassthrough: a WebSocket Upgrade on GET that an upgrade rule
+// allows is tunnelled, also through the telemetry wrapper (which must keep
+// the Hijacker). Upgrades no rule allows are refused: see TestHostileClients.
 func TestUpgradePassthrough(t *testing.T) {
 	t.Run("plain", func(t *testing.T) { testUpgradePassthrough(t, Options{}) })
 	t.Run("telemetry", func(t *testing.T) {
@@ -598,6 +608,11 @@ func testUpgradePassthrough(t *testing.T, opts Options) {
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
 	opts.Upstream, opts.Store = u, memstore.New(memstore.Options{})
+	rules, err := ParseRules("GET /ws upgrade websocket")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Rules = rules
 	g, err := New(opts)
 	if err != nil {
 		t.Fatal(err)

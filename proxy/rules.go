@@ -21,6 +21,9 @@ const (
 	ActionPass
 	// ActionDeny refuses the write with 403 write-denied.
 	ActionDeny
+	// ActionUpgrade (safe methods only) lets a protocol upgrade named in
+	// the rule's Protocols through, unfenced: the way to allow WebSockets.
+	ActionUpgrade
 )
 
 // String returns the action's keyword in the rule syntax.
@@ -32,14 +35,18 @@ func (a Action) String() string {
 		return "pass"
 	case ActionDeny:
 		return "deny"
+	case ActionUpgrade:
+		return "upgrade"
 	}
 	return "unknown"
 }
 
 // Rule maps unsafe requests (a method set and a path pattern) to an action
 // and, for fence rules, to a resource template. Build rules with ParseRules;
-// a Rule literal is not usable. Rules are consulted only for unsafe methods:
-// safe methods (GET, HEAD, OPTIONS, TRACE) always pass unfenced.
+// a Rule literal is not usable. Fence, pass and deny rules are consulted
+// only for unsafe methods: safe methods (GET, HEAD, OPTIONS, TRACE) pass
+// unfenced, and upgrade rules, which name safe methods only, are consulted
+// only for safe requests that ask for a protocol upgrade.
 type Rule struct {
 	// Line is the 1-based line of the rule in the text given to ParseRules.
 	Line int
@@ -57,6 +64,9 @@ type Rule struct {
 	// Template (fence rules only) is the resource template as written,
 	// e.g. "job:{id}".
 	Template string
+	// Protocols (upgrade rules only) lists the upgrade protocols the rule
+	// allows, lower case, e.g. ["websocket"].
+	Protocols []string
 
 	segs []segment
 	tmpl []tmplPart
@@ -183,21 +193,33 @@ func safeMethod(m string) bool {
 // segment) or, last only, "{name...}" (the rest of the path, possibly
 // empty: "/admin/{rest...}" matches "/admin/" and below, not "/admin").
 // Paths are matched segment by segment after percent-decoding each
-// segment; fenced writes to paths with "." or ".." segments are refused
-// rather than guessed at. ACTION is one of
+// segment; a trailing slash is significant ("/jobs/{id}" does not match
+// "/jobs/7/"). Unsafe requests whose path is not canonical (see
+// CheckPath) are refused before any rule is consulted. ACTION is one of
 //
 //	fence TEMPLATE         fence the write on the resource TEMPLATE names
 //	fence strict TEMPLATE  same, and the token must hold the live lease
 //	pass                   forward without fencing
 //	deny                   refuse with 403 write-denied
+//	upgrade PROTOCOLS      let a protocol upgrade through (safe methods only)
 //
 // TEMPLATE is resource-name text ([A-Za-z0-9._:~-]) with "{name}"
-// references to the pattern's variables, e.g. "job:{id}". Example:
+// references to the pattern's variables, e.g. "job:{id}". PROTOCOLS is a
+// comma-separated list of upgrade protocol names (case-insensitive, e.g.
+// "websocket"); h2c is never allowed, since an HTTP/2 connection would
+// carry later writes past the gate. Upgrade rules name safe methods
+// explicitly; every other rule names unsafe methods or "*". Example:
 //
 //	PUT,PATCH,DELETE /jobs/{id}        fence job:{id}
 //	POST             /jobs/{id}/finish fence strict job:{id}
+//	COPY,MOVE        /files/{name}     fence file:{name}
 //	POST             /healthcheck      pass
 //	*                /admin/{rest...}  deny
+//	GET              /ws/{rest...}     upgrade websocket
+//
+// A write that names a second target in a Destination header (WebDAV COPY
+// and MOVE) has that path judged by the same rules with the same method,
+// and is fenced on both resources (see Gate).
 //
 // The first rule that matches a request wins. Errors name the line.
 func ParseRules(text string) ([]Rule, error) {
@@ -226,10 +248,14 @@ func parseRule(f []string) (Rule, error) {
 		return Rule{}, errors.New(`want "METHODS PATTERN ACTION", e.g. "PUT /jobs/{id} fence job:{id}"`)
 	}
 	var r Rule
+	upgrade := f[2] == "upgrade"
+	if f[0] == "*" && upgrade {
+		return Rule{}, errors.New(`an upgrade rule names its safe methods, e.g. "GET /ws/{rest...} upgrade websocket"`)
+	}
 	if f[0] != "*" {
 		seen := map[string]bool{}
 		for _, m := range strings.Split(f[0], ",") {
-			if err := checkMethod(m); err != nil {
+			if err := checkMethod(m, upgrade); err != nil {
 				return Rule{}, err
 			}
 			if !seen[m] {
@@ -253,6 +279,22 @@ func parseRule(f []string) (Rule, error) {
 			r.Action = ActionDeny
 		}
 		return r, nil
+	case "upgrade":
+		r.Action = ActionUpgrade
+		if len(f) != 4 {
+			return Rule{}, errors.New(`upgrade takes one comma-separated list of protocols, e.g. "upgrade websocket"`)
+		}
+		for _, p := range strings.Split(f[3], ",") {
+			p = strings.ToLower(p)
+			if !validProtocol(p) {
+				return Rule{}, fmt.Errorf("upgrade protocol %q: not a protocol name", p)
+			}
+			if p == "h2c" {
+				return Rule{}, errors.New("upgrade protocol h2c: an HTTP/2 connection would carry later writes past the gate unfenced")
+			}
+			r.Protocols = append(r.Protocols, p)
+		}
+		return r, nil
 	case "fence":
 		r.Action = ActionFence
 		args := f[3:]
@@ -269,10 +311,10 @@ func parseRule(f []string) (Rule, error) {
 		}
 		return r, nil
 	}
-	return Rule{}, fmt.Errorf("unknown action %q: want fence, fence strict, pass or deny", f[2])
+	return Rule{}, fmt.Errorf("unknown action %q: want fence, fence strict, pass, deny or upgrade", f[2])
 }
 
-func checkMethod(m string) error {
+func checkMethod(m string, upgrade bool) error {
 	if m == "" {
 		return errors.New("empty method in the method list")
 	}
@@ -288,10 +330,28 @@ func checkMethod(m string) error {
 	if m == "*" {
 		return errors.New(`"*" must stand alone, not in a method list`)
 	}
-	if safeMethod(m) {
+	if upgrade && !safeMethod(m) {
+		return fmt.Errorf("method %s: upgrades are refused on unsafe methods, an upgrade rule for them would never apply", m)
+	}
+	if !upgrade && safeMethod(m) {
 		return fmt.Errorf("method %s: safe methods are never fenced, a rule for them would never apply", m)
 	}
 	return nil
+}
+
+// validProtocol reports whether p is an upgrade protocol name: an HTTP
+// token, optionally with a "/version".
+func validProtocol(p string) bool {
+	if p == "" {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~/", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // parsePattern fills r.segs and returns the pattern's variable names.

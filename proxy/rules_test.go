@@ -32,6 +32,12 @@ func TestParseRulesErrors(t *testing.T) {
 		{"PUT /a/{id} fence job:{id", "unclosed {"},
 		{"PUT /a/{id} fence job:}", "unmatched }"},
 		{"PUT /a pass; POST /b frob", "line 1"},
+		{"* /ws upgrade websocket", "names its safe methods"},
+		{"POST /ws upgrade websocket", "upgrades are refused on unsafe methods"},
+		{"GET /ws upgrade", "one comma-separated list"},
+		{"GET /ws upgrade websocket,h2c", "h2c"},
+		{"GET /ws upgrade web(socket", "not a protocol name"},
+		{"GET /ws pass", "safe methods are never fenced"},
 	} {
 		_, err := ParseRules(c.text)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -118,6 +124,63 @@ func TestParseRulesAndMatch(t *testing.T) {
 	}
 }
 
+func TestParseUpgradeRule(t *testing.T) {
+	rules, err := ParseRules("GET /ws/{rest...} upgrade WebSocket,chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rules[0]; r.Action != ActionUpgrade || strings.Join(r.Protocols, ",") != "websocket,chat" || strings.Join(r.Methods, ",") != "GET" {
+		t.Fatalf("%+v", r)
+	}
+}
+
+// TestCheckPath pins what a canonical path is (see CheckPath).
+func TestCheckPath(t *testing.T) {
+	for _, p := range []string{
+		"/", "/jobs/7", "/jobs/7/", "/a:b@c/!$&'()*+,=", "/files/a%20b", "/jobs/a%3Ab",
+		"/files/%E2%82%AC", "/files/%e2%82%ac", "/a%5Bb%5D", "/~user/x.y-z_w",
+	} {
+		if err := CheckPath(p); err != nil {
+			t.Errorf("CheckPath(%q) = %v, want canonical", p, err)
+		}
+	}
+	for _, c := range []struct{ path, why string }{
+		{"", "does not start with /"},
+		{"jobs/7", "does not start with /"},
+		{"//jobs/7", "empty path segment"},
+		{"/jobs//7", "empty path segment"},
+		{"/jobs/./7", "dot segment"},
+		{"/jobs/..", "dot segment"},
+		{"/jobs/%2e%2e", "canonical unencoded"},
+		{"/jobs/%2E", "canonical unencoded"},
+		{"/jobs/%41", "canonical unencoded"},
+		{"/jobs%2F7", "encoded '/'"},
+		{"/jobs%2f7", "encoded '/'"},
+		{"/jobs%5C7", "encoded '\\\\'"},
+		{"/jobs%3B7", "encoded ';'"},
+		{"/jobs%257", "encoded '%'"},
+		{"/jobs/%00", "control byte"},
+		{"/jobs/%7F", "control byte"},
+		{"/jobs/%0a", "control byte"},
+		{"/jobs/%c0%af", "invalid UTF-8"},
+		{"/jobs/%e2%82", "invalid UTF-8"},
+		{"/jobs/%zz", "invalid percent-encoding"},
+		{"/jobs/%4", "invalid percent-encoding"},
+		{"/jobs/%", "invalid percent-encoding"},
+		{"/jobs;x/7", "not allowed"},
+		{"/jobs\\7", "not allowed"},
+		{"/jobs/\xc3\xa9", "not allowed"},
+		{"/jobs/a b", "not allowed"},
+		{"/jobs/a#b", "not allowed"},
+		{"/jobs/a\x00", "not allowed"},
+	} {
+		err := CheckPath(c.path)
+		if err == nil || !strings.Contains(err.Error(), c.why) {
+			t.Errorf("CheckPath(%q) = %v, want an error about %q", c.path, err, c.why)
+		}
+	}
+}
+
 func TestSplitPathRefusesDotSegments(t *testing.T) {
 	for _, p := range []string{"/a/../b", "/a/./b", "/a/%2e%2E/b", "/..", "/a/%zz"} {
 		if _, err := splitPath(p); err == nil {
@@ -139,6 +202,7 @@ func FuzzParseRules(f *testing.F) {
 		"put /x pass",
 		"PUT /{x...} fence r{x}",
 		"PUT / fence {",
+		"GET,HEAD /ws/{rest...} upgrade WebSocket,foo/2",
 	} {
 		f.Add(s, "/jobs/7")
 	}
@@ -162,6 +226,9 @@ func FuzzParseRules(f *testing.F) {
 			}
 			if r.Template != "" {
 				b.WriteString(" " + r.Template)
+			}
+			if r.Protocols != nil {
+				b.WriteString(" " + strings.Join(r.Protocols, ","))
 			}
 			b.WriteString("\n")
 		}

@@ -27,7 +27,8 @@ const ScopeName = "github.com/fencegate/fencegate/proxy"
 //     failed with: token-required, invalid-token, resource-required,
 //     write-denied, stale-token, token-not-issued, lease-not-held,
 //     store-unavailable, barrier-timeout, upstream-timeout,
-//     upstream-unavailable, internal-error.
+//     upstream-unavailable, internal-error, path-not-canonical,
+//     upgrade-denied, method-override-denied.
 //   - method: POST, PUT, PATCH, DELETE, or _OTHER for any other unsafe
 //     method (kept out of the attribute so clients cannot create series).
 //
@@ -63,7 +64,8 @@ var (
 		"token-required", "invalid-token", "resource-required", "write-denied",
 		"stale-token", "token-not-issued", "lease-not-held", "store-unavailable",
 		"barrier-timeout", "upstream-timeout", "upstream-unavailable",
-		"internal-error", "invalid-request"}
+		"internal-error", "invalid-request", "path-not-canonical", "upgrade-denied",
+		"method-override-denied"}
 	writeMethods = []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, "_OTHER"}
 )
 
@@ -144,6 +146,9 @@ func (g *Gate) count(r *http.Request, code string) {
 	ctx := r.Context()
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.SetAttributes(attrCode.String(code))
+	}
+	if safeMethod(r.Method) {
+		return // a read refused (an upgrade): not a write
 	}
 	k := writeKey{code, writeMethod(r.Method)}
 	opts, ok := g.writeOpts[k]

@@ -8,6 +8,7 @@
 # valkey-cli if present, else Debian's redis-server with redis-cli (package
 # redis-tools, which also brings redis-benchmark for the opt-in
 # FENCEGATE_VALKEY_BENCH comparison). -race needs cgo, so a C compiler too.
+# The WebDAV end-to-end test runs nginx (Debian's has the DAV module).
 # Whatever is missing is installed with apt-get when running as root;
 # otherwise the script stops. With FENCEGATE_REQUIRE_VALKEY=1 (set here)
 # the Valkey tests fail instead of skipping when no server can be started.
@@ -29,6 +30,7 @@ have_server() { has valkey-server || has redis-server; }
 have_cli() { if has valkey-server; then has valkey-cli; else has redis-cli; fi; }
 have_cc() { has "$(go env CC)"; }
 have_postgres() { has initdb || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; }
+have_nginx() { has nginx || [ -x /usr/sbin/nginx ]; }
 
 missing=()
 if ! have_server || ! have_cli; then missing+=(redis-server redis-tools); fi
@@ -41,6 +43,7 @@ if ! have_postgres; then
 		echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.conf
 	fi
 fi
+if ! have_nginx; then missing+=(nginx); fi
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
 	echo "test.sh: installing ${missing[*]} with apt-get" >&2
 	export DEBIAN_FRONTEND=noninteractive
@@ -68,6 +71,12 @@ if ! have_postgres; then
 fi
 export FENCEGATE_REQUIRE_VALKEY=1
 export FENCEGATE_REQUIRE_POSTGRES=1
+if ! have_nginx; then
+	echo "test.sh: the WebDAV end-to-end test needs nginx and none could be installed;" >&2
+	echo "         install it (e.g. apt-get install nginx) and run again" >&2
+	exit 1
+fi
+export FENCEGATE_REQUIRE_NGINX=1
 
 unformatted="$(gofmt -l .)"
 if [ -n "$unformatted" ]; then

@@ -297,15 +297,16 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, log *sl
 	if err != nil {
 		return nil, fmt.Errorf("FENCEGATE_UPSTREAM: %w", err)
 	}
-	log.Info("write gate", "upstream", upstream.Redacted(), "rules", len(rules), "resource_header", cfg.ResourceHeader)
-	if len(rules) == 0 && !cfg.ResourceHeader {
+	resourceHeader := cfg.ResourceHeaderOn(len(rules))
+	log.Info("write gate", "upstream", upstream.Redacted(), "rules", len(rules), "resource_header", resourceHeader)
+	if len(rules) == 0 && !resourceHeader {
 		log.Warn("write gate has no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused with resource-required")
 	}
 	return proxy.New(proxy.Options{
 		Upstream:        upstream,
 		Store:           store,
 		Rules:           rules,
-		ResourceHeader:  cfg.ResourceHeader,
+		ResourceHeader:  resourceHeader,
 		Logger:          log,
 		BarrierTimeout:  cfg.BarrierTimeout,
 		TimeoutGrace:    cfg.TimeoutGrace,
