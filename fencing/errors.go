@@ -93,15 +93,25 @@ func (e *LeaseHeldError) Error() string {
 // Is makes errors.Is(err, ErrLeaseHeld) true.
 func (e *LeaseHeldError) Is(target error) bool { return target == ErrLeaseHeld }
 
-// StaleTokenError reports a token below the high-water mark. It matches
-// ErrStaleToken.
+// StaleTokenError reports a token below the high-water mark, or one issued
+// before the store lost its data. It matches ErrStaleToken.
 type StaleTokenError struct {
-	Resource  string
-	Token     Token
+	Resource string
+	Token    Token
+	// HighWater is the lowest token the store would admit now: the
+	// high-water mark, or, when BeforeLoss, the store's floor plus one.
 	HighWater Token
+	// BeforeLoss: the token is at or below the floor a store set after it
+	// detected a loss of its data (or a floor set when its data began): it
+	// was issued before that and no admitted write superseded it. No write
+	// with a newer token need have been admitted.
+	BeforeLoss bool
 }
 
 func (e *StaleTokenError) Error() string {
+	if e.BeforeLoss {
+		return fmt.Sprintf("token %d for %q predates the store's current data (tokens from %d on are admitted)", e.Token, e.Resource, e.HighWater)
+	}
 	return fmt.Sprintf("token %d for %q is older than the newest admitted token %d", e.Token, e.Resource, e.HighWater)
 }
 
