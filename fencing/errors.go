@@ -38,9 +38,21 @@ var (
 	// (timeout or broken connection after sending); it may or may not have
 	// taken effect. Callers fail closed and must not assume either outcome.
 	ErrAmbiguous = errors.New("store outcome ambiguous")
-	// ErrStoreLost: the store detected that it lost its data (for example a
-	// Valkey restart without persistence). It refuses until it has recovered
-	// past every token issued before the loss.
+	// ErrStoreLost: the store detected that it lost data for the resource
+	// (for example a Valkey failover to a lagging replica, or a FLUSHALL
+	// noticed by a gate that saw the resource before it). The operation was
+	// not performed. Before answering it, the store has moved the resource
+	// past every token it knows was issued before the loss, so a retry with a
+	// pre-loss token is refused as stale (StaleTokenError.BeforeLoss) and the
+	// next acquisition gets a token above every pre-loss token. A store that
+	// can only detect a loss when it opens (the file store) recovers there
+	// and never returns it.
+	//
+	// Every store must keep DESIGN's promise across a loss it can detect:
+	// never repeat a token, never admit a token superseded before the loss
+	// after a post-loss write. It either returns ErrStoreLost until it has
+	// recovered, or recovers at once by moving every affected resource past
+	// a floor above all pre-loss tokens.
 	ErrStoreLost = errors.New("store data loss detected")
 )
 
