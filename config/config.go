@@ -188,11 +188,11 @@ const (
 type StoreSpec struct {
 	Kind StoreKind
 	Path string // file: the database path
-	URL  string // valkey: the URL as given (valkey:// or valkeys://)
+	URL  string // valkey: the URL as given (valkey://, valkeys://, redis://, rediss://)
 }
 
 // ParseStore parses a store URL: file:PATH, memory:, valkey://… or
-// valkeys://….
+// valkeys://… (redis://… and rediss://… are accepted as the same).
 func ParseStore(raw string) (StoreSpec, error) {
 	switch {
 	case raw == "memory:":
@@ -204,7 +204,8 @@ func ParseStore(raw string) (StoreSpec, error) {
 			return StoreSpec{}, errors.New("file: needs a path, e.g. file:fencegate.db")
 		}
 		return StoreSpec{Kind: StoreFile, Path: p}, nil
-	case strings.HasPrefix(raw, "valkey://"), strings.HasPrefix(raw, "valkeys://"):
+	case strings.HasPrefix(raw, "valkey://"), strings.HasPrefix(raw, "valkeys://"),
+		strings.HasPrefix(raw, "redis://"), strings.HasPrefix(raw, "rediss://"):
 		u, err := url.Parse(raw)
 		if err != nil || u.Host == "" {
 			return StoreSpec{}, fmt.Errorf("%q is not a valkey URL with a host", redact(raw))
