@@ -138,6 +138,10 @@ type Options struct {
 	// 0 means DefaultWaitTimeout. Used only when WaitReplicas > 0. Must not
 	// be negative.
 	WaitTimeout time.Duration
+	// PolicyCheckInterval is how often every node's maxmemory-policy and
+	// persistence are checked again after Open (see health.go); 0 means
+	// DefaultPolicyCheckInterval. Must not be negative.
+	PolicyCheckInterval time.Duration
 }
 
 // Store is the Valkey fencing.Store. Safe for concurrent use: calls share
@@ -154,6 +158,12 @@ type Store struct {
 	waitTimeout  time.Duration // Options.WaitTimeout
 
 	seen *seenMarks // what the server answered: see seen.go
+
+	// policyFault is the last eviction-policy check's fault, "" or nil
+	// when none (see health.go).
+	policyFault atomic.Pointer[string]
+	stopWatch   chan struct{} // closed by Close
+	watchDone   chan struct{} // closed when the policy watcher returns
 }
 
 var _ fencing.Store = (*Store)(nil)
@@ -196,6 +206,12 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.WaitTimeout == 0 {
 		opts.WaitTimeout = DefaultWaitTimeout
 	}
+	if opts.PolicyCheckInterval < 0 {
+		return nil, errors.New("valkeystore: PolicyCheckInterval must not be negative")
+	}
+	if opts.PolicyCheckInterval == 0 {
+		opts.PolicyCheckInterval = DefaultPolicyCheckInterval
+	}
 	copt, err := clientOption(opts)
 	if err != nil {
 		return nil, err
@@ -217,6 +233,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if s.waitReplicas > 0 {
 		s.warnFewReplicas(ctx)
 	}
+	s.stopWatch, s.watchDone = make(chan struct{}), make(chan struct{})
+	go s.watchPolicy(opts.PolicyCheckInterval)
 	return s, nil
 }
 
@@ -380,6 +398,9 @@ func (s *Store) stateKey(res string) string { return s.prefix + ":{" + res + "}:
 // reply, classifying faults.
 func (s *Store) run(ctx context.Context, op string, sc *valkey.Lua, keys, args []string) ([]string, error) {
 	if err := s.checkOpen(op); err != nil {
+		return nil, err
+	}
+	if err := s.checkPolicy(op); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
@@ -774,6 +795,9 @@ func (s *Store) Ping(ctx context.Context) error {
 	if err := s.checkOpen("ping"); err != nil {
 		return err
 	}
+	if err := s.checkPolicy("ping"); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
 	defer cancel()
 	if s.isCluster() {
@@ -787,6 +811,10 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
+	}
+	if s.stopWatch != nil {
+		close(s.stopWatch)
+		<-s.watchDone
 	}
 	s.client.Close()
 	return nil
