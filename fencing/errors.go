@@ -95,7 +95,21 @@ func (e *TooLargeError) Is(target error) bool { return target == ErrTooLarge }
 type LeaseHeldError struct {
 	Resource  string
 	Holder    string
-	ExpiresAt time.Time
+	ExpiresAt time.Time // by the store's clock
+	// Now is the store's clock when it answered (zero when unknown).
+	// Remaining uses it, so that how long the lease has left never mixes
+	// the store's clock (the Valkey server's TIME) with the caller's.
+	Now time.Time
+}
+
+// Remaining is how long the lease had left when the store answered:
+// ExpiresAt - Now by the store's own clock, or, when the store did not say
+// what its clock read, until ExpiresAt by the caller's clock.
+func (e *LeaseHeldError) Remaining() time.Duration {
+	if e.Now.IsZero() {
+		return time.Until(e.ExpiresAt)
+	}
+	return e.ExpiresAt.Sub(e.Now)
 }
 
 func (e *LeaseHeldError) Error() string {

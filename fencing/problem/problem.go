@@ -65,7 +65,7 @@ func From(err error) *Error {
 	)
 	switch {
 	case errors.As(err, &held):
-		retry := max(int(time.Until(held.ExpiresAt).Seconds()+0.999), 1)
+		retry := max(int(held.Remaining().Seconds()+0.999), 1)
 		return &Error{Status: http.StatusConflict, Code: "lease-held", Detail: "the lease is held by another owner",
 			Extra:   map[string]any{"holder": held.Holder, "expires_at": FormatTime(held.ExpiresAt)},
 			Headers: http.Header{"Retry-After": {strconv.Itoa(retry)}}}

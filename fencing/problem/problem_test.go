@@ -127,3 +127,13 @@ func TestStaleDetailIsTruthful(t *testing.T) {
 		t.Errorf("high-water refusal: %q", p.Detail)
 	}
 }
+
+// TestLeaseHeldRetryAfterUsesStoreClock: Retry-After is the lease's time
+// left by the store's clock, whatever the host's clock says.
+func TestLeaseHeldRetryAfterUsesStoreClock(t *testing.T) {
+	storeNow := time.Now().Add(-time.Hour) // the store's clock is an hour behind the host's
+	p := From(&fencing.LeaseHeldError{Holder: "a", Now: storeNow, ExpiresAt: storeNow.Add(90 * time.Second)})
+	if got := p.Headers.Get("Retry-After"); got != "90" {
+		t.Fatalf("Retry-After %q, want 90 (by the store's clock)", got)
+	}
+}

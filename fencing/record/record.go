@@ -145,7 +145,7 @@ func (r *Record) Acquire(req fencing.AcquireRequest, now time.Time) (fencing.Lea
 	ttl := req.TTL.Milliseconds()
 	if r.live(n) {
 		if r.Last.Owner != req.Owner {
-			return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: r.Last.Owner, ExpiresAt: fromMillis(r.Last.ExpiresMs)}
+			return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: r.Last.Owner, ExpiresAt: fromMillis(r.Last.ExpiresMs), Now: fromMillis(n)}
 		}
 		r.Last.TTLMillis = ttl
 		r.Last.ExpiresMs = n + ttl

@@ -501,9 +501,11 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 			s.seen.observe(req.Resource, l.Token, floor)
 			return l, nil
 		}
-	case r[0] == "HELD" && len(r) == 3:
-		if exp, ok := parseMillis(r[2]); ok {
-			return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: r[1], ExpiresAt: fromMillis(exp)}
+	case r[0] == "HELD" && len(r) == 4:
+		exp, ok1 := parseMillis(r[2])
+		now, ok2 := parseMillis(r[3])
+		if ok1 && ok2 {
+			return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: r[1], ExpiresAt: fromMillis(exp), Now: fromMillis(now)}
 		}
 	}
 	return fencing.Lease{}, corrupt("acquire", r)

@@ -17,7 +17,8 @@
 --                                                   new lease, or the same
 --                                                   owner's live lease extended;
 --                                                   floor: the record's floor
---   {"HELD", holder, expires_ms}                    another owner's live lease
+--   {"HELD", holder, expires_ms, now_ms}            another owner's live lease
+--                                                   (now_ms: the server's clock)
 --
 -- Token rule (store-loss safety): a new token is max(issued + 1, now_us),
 -- now_us being the server's TIME in microseconds. Tokens therefore follow
@@ -50,7 +51,7 @@ if issued then
   local cur, tok, acq, exp, rel, fin = f[2], f[3], f[5], f[6], f[7], f[8]
   if fg_live(cur, exp, rel, now_ms) then
     if cur ~= owner then
-      return {'HELD', cur, exp}
+      return {'HELD', cur, exp, fg_fmt(now_ms)}
     end
     local r = fg_extend(rec, live, tok, ARGV[2], acq, now_ms)
     r[6] = redis.call('HGET', rec, 'floor') or '0'
