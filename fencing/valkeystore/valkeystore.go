@@ -776,9 +776,12 @@ func (s *Store) checkNotLost(ctx context.Context, res string, top fencing.Token,
 	if err != nil {
 		return fmt.Errorf("%w; lifting it failed: %w", lost, err)
 	}
-	newIssued, ok1 := parseToken(r[len(r)-2])
-	newFloor, ok2 := parseToken(r[len(r)-1])
-	if r[0] != "OK" || len(r) != 3 || !ok1 || !ok2 {
+	if r[0] != "OK" || len(r) != 3 {
+		return fmt.Errorf("%w; lift: %w", lost, corrupt("lift", r))
+	}
+	newIssued, ok1 := parseToken(r[1])
+	newFloor, ok2 := parseToken(r[2])
+	if !ok1 || !ok2 {
 		return fmt.Errorf("%w; lift: %w", lost, corrupt("lift", r))
 	}
 	s.seen.observe(res, newIssued, newFloor)

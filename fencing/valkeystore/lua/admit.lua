@@ -25,16 +25,16 @@
 --   {"WAIT"}                     (mode "1") rerun in mode "2" on a dedicated
 --                                connection and WAIT
 --   {"NOTISSUED", issued, floor} token > issued (never handed out)
---
--- floor (every OK and NOTISSUED reply ends with it) is the record's floor,
--- "0" for none: it changes only when the record is created or lifted, so a
--- gate that sees it change knows the record was lost (see seen.go).
 --   {"STALE", hw}                token < hw
 --   {"FLOOR", floor + 1}         token <= floor: the token predates this
 --                                record, i.e. the store lost its data since
 --                                it was issued (see acquire.lua); no newer
 --                                write need have been admitted
 --   {"NOTHELD"}                  RequireLive and no live lease with the token
+--
+-- floor (every OK and NOTISSUED reply ends with it) is the record's floor,
+-- "0" for none: it changes only when the record is created or lifted, so a
+-- gate that sees it change knows the record was lost (see seen.go).
 --
 -- Never creates a record: an unknown resource has issued 0, so every token
 -- is "not issued". Idempotent: a retry of an admitted token admits again.
