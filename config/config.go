@@ -201,7 +201,8 @@ type StoreSpec struct {
 }
 
 // ParseStore parses a store URL: file:PATH, memory:, valkey://…,
-// valkeys://…, postgres://… or postgresql://….
+// valkeys://… (redis://… and rediss://… are accepted as the same),
+// postgres://… or postgresql://….
 func ParseStore(raw string) (StoreSpec, error) {
 	switch {
 	case raw == "memory:":
@@ -213,7 +214,8 @@ func ParseStore(raw string) (StoreSpec, error) {
 			return StoreSpec{}, errors.New("file: needs a path, e.g. file:fencegate.db")
 		}
 		return StoreSpec{Kind: StoreFile, Path: p}, nil
-	case strings.HasPrefix(raw, "valkey://"), strings.HasPrefix(raw, "valkeys://"):
+	case strings.HasPrefix(raw, "valkey://"), strings.HasPrefix(raw, "valkeys://"),
+		strings.HasPrefix(raw, "redis://"), strings.HasPrefix(raw, "rediss://"):
 		u, err := url.Parse(raw)
 		if err != nil || u.Host == "" {
 			return StoreSpec{}, fmt.Errorf("%q is not a valkey URL with a host", redact(raw))

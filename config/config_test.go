@@ -88,9 +88,9 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 }
 
 func TestStoreURLPasswordIsRedacted(t *testing.T) {
-	_, err := Load([]string{"FENCEGATE_STORE=redis://user:hunter2@host:6379"})
+	_, err := Load([]string{"FENCEGATE_STORE=redis://user:hunter2@"})
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
-		t.Fatalf("error %v leaks the password or accepts a redis:// URL", err)
+		t.Fatalf("error %v leaks the password or accepts a URL without a host", err)
 	}
 	s, err := ParseStore("valkeys://user:hunter2@host:6379/2")
 	if err != nil || s.Kind != StoreValkey || strings.Contains(s.Redacted(), "hunter2") {
@@ -114,10 +114,20 @@ func TestParseStore(t *testing.T) {
 		"valkey://h:1":      {Kind: StoreValkey, URL: "valkey://h:1"},
 		"postgres://u@h/db": {Kind: StorePostgres, URL: "postgres://u@h/db"},
 		"postgresql:///db":  {Kind: StorePostgres, URL: "postgresql:///db"},
+		"redis://h:1/2":     {Kind: StoreValkey, URL: "redis://h:1/2"},
+		"rediss://h:1":      {Kind: StoreValkey, URL: "rediss://h:1"},
 	} {
 		got, err := ParseStore(raw)
 		if err != nil || got != want {
 			t.Errorf("ParseStore(%q) = %+v, %v; want %+v", raw, got, err, want)
+		}
+	}
+}
+
+func TestParseStoreRefuses(t *testing.T) {
+	for _, raw := range []string{"", "file:", "redis:/h", "redis://", "http://h:1", "memory"} {
+		if got, err := ParseStore(raw); err == nil {
+			t.Errorf("ParseStore(%q) = %+v, want an error", raw, got)
 		}
 	}
 }

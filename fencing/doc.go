@@ -9,6 +9,15 @@
 //     issued(R): issued(R)+1 in the memory and file stores, possibly more in
 //     the Valkey store, whose tokens follow its server clock. The same owner
 //     re-acquiring a live lease extends it and keeps its token.
+//   - A store that loses data keeps the first promise and never admits a
+//     token superseded before the loss after a newer write: it detects the
+//     loss and moves the affected resources past a floor above every token
+//     issued before it (the file store on Open, from the host clock and a
+//     marker beside its file; a new file also starts at the clock's floor;
+//     the Valkey store on the acquisition or admission that finds a record
+//     older than one it saw), refusing pre-loss tokens with a
+//     *StaleTokenError whose BeforeLoss is set; a store that cannot
+//     recover within the call returns ErrStoreLost.
 //   - Admission is atomic in the store: a write with token t is admitted only
 //     if high_water(R) <= t <= issued(R), and admission raises high_water(R)
 //     to t in the same atomic store operation.

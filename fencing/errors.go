@@ -38,9 +38,21 @@ var (
 	// (timeout or broken connection after sending); it may or may not have
 	// taken effect. Callers fail closed and must not assume either outcome.
 	ErrAmbiguous = errors.New("store outcome ambiguous")
-	// ErrStoreLost: the store detected that it lost its data (for example a
-	// Valkey restart without persistence). It refuses until it has recovered
-	// past every token issued before the loss.
+	// ErrStoreLost: the store detected that it lost data for the resource
+	// (for example a Valkey failover to a lagging replica, or a FLUSHALL
+	// noticed by a gate that saw the resource before it). The operation was
+	// not performed. Before answering it, the store has moved the resource
+	// past every token it knows was issued before the loss, so a retry with a
+	// pre-loss token is refused as stale (StaleTokenError.BeforeLoss) and the
+	// next acquisition gets a token above every pre-loss token. A store that
+	// can only detect a loss when it opens (the file store) recovers there
+	// and never returns it.
+	//
+	// Every store must keep DESIGN's promise across a loss it can detect:
+	// never repeat a token, never admit a token superseded before the loss
+	// after a post-loss write. It either returns ErrStoreLost until it has
+	// recovered, or recovers at once by moving every affected resource past
+	// a floor above all pre-loss tokens.
 	ErrStoreLost = errors.New("store data loss detected")
 )
 
@@ -83,7 +95,21 @@ func (e *TooLargeError) Is(target error) bool { return target == ErrTooLarge }
 type LeaseHeldError struct {
 	Resource  string
 	Holder    string
-	ExpiresAt time.Time
+	ExpiresAt time.Time // by the store's clock
+	// Now is the store's clock when it answered (zero when unknown).
+	// Remaining uses it, so that how long the lease has left never mixes
+	// the store's clock (the Valkey server's TIME) with the caller's.
+	Now time.Time
+}
+
+// Remaining is how long the lease had left when the store answered:
+// ExpiresAt - Now by the store's own clock, or, when the store did not say
+// what its clock read, until ExpiresAt by the caller's clock.
+func (e *LeaseHeldError) Remaining() time.Duration {
+	if e.Now.IsZero() {
+		return time.Until(e.ExpiresAt)
+	}
+	return e.ExpiresAt.Sub(e.Now)
 }
 
 func (e *LeaseHeldError) Error() string {
@@ -93,15 +119,25 @@ func (e *LeaseHeldError) Error() string {
 // Is makes errors.Is(err, ErrLeaseHeld) true.
 func (e *LeaseHeldError) Is(target error) bool { return target == ErrLeaseHeld }
 
-// StaleTokenError reports a token below the high-water mark. It matches
-// ErrStaleToken.
+// StaleTokenError reports a token below the high-water mark, or one issued
+// before the store lost its data. It matches ErrStaleToken.
 type StaleTokenError struct {
-	Resource  string
-	Token     Token
+	Resource string
+	Token    Token
+	// HighWater is the lowest token the store would admit now: the
+	// high-water mark, or, when BeforeLoss, the store's floor plus one.
 	HighWater Token
+	// BeforeLoss: the token is at or below the floor a store set after it
+	// detected a loss of its data (or a floor set when its data began): it
+	// was issued before that and no admitted write superseded it. No write
+	// with a newer token need have been admitted.
+	BeforeLoss bool
 }
 
 func (e *StaleTokenError) Error() string {
+	if e.BeforeLoss {
+		return fmt.Sprintf("token %d for %q predates the store's current data (tokens from %d on are admitted)", e.Token, e.Resource, e.HighWater)
+	}
 	return fmt.Sprintf("token %d for %q is older than the newest admitted token %d", e.Token, e.Resource, e.HighWater)
 }
 

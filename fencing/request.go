@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // Bounds on requests. Out-of-bounds requests fail with an error matching
@@ -166,6 +167,11 @@ func (r CheckpointRequest) Validate(maxBytes int) error {
 	}
 	if len(r.State) == 0 || !json.Valid(r.State) {
 		return invalidf("state", "must be a JSON value")
+	}
+	// json.Valid accepts invalid UTF-8 inside strings; stored as is, it
+	// would be returned as text that is not JSON (RFC 8259 §8.1).
+	if !utf8.Valid(r.State) {
+		return invalidf("state", "must be JSON encoded in valid UTF-8")
 	}
 	return nil
 }

@@ -174,3 +174,17 @@ func TestRequestValidate(t *testing.T) {
 		t.Fatalf("EffectiveLimit of 3 = %d", got)
 	}
 }
+
+func TestCheckpointStateMustBeUTF8(t *testing.T) {
+	req := fencing.CheckpointRequest{Resource: "r", Owner: "o", Token: 1}
+	for _, state := range []string{"\"\xff\"", "{\"k\":\"\xc3\x28\"}", "[\"\xed\xa0\x80\"]"} {
+		req.State = []byte(state)
+		if err := req.Validate(1 << 10); !errors.Is(err, fencing.ErrInvalid) {
+			t.Errorf("state %q: %v, want ErrInvalid", state, err)
+		}
+	}
+	req.State = []byte(`{"k":"é ✓"}`)
+	if err := req.Validate(1 << 10); err != nil {
+		t.Errorf("valid UTF-8 state refused: %v", err)
+	}
+}

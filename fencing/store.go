@@ -40,7 +40,10 @@ type Store interface {
 	// Admit checks a write's token: high_water <= token <= issued (and a
 	// live lease with the token when req.RequireLive), raising high_water
 	// to the token in the same atomic step. Refusals are
-	// *StaleTokenError, *TokenNotIssuedError or ErrLeaseNotHeld.
+	// *StaleTokenError (BeforeLoss when the token predates a floor the
+	// store set after losing data), *TokenNotIssuedError or
+	// ErrLeaseNotHeld. A store that finds it lost data for the resource
+	// answers ErrStoreLost (see its doc).
 	Admit(ctx context.Context, req AdmitRequest) (Admission, error)
 	// Ping reports whether the store can answer now.
 	Ping(ctx context.Context) error

@@ -29,7 +29,7 @@ func AcquireWait(ctx context.Context, s Store, req AcquireRequest, wait time.Dur
 			return Lease{}, err
 		}
 		sleep := min(poll, remaining)
-		if untilExpiry := time.Until(held.ExpiresAt); untilExpiry > 0 && untilExpiry < sleep {
+		if untilExpiry := held.Remaining(); untilExpiry > 0 && untilExpiry < sleep {
 			sleep = untilExpiry
 		}
 		t := time.NewTimer(sleep)

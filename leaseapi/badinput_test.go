@@ -65,6 +65,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"repeated member", "POST", "/v1/leases/job:2/acquire", "application/json", `{"owner":"w9","owner":"w8"}`, 400, "invalid-request"},
 		{"null body", "POST", "/v1/leases/job:2/acquire", "application/json", `null`, 400, "invalid-json"},
 		{"unknown member renew", "POST", "/v1/leases/job:1/renew", "application/json", `{"owner":"w1","token":1,"finished":true}`, 400, "invalid-request"},
+		{"checkpoint state not UTF-8", "PUT", "/v1/leases/job:1/checkpoint", "application/json", "{\"owner\":\"w1\",\"token\":1,\"state\":\"\xff\xfe\"}", 400, "invalid-request"},
 		{"checkpoint bad state", "PUT", "/v1/leases/job:1/checkpoint", "application/json", `{"owner":"w1","token":1,"state":{"a":}}`, 400, "invalid-json"},
 		// Media types.
 		{"text/plain", "POST", "/v1/leases/job:2/acquire", "text/plain", `{"owner":"w9"}`, 415, "unsupported-media-type"},

@@ -382,9 +382,13 @@ var sentinels = map[string]error{
 // fencing.ErrInvalid, payload-too-large ErrTooLarge, lease-held
 // ErrLeaseHeld, lease-lost ErrLeaseLost, stale-token ErrStaleToken,
 // token-not-issued ErrTokenNotIssued, lease-not-held ErrLeaseNotHeld,
-// no-checkpoint ErrNoCheckpoint, store-unavailable ErrUnavailable, and
-// unauthorized ErrUnauthorized.
+// no-checkpoint ErrNoCheckpoint, store-unavailable ErrUnavailable (nothing
+// was done) or, when its outcome member is "unknown", ErrAmbiguous (the
+// call may have taken effect), and unauthorized ErrUnauthorized.
 func (e *ProblemError) Is(target error) bool {
+	if e.Code == "store-unavailable" && e.Extra["outcome"] == "unknown" {
+		return target == fencing.ErrAmbiguous
+	}
 	s, ok := sentinels[e.Code]
 	return ok && s == target
 }

@@ -241,10 +241,12 @@ func TestClientMapsEveryProblem(t *testing.T) {
 		{fencing.ErrNoCheckpoint, fencing.ErrNoCheckpoint, nil},
 		{&fencing.TooLargeError{Size: 9, Limit: 1}, fencing.ErrTooLarge, nil},
 		{&fencing.ValidationError{Field: "owner", Reason: "must not be empty"}, fencing.ErrInvalid, nil},
-		{fmt.Errorf("dial: %w", fencing.ErrAmbiguous), fencing.ErrUnavailable, nil},
+		{fmt.Errorf("read: %w", fencing.ErrAmbiguous), fencing.ErrAmbiguous, nil},
+		{fmt.Errorf("dial: %w", fencing.ErrUnavailable), fencing.ErrUnavailable, nil},
+		{fmt.Errorf("%w: lost", fencing.ErrStoreLost), fencing.ErrUnavailable, nil},
 	}
 	all := []error{fencing.ErrLeaseHeld, fencing.ErrLeaseLost, fencing.ErrStaleToken, fencing.ErrTokenNotIssued, fencing.ErrLeaseNotHeld,
-		fencing.ErrNoCheckpoint, fencing.ErrTooLarge, fencing.ErrInvalid, fencing.ErrUnavailable}
+		fencing.ErrNoCheckpoint, fencing.ErrTooLarge, fencing.ErrInvalid, fencing.ErrUnavailable, fencing.ErrAmbiguous}
 	for _, c := range cases {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { problem.Write(w, r, nil, c.err) }))
 		_, err := leaseapi.NewClient(srv.URL).Status(context.Background(), "r")

@@ -39,7 +39,7 @@ var storeKinds = []storeKind{
 		return memstore.New(memstore.Options{Clock: clock, MaxCheckpointBytes: testMaxCheckpoint})
 	}},
 	{"boltstore", func(t *testing.T, clock fencing.Clock) fencing.Store {
-		s, err := boltstore.Open(filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{Clock: clock, MaxCheckpointBytes: testMaxCheckpoint})
+		s, err := boltstore.Open(filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{Clock: clock, MaxCheckpointBytes: testMaxCheckpoint, CountFromOne: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -95,12 +95,16 @@ func TestRegisteredBeforeAdmission(t *testing.T) {
 // 503 store-unavailable with Retry-After, never forwarded, and leaves
 // nothing at the barrier.
 func TestStoreFaultsFailClosed(t *testing.T) {
-	for _, fault := range []error{
-		fencing.ErrUnavailable,
-		fmt.Errorf("admit: read timeout after send: %w", fencing.ErrAmbiguous),
-		fencing.ErrStoreLost,
-		context.DeadlineExceeded,
+	for _, fc := range []struct {
+		err     error
+		outcome string // the store-unavailable outcome member
+	}{
+		{fencing.ErrUnavailable, "not-done"},
+		{fmt.Errorf("admit: read timeout after send: %w", fencing.ErrAmbiguous), "unknown"},
+		{fencing.ErrStoreLost, "not-done"},
+		{context.DeadlineExceeded, "unknown"},
 	} {
+		fault := fc.err
 		t.Run(fault.Error(), func(t *testing.T) {
 			clock := newFakeClock()
 			e := newEnvStore(t, testRules, admitHook{
@@ -114,6 +118,9 @@ func TestStoreFaultsFailClosed(t *testing.T) {
 			wantProblem(t, r, http.StatusServiceUnavailable, "store-unavailable")
 			if r.Header.Get("Retry-After") == "" {
 				t.Fatal("no Retry-After")
+			}
+			if r.Problem["outcome"] != fc.outcome {
+				t.Fatalf("outcome %v, want %s: %s", r.Problem["outcome"], fc.outcome, r.Body)
 			}
 			if n := e.up.count(); n != 0 {
 				t.Fatalf("upstream called %d times", n)

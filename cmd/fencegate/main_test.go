@@ -234,15 +234,21 @@ func TestDefaultStoreKeepsTokensAcrossRestart(t *testing.T) {
 	var env []string
 	first := start(t, dir, env, "api")
 	st, lease, _ := call(t, "POST", first.url("api", "/v1/leases/job:42/acquire"), nil, `{"owner":"worker-a","ttl_seconds":5}`)
-	if st != 200 || token(t, lease) != 1 {
+	if st != 200 {
 		t.Fatalf("acquire: %d %v", st, lease)
 	}
-	st, rel, _ := call(t, "POST", first.url("api", "/v1/leases/job:42/release"), nil, `{"owner":"worker-a","token":1}`)
+	// A new store file starts its tokens at the host clock in µs, so that
+	// they stay above those of a file it may replace.
+	t1 := token(t, lease)
+	if now := time.Now().UnixMicro(); t1 <= 1 || t1 > now {
+		t.Fatalf("first token %d, want from the clock floor (now %d µs)", t1, now)
+	}
+	st, rel, _ := call(t, "POST", first.url("api", "/v1/leases/job:42/release"), nil, fmt.Sprintf(`{"owner":"worker-a","token":%d}`, t1))
 	if st != 200 || rel["released"] != true {
 		t.Fatalf("release: %d %v", st, rel)
 	}
 	st, lease, _ = call(t, "POST", first.url("api", "/v1/leases/job:42/acquire"), nil, `{"owner":"worker-b","ttl_seconds":60}`)
-	if st != 200 || token(t, lease) != 2 {
+	if st != 200 || token(t, lease) != t1+1 {
 		t.Fatalf("second acquire: %d %v", st, lease)
 	}
 	if err := first.stop(); err != nil {
@@ -258,12 +264,12 @@ func TestDefaultStoreKeepsTokensAcrossRestart(t *testing.T) {
 	if st != 409 || held["code"] != "lease-held" || held["holder"] != "worker-b" {
 		t.Fatalf("acquire of a live lease after restart: %d %v", st, held)
 	}
-	st, _, _ = call(t, "POST", second.url("api", "/v1/leases/job:42/release"), nil, `{"owner":"worker-b","token":2}`)
+	st, _, _ = call(t, "POST", second.url("api", "/v1/leases/job:42/release"), nil, fmt.Sprintf(`{"owner":"worker-b","token":%d}`, t1+1))
 	if st != 200 {
 		t.Fatalf("release after restart: %d", st)
 	}
 	st, lease, _ = call(t, "POST", second.url("api", "/v1/leases/job:42/acquire"), nil, `{"owner":"worker-c"}`)
-	if st != 200 || token(t, lease) <= 2 {
+	if st != 200 || token(t, lease) != t1+2 {
 		t.Fatalf("a new owner after restart got %d %v; want a token above every token issued before", st, lease)
 	}
 	if err := second.stop(); err != nil {

@@ -16,6 +16,13 @@
 // restart, and one that expired while fencegate was down is expired when it
 // comes back.
 //
+// Loss of the file (deleted, replaced, restored from an older copy) is
+// detected on Open by comparing the file with a lineage marker kept beside
+// it (PATH.lineage); after a detected loss every resource moves past every
+// token issued before it. A new file's tokens start at the host clock in
+// µs. Tokens are otherwise issued+1. See lineage.go for the design and its
+// limits.
+//
 // Limits: one process at a time. bbolt takes an exclusive file lock; a
 // second opener fails after Options.Timeout with an error naming the file.
 // Writes are serialized (one writer at a time, each paying an fsync);
@@ -29,6 +36,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -63,6 +72,15 @@ type Options struct {
 	// Timeout is how long Open waits for the exclusive file lock held by
 	// another process; 0 means DefaultTimeout. Negative is invalid.
 	Timeout time.Duration
+	// CountFromOne makes a new file (with no lineage marker beside it)
+	// issue token 1 first instead of starting at the host clock's floor
+	// (see lineage.go). For tests and demos that want small tokens: such a
+	// file does not protect against the loss of itself together with its
+	// marker. A detected loss sets a floor regardless.
+	CountFromOne bool
+	// Logger receives the warning Open logs when it detects a loss of the
+	// store's data; nil discards it.
+	Logger *slog.Logger
 }
 
 // Store is the file-backed fencing.Store. Safe for concurrent use within
@@ -72,6 +90,18 @@ type Store struct {
 	path     string
 	clock    fencing.Clock
 	maxState int
+
+	// floor lifts every record read (record.Record.Lift); set by Open,
+	// read-only after.
+	floor fencing.Token
+	// lossDetected is the reason Open judged the file to have lost data,
+	// "" if it did not.
+	lossDetected string
+	// marker and lineage (the identity, the generation of the last
+	// marker write, the highest token issued) change only inside
+	// read-write transactions, which bbolt runs one at a time.
+	marker  *markerFile
+	lineage lineage
 }
 
 var _ fencing.Store = (*Store)(nil)
@@ -103,13 +133,22 @@ func Open(path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: open store file %s: %w", fencing.ErrUnavailable, path, err)
 	}
+	// The marker is opened under bbolt's file lock, so it has one writer.
+	marker, mk, state, err := openMarker(path + markerSuffix)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("%w: store file %s: %w", fencing.ErrUnavailable, path, err)
+	}
+	s := &Store{db: db, path: path, clock: opts.Clock, maxState: opts.MaxCheckpointBytes, marker: marker}
 	err = db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
 			return err
 		}
+		fresh := false
 		switch v := meta.Get(keyFormat); {
 		case v == nil:
+			fresh = true
 			if err := meta.Put(keyFormat, []byte(formatVersion)); err != nil {
 				return err
 			}
@@ -121,13 +160,84 @@ func Open(path string, opts Options) (*Store, error) {
 				return err
 			}
 		}
-		return nil
+		return s.checkLineage(meta, fresh, state, mk, opts.CountFromOne)
 	})
 	if err != nil {
 		db.Close()
+		marker.close()
 		return nil, fmt.Errorf("%w: initialize store file %s: %w", fencing.ErrUnavailable, path, err)
 	}
-	return &Store{db: db, path: path, clock: opts.Clock, maxState: opts.MaxCheckpointBytes}, nil
+	if state == markerAbsent {
+		if err := syncDir(path); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("%w: store file %s: sync directory: %w", fencing.ErrUnavailable, path, err)
+		}
+	}
+	if s.lossDetected != "" && opts.Logger != nil {
+		opts.Logger.Warn("boltstore: the store file lost data; every resource moves past the tokens issued before the loss: "+
+			"holders of earlier tokens must acquire again, and their writes are refused",
+			"path", path, "reason", s.lossDetected, "floor", s.floor)
+	}
+	return s, nil
+}
+
+// checkLineage compares the file with its marker (see lineage.go), sets the
+// store's floor, and writes the new generation to the marker and then to
+// the file, in tx.
+func (s *Store) checkLineage(meta *bolt.Bucket, fresh bool, state markerState, mk lineage, countFromOne bool) error {
+	file, floor, hasID := fileLineage(meta)
+	clockFloor := fencing.Token(max(s.clock.Now().UnixMicro(), 0))
+	s.lossDetected = lossReason(fresh, hasID, file, state, mk)
+	switch {
+	case s.lossDetected != "":
+		floor = max(floor, clockFloor, mk.max)
+	case fresh && !countFromOne:
+		floor = clockFloor
+	}
+	id := file.id
+	if fresh || !hasID || s.lossDetected != "" {
+		var err error
+		if id, err = newID(); err != nil {
+			return err
+		}
+	}
+	next := lineage{id: id, gen: max(file.gen, mk.gen) + 1, max: max(floor, mk.max)}
+	if state == markerOK && mk.id != id {
+		next.max = floor // another lineage's tokens are below floor already
+	}
+	if err := s.marker.write(next); err != nil {
+		return fmt.Errorf("write lineage marker: %w", err)
+	}
+	s.lineage, s.floor = next, floor
+	if err := meta.Put(keyID, id[:]); err != nil {
+		return err
+	}
+	if err := putUint64(meta, keyGen, next.gen); err != nil {
+		return err
+	}
+	return putUint64(meta, keyFloor, uint64(floor))
+}
+
+// LossDetected reports why Open judged the store file to have lost data
+// (deleted, replaced, restored from an older copy), or "" when it did not.
+// After a loss every resource has moved past the tokens issued before it.
+func (s *Store) LossDetected() string { return s.lossDetected }
+
+// Floor is the token floor of the store: every token at or below it was
+// issued before the file began (or before a detected loss) and is refused.
+func (s *Store) Floor() fencing.Token { return s.floor }
+
+// bump records, before tx commits, that it issues a token or raises a mark
+// up to top: the marker first (fsynced), then the file's generation.
+func (s *Store) bump(tx *bolt.Tx, top fencing.Token) error {
+	next := s.lineage
+	next.gen++
+	next.max = max(next.max, top)
+	if err := s.marker.write(next); err != nil {
+		return fmt.Errorf("write lineage marker: %w", err)
+	}
+	s.lineage = next
+	return putUint64(tx.Bucket(bucketMeta), keyGen, next.gen)
 }
 
 // Path is the store file's path.
@@ -161,8 +271,10 @@ func (s *Store) classify(err error, committing bool) error {
 	}
 }
 
-// load reads the resource's record in tx; a missing one is empty.
-func load(tx *bolt.Tx, resource string) (*record.Record, error) {
+// load reads the resource's record in tx, lifted to the store's floor at
+// now; a missing one is empty (and not lifted, so that an unknown resource
+// reads as zeros).
+func (s *Store) load(tx *bolt.Tx, resource string, now time.Time) (*record.Record, error) {
 	b := tx.Bucket(bucketRecords)
 	if b == nil {
 		return nil, errors.New("records bucket missing")
@@ -171,7 +283,12 @@ func load(tx *bolt.Tx, resource string) (*record.Record, error) {
 	if v == nil {
 		return &record.Record{}, nil
 	}
-	return decode(resource, v)
+	r, err := decode(resource, v)
+	if err != nil {
+		return nil, err
+	}
+	r.Lift(s.floor, now)
+	return r, nil
 }
 
 // decode parses a stored record.
@@ -203,11 +320,14 @@ func update[T any](s *Store, ctx context.Context, resource string, op func(tx *b
 	}
 	ran := false
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		r, err := load(tx, resource)
+		now := s.clock.Now()
+		r, err := s.load(tx, resource, now)
 		if err != nil {
 			return err
 		}
-		v, changed, err := op(tx, r, s.clock.Now())
+		r.Lift(s.floor, now) // a new record starts at the floor
+		issued, hw := r.Issued, r.HighWater
+		v, changed, err := op(tx, r, now)
 		if se := (*storageError)(nil); errors.As(err, &se) {
 			return se.err
 		}
@@ -217,6 +337,11 @@ func update[T any](s *Store, ctx context.Context, resource string, op func(tx *b
 		result = v
 		if !changed {
 			return errNoWrite
+		}
+		if r.Issued != issued || r.HighWater != hw {
+			if err := s.bump(tx, r.Issued); err != nil {
+				return err
+			}
 		}
 		if err := save(tx, resource, r); err != nil {
 			return err
@@ -308,12 +433,13 @@ func (s *Store) ReadCheckpoint(ctx context.Context, resource string) (fencing.Ch
 	}
 	var cp fencing.Checkpoint
 	err := s.view(ctx, func(tx *bolt.Tx) error {
-		r, err := load(tx, resource)
+		now := s.clock.Now()
+		r, err := s.load(tx, resource, now)
 		if err != nil {
 			return err
 		}
 		// ReadCheckpoint copies the state out of the mmap.
-		cp, err = r.ReadCheckpoint(tx.Bucket(bucketStates).Get([]byte(resource)), s.clock.Now())
+		cp, err = r.ReadCheckpoint(tx.Bucket(bucketStates).Get([]byte(resource)), now)
 		if err != nil {
 			return &opError{err}
 		}
@@ -329,11 +455,12 @@ func (s *Store) Status(ctx context.Context, resource string) (fencing.Status, er
 	}
 	var st fencing.Status
 	err := s.view(ctx, func(tx *bolt.Tx) error {
-		r, err := load(tx, resource)
+		now := s.clock.Now()
+		r, err := s.load(tx, resource, now)
 		if err != nil {
 			return err
 		}
-		st = r.Status(resource, s.clock.Now())
+		st = r.Status(resource, now)
 		return nil
 	})
 	return st, err
@@ -358,6 +485,7 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 			if err != nil {
 				return err
 			}
+			r.Lift(s.floor, now)
 			if l, ok := r.Live(name, now); ok {
 				leases = append(leases, l)
 				if len(leases) == limit {
@@ -384,11 +512,12 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	}
 	var a fencing.Admission
 	err := s.view(ctx, func(tx *bolt.Tx) error {
-		r, err := load(tx, req.Resource)
+		now := s.clock.Now()
+		r, err := s.load(tx, req.Resource, now)
 		if err != nil {
 			return err
 		}
-		a, err = r.Admit(req, s.clock.Now()) // on a private copy: not saved
+		a, err = r.Admit(req, now) // on a private copy: not saved
 		if err != nil {
 			return &opError{err}
 		}
@@ -413,6 +542,10 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Close() error {
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("boltstore: close %s: %w", s.path, err)
+	}
+	// After the database: no transaction can write the marker any more.
+	if err := s.marker.close(); err != nil && !errors.Is(err, os.ErrClosed) {
+		return fmt.Errorf("boltstore: close %s: %w", s.path+markerSuffix, err)
 	}
 	return nil
 }

@@ -132,6 +132,11 @@ func testOtherOwnerGetsLeaseHeld(s *suite) {
 	if held.Resource != res || held.Holder != "alice" || !sameMilli(held.ExpiresAt, l.ExpiresAt) {
 		s.t.Fatalf("LeaseHeldError %+v, want resource %q holder alice expiring %v", *held, res, l.ExpiresAt)
 	}
+	// What is left is counted on the store's clock (Remaining): at most
+	// the TTL and, a second into a long lease, still positive.
+	if left := held.Remaining(); left <= 0 || left > longTTL {
+		s.t.Fatalf("LeaseHeldError.Remaining() = %v, want within (0, %v]", left, longTTL)
+	}
 	st := s.status(res)
 	s.wantLeaseIs("holder's lease after a refused acquire", st.Lease, l)
 	if st.Issued != l.Token {

@@ -65,10 +65,14 @@ func From(err error) *Error {
 	)
 	switch {
 	case errors.As(err, &held):
-		retry := max(int(time.Until(held.ExpiresAt).Seconds()+0.999), 1)
+		retry := max(int(held.Remaining().Seconds()+0.999), 1)
 		return &Error{Status: http.StatusConflict, Code: "lease-held", Detail: "the lease is held by another owner",
 			Extra:   map[string]any{"holder": held.Holder, "expires_at": FormatTime(held.ExpiresAt)},
 			Headers: http.Header{"Retry-After": {strconv.Itoa(retry)}}}
+	case errors.As(err, &stale) && stale.BeforeLoss:
+		return &Error{Status: http.StatusConflict, Code: "stale-token",
+			Detail: "the token was issued before the lease store lost data for this resource; tokens from high_water_token on are admitted: acquire again",
+			Extra:  map[string]any{"high_water_token": stale.HighWater}}
 	case errors.As(err, &stale):
 		return &Error{Status: http.StatusConflict, Code: "stale-token", Detail: "a write with a newer token was already admitted for this resource",
 			Extra: map[string]any{"high_water_token": stale.HighWater}}
@@ -85,15 +89,37 @@ func From(err error) *Error {
 		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload-too-large", Detail: err.Error()}
 	case errors.Is(err, fencing.ErrInvalid):
 		return New(http.StatusBadRequest, "invalid-request", err.Error())
-	case fencing.IsStoreFault(err), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+	case errors.Is(err, fencing.ErrStoreLost):
+		return storeFault(OutcomeNotDone, "the lease store lost data for this resource and has moved it past every token issued before the loss; "+
+			"nothing was done: tokens issued before the loss are refused, acquire again", err)
+	case errors.Is(err, fencing.ErrAmbiguous), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		// A bare context error reaching here (the caller's own request is
 		// still live, or its handler would not answer) came from a store
 		// that gave up without classifying it: the outcome is unknown.
-		return &Error{Status: http.StatusServiceUnavailable, Code: "store-unavailable",
-			Detail:  "the lease store could not give a definite answer; nothing was done, retry later",
-			Headers: http.Header{"Retry-After": {strconv.Itoa(RetryAfterStoreFault)}}, Cause: err}
+		return storeFault(OutcomeUnknown, "the lease store did not answer after the request was sent: it may or may not have been done "+
+			"(an acquire may have taken the lease: acquire again as the same owner; a write through the gate was not forwarded); retry later", err)
+	case errors.Is(err, fencing.ErrUnavailable):
+		return storeFault(OutcomeNotDone, "the lease store could not be reached; nothing was done, retry later", err)
 	}
 	return &Error{Status: http.StatusInternalServerError, Code: "internal-error", Detail: "internal error", Cause: err}
+}
+
+// The outcome member of store-unavailable: whether the store may have
+// performed the operation.
+const (
+	// OutcomeNotDone: the store did not perform it (it was not reached,
+	// or it refused before changing anything).
+	OutcomeNotDone = "not-done"
+	// OutcomeUnknown: the request reached the store, but no answer came
+	// back; it may or may not have taken effect.
+	OutcomeUnknown = "unknown"
+)
+
+// storeFault is the store-unavailable problem with its outcome member.
+func storeFault(outcome, detail string, cause error) *Error {
+	return &Error{Status: http.StatusServiceUnavailable, Code: "store-unavailable", Detail: detail,
+		Extra:   map[string]any{"outcome": outcome},
+		Headers: http.Header{"Retry-After": {strconv.Itoa(RetryAfterStoreFault)}}, Cause: cause}
 }
 
 // Write sends err as a problem+json response: type, title, status, detail

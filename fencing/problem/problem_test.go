@@ -89,3 +89,51 @@ func TestRetryAfter(t *testing.T) {
 		t.Errorf("status %d", rec.Code)
 	}
 }
+
+// TestStoreFaultOutcome: store-unavailable says whether the store may have
+// done the operation, and its detail agrees.
+func TestStoreFaultOutcome(t *testing.T) {
+	for _, tc := range []struct {
+		err     error
+		outcome string
+		detail  string // a phrase the detail must carry
+	}{
+		{fmt.Errorf("dial: %w", fencing.ErrUnavailable), OutcomeNotDone, "nothing was done"},
+		{fmt.Errorf("%w: lost", fencing.ErrStoreLost), OutcomeNotDone, "nothing was done"},
+		{fmt.Errorf("read: %w", fencing.ErrAmbiguous), OutcomeUnknown, "may or may not have been done"},
+		{fmt.Errorf("admit: %w", context.DeadlineExceeded), OutcomeUnknown, "may or may not have been done"},
+		// Both: unknown wins, never a false "nothing was done".
+		{fmt.Errorf("%w: %w", fencing.ErrUnavailable, fencing.ErrAmbiguous), OutcomeUnknown, "may or may not"},
+	} {
+		p := From(tc.err)
+		if p.Code != "store-unavailable" || p.Extra["outcome"] != tc.outcome || !strings.Contains(p.Detail, tc.detail) {
+			t.Errorf("%v: %s outcome %v detail %q; want outcome %s and a detail saying %q", tc.err, p.Code, p.Extra["outcome"], p.Detail, tc.outcome, tc.detail)
+		}
+		if tc.outcome == OutcomeUnknown && strings.Contains(p.Detail, "nothing was done") {
+			t.Errorf("%v: an unknown outcome says nothing was done: %q", tc.err, p.Detail)
+		}
+	}
+}
+
+// TestStaleDetailIsTruthful: a token refused because it predates a loss of
+// the store's data does not claim that a newer write was admitted.
+func TestStaleDetailIsTruthful(t *testing.T) {
+	p := From(&fencing.StaleTokenError{Token: 5, HighWater: 9, BeforeLoss: true})
+	if p.Code != "stale-token" || strings.Contains(p.Detail, "newer token was already admitted") || !strings.Contains(p.Detail, "lost data") {
+		t.Errorf("floor refusal: %s %q", p.Code, p.Detail)
+	}
+	p = From(&fencing.StaleTokenError{Token: 5, HighWater: 9})
+	if !strings.Contains(p.Detail, "newer token was already admitted") {
+		t.Errorf("high-water refusal: %q", p.Detail)
+	}
+}
+
+// TestLeaseHeldRetryAfterUsesStoreClock: Retry-After is the lease's time
+// left by the store's clock, whatever the host's clock says.
+func TestLeaseHeldRetryAfterUsesStoreClock(t *testing.T) {
+	storeNow := time.Now().Add(-time.Hour) // the store's clock is an hour behind the host's
+	p := From(&fencing.LeaseHeldError{Holder: "a", Now: storeNow, ExpiresAt: storeNow.Add(90 * time.Second)})
+	if got := p.Headers.Get("Retry-After"); got != "90" {
+		t.Fatalf("Retry-After %q, want 90 (by the store's clock)", got)
+	}
+}

@@ -22,6 +22,11 @@ import (
 type Record struct {
 	Issued    fencing.Token `json:"issued"`
 	HighWater fencing.Token `json:"high_water"`
+	// Floor is the store floor this record was last lifted to (see Lift):
+	// every token at or below it was issued before a detected loss of the
+	// store's data and is never admitted. Zero in a store that never lost
+	// its data.
+	Floor fencing.Token `json:"floor,omitempty"`
 	// Last is the most recent lease: live, expired or released. Nil until
 	// the first acquisition.
 	Last *Lease `json:"last,omitempty"`
@@ -110,6 +115,29 @@ func (p *Previous) export() *fencing.Previous {
 	return &fencing.Previous{Owner: p.Owner, Token: p.Token, Ended: p.Ended, Finished: p.Finished}
 }
 
+// Lift moves the record past a store floor: after a store detects that it
+// lost data (its file deleted, replaced or restored from an older copy), it
+// picks a floor above every token issued before the loss and lifts each
+// record to it when the record is next read. Lifting raises Issued to at
+// least floor (so the next token is above every pre-loss token), makes
+// Admit refuse every token at or below floor, and ends at now a live lease
+// whose token is at or below floor (its holder must acquire again). It
+// reports whether the record changed. A floor at or below the record's own
+// is a no-op, so lifting is idempotent.
+func (r *Record) Lift(floor fencing.Token, now time.Time) bool {
+	if floor <= r.Floor {
+		return false
+	}
+	r.Floor = floor
+	if r.Issued < floor {
+		r.Issued = floor
+	}
+	if n := millis(now); r.live(n) && r.Last.Token <= floor {
+		r.Last.ExpiresMs = n
+	}
+	return true
+}
+
 // Acquire applies fencing.Store.Acquire. It always changes the record when
 // it succeeds (a new lease, or a same-owner extension).
 func (r *Record) Acquire(req fencing.AcquireRequest, now time.Time) (fencing.Lease, error) {
@@ -117,7 +145,7 @@ func (r *Record) Acquire(req fencing.AcquireRequest, now time.Time) (fencing.Lea
 	ttl := req.TTL.Milliseconds()
 	if r.live(n) {
 		if r.Last.Owner != req.Owner {
-			return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: r.Last.Owner, ExpiresAt: fromMillis(r.Last.ExpiresMs)}
+			return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: r.Last.Owner, ExpiresAt: fromMillis(r.Last.ExpiresMs), Now: fromMillis(n)}
 		}
 		r.Last.TTLMillis = ttl
 		r.Last.ExpiresMs = n + ttl
@@ -214,6 +242,9 @@ func (r *Record) Admit(req fencing.AdmitRequest, now time.Time) (fencing.Admissi
 	}
 	if req.Token < r.HighWater {
 		return fencing.Admission{}, &fencing.StaleTokenError{Resource: req.Resource, Token: req.Token, HighWater: r.HighWater}
+	}
+	if req.Token <= r.Floor {
+		return fencing.Admission{}, &fencing.StaleTokenError{Resource: req.Resource, Token: req.Token, HighWater: max(r.HighWater, r.Floor+1), BeforeLoss: true}
 	}
 	if req.RequireLive && !(r.live(millis(now)) && r.Last.Token == req.Token) {
 		return fencing.Admission{}, leaseNotHeld(req.Resource, req.Token)

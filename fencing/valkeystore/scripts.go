@@ -56,4 +56,5 @@ var (
 	listScript           = script("list", true)
 	pingScript           = script("ping", false)
 	confirmScript        = script("confirm", false)
+	liftScript           = script("lift", false)
 )

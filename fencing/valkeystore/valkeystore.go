@@ -34,21 +34,29 @@
 // TIME in microseconds). Tokens stay below 2^53 (exact as JSON numbers) until
 // the year 2255. When the store loses writes:
 //
-//   - Tokens never repeat: a token issued afterwards is above every token
-//     issued before the loss, provided the clock of the node serving after
-//     the loss is not behind the issue time of the lost tokens (clocks kept
-//     in sync across nodes, e.g. by NTP).
 //   - A record lost whole (restart without persistence, FLUSHALL, failover
-//     to an empty replica) is re-created with a floor that refuses every
-//     token issued before the loss.
-//   - A record rolled back to an older version (failover to a lagging
-//     replica, replication being asynchronous; a crash losing the last
-//     second of an appendfsync everysec AOF) has an older high-water mark
-//     and issued counter: a token superseded or issued in the lost window
-//     may be admitted again, until a newer token is admitted. appendfsync
-//     always prevents the crash loss on one node, not a failover to a
-//     lagging replica; Options.WaitReplicas does, for the marks of
-//     admitted writes (see wait.go).
+//     to an empty replica) is re-created with a floor above the server
+//     clock and above every token this gate has seen on any resource
+//     (seen.go): every token issued before the loss is refused, and the next
+//     token is above it, even when the serving node's clock is behind the
+//     lost tokens, as long as this gate saw them (or a later token).
+//   - A gate notices a record that is not the one it last saw (an issued
+//     counter that went back, or another floor: rolled back by a failover
+//     to a lagging replica or a crash losing the last second of an
+//     appendfsync everysec AOF; or lost and re-created through another gate)
+//     on its next admission for that resource: it lifts the record past
+//     every token it has seen and answers fencing.ErrStoreLost; the lift
+//     then holds for every gate.
+//   - Limits: a gate's memory is per process, bounded, and starts empty. A
+//     gate that never saw a resource before the loss relies on the clocks:
+//     a pre-loss token issued by a node whose clock was ahead of the
+//     post-loss node's can be admitted through it once the post-loss
+//     counter passes that token, unless a gate that saw the resource lifted
+//     it first. A rollback that only lost a high-water mark raise (no
+//     token issued since) is noticed only through its floor or counter, so
+//     a token superseded in the lost window may be admitted again, until a
+//     newer token is admitted; Options.WaitReplicas prevents that for
+//     failovers (see wait.go).
 //
 // Faults are classified here: a request that never left the client
 // (connection refused, dial failure, client closed, server LOADING/BUSY)
@@ -130,6 +138,10 @@ type Options struct {
 	// 0 means DefaultWaitTimeout. Used only when WaitReplicas > 0. Must not
 	// be negative.
 	WaitTimeout time.Duration
+	// PolicyCheckInterval is how often every node's maxmemory-policy and
+	// persistence are checked again after Open (see health.go); 0 means
+	// DefaultPolicyCheckInterval. Must not be negative.
+	PolicyCheckInterval time.Duration
 }
 
 // Store is the Valkey fencing.Store. Safe for concurrent use: calls share
@@ -144,6 +156,14 @@ type Store struct {
 
 	waitReplicas int           // Options.WaitReplicas
 	waitTimeout  time.Duration // Options.WaitTimeout
+
+	seen *seenMarks // what the server answered: see seen.go
+
+	// policyFault is the last eviction-policy check's fault, "" or nil
+	// when none (see health.go).
+	policyFault atomic.Pointer[string]
+	stopWatch   chan struct{} // closed by Close
+	watchDone   chan struct{} // closed when the policy watcher returns
 }
 
 var _ fencing.Store = (*Store)(nil)
@@ -186,6 +206,12 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.WaitTimeout == 0 {
 		opts.WaitTimeout = DefaultWaitTimeout
 	}
+	if opts.PolicyCheckInterval < 0 {
+		return nil, errors.New("valkeystore: PolicyCheckInterval must not be negative")
+	}
+	if opts.PolicyCheckInterval == 0 {
+		opts.PolicyCheckInterval = DefaultPolicyCheckInterval
+	}
 	copt, err := clientOption(opts)
 	if err != nil {
 		return nil, err
@@ -195,7 +221,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("valkeystore: connect to %s: %w", strings.Join(copt.InitAddress, ","), classify("connect", err))
 	}
 	s := &Store{client: client, prefix: opts.KeyPrefix, maxState: opts.MaxCheckpointBytes, cmdTimeout: opts.CommandTimeout, log: opts.Logger,
-		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout}
+		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout, seen: newSeenMarks()}
 	if err := s.Ping(ctx); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("valkeystore: ping: %w", err)
@@ -207,6 +233,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if s.waitReplicas > 0 {
 		s.warnFewReplicas(ctx)
 	}
+	s.stopWatch, s.watchDone = make(chan struct{}), make(chan struct{})
+	go s.watchPolicy(opts.PolicyCheckInterval)
 	return s, nil
 }
 
@@ -372,6 +400,9 @@ func (s *Store) run(ctx context.Context, op string, sc *valkey.Lua, keys, args [
 	if err := s.checkOpen(op); err != nil {
 		return nil, err
 	}
+	if err := s.checkPolicy(op); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
 	defer cancel()
 	return scriptReply(op, sc.Exec(ctx, s.client, keys, args))
@@ -451,19 +482,30 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 	if err := req.Validate(); err != nil {
 		return fencing.Lease{}, err
 	}
+	seen, known := s.seen.resource(req.Resource)
+	hint := max(s.seen.floor(), seen.issued)
+	seenFloor := ""
+	if known {
+		seenFloor = seen.floor.String()
+	}
 	r, err := s.run(ctx, "acquire", acquireScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource)},
-		[]string{req.Owner, strconv.FormatInt(req.TTL.Milliseconds(), 10)})
+		[]string{req.Owner, strconv.FormatInt(req.TTL.Milliseconds(), 10), hint.String(), seen.issued.String(), seenFloor})
 	if err != nil {
 		return fencing.Lease{}, err
 	}
 	switch {
-	case r[0] == "OK":
-		if l, ok := lease(req.Resource, req.Owner, r[1:]); ok {
+	case r[0] == "OK" && len(r) == 6:
+		l, ok1 := lease(req.Resource, req.Owner, r[1:5])
+		floor, ok2 := parseToken(r[5])
+		if ok1 && ok2 {
+			s.seen.observe(req.Resource, l.Token, floor)
 			return l, nil
 		}
-	case r[0] == "HELD" && len(r) == 3:
-		if exp, ok := parseMillis(r[2]); ok {
-			return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: r[1], ExpiresAt: fromMillis(exp)}
+	case r[0] == "HELD" && len(r) == 4:
+		exp, ok1 := parseMillis(r[2])
+		now, ok2 := parseMillis(r[3])
+		if ok1 && ok2 {
+			return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: r[1], ExpiresAt: fromMillis(exp), Now: fromMillis(now)}
 		}
 	}
 	return fencing.Lease{}, corrupt("acquire", r)
@@ -664,6 +706,8 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 		live = "1"
 	}
 	args := []string{req.Token.String(), live}
+	before, known := s.seen.resource(req.Resource)
+	top := s.seen.floor()
 	if s.waitReplicas > 0 {
 		args = append(args, "1") // probe: see wait.go
 	}
@@ -677,24 +721,71 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 		}
 	}
 	switch {
-	case r[0] == "OK" && (len(r) == 4 || len(r) == 5 && s.waitReplicas > 0):
+	case r[0] == "OK" && (len(r) == 5 || len(r) == 6 && s.waitReplicas > 0):
 		issued, ok1 := parseToken(r[1])
 		hw, ok2 := parseToken(r[2])
-		if ok1 && ok2 {
+		floor, ok3 := parseToken(r[len(r)-1])
+		if ok1 && ok2 && ok3 {
+			if err := s.checkNotLost(ctx, req.Resource, top, before, known, issued, floor); err != nil {
+				return fencing.Admission{}, err
+			}
 			return fencing.Admission{Resource: req.Resource, Token: req.Token, HighWater: hw, Issued: issued, Raised: r[3] == "1"}, nil
 		}
-	case r[0] == "NOTISSUED" && len(r) == 2:
-		if issued, ok := parseToken(r[1]); ok {
+	case r[0] == "NOTISSUED" && len(r) == 3:
+		issued, ok1 := parseToken(r[1])
+		floor, ok2 := parseToken(r[2])
+		if ok1 && ok2 {
+			if err := s.checkNotLost(ctx, req.Resource, top, before, known, issued, floor); err != nil {
+				return fencing.Admission{}, err
+			}
 			return fencing.Admission{}, &fencing.TokenNotIssuedError{Resource: req.Resource, Token: req.Token, Issued: issued}
 		}
 	case r[0] == "STALE" && len(r) == 2:
 		if hw, ok := parseToken(r[1]); ok {
 			return fencing.Admission{}, &fencing.StaleTokenError{Resource: req.Resource, Token: req.Token, HighWater: hw}
 		}
+	case r[0] == "FLOOR" && len(r) == 2:
+		if next, ok := parseToken(r[1]); ok {
+			return fencing.Admission{}, &fencing.StaleTokenError{Resource: req.Resource, Token: req.Token, HighWater: next, BeforeLoss: true}
+		}
 	case r[0] == "NOTHELD":
 		return fencing.Admission{}, fmt.Errorf("%w: no live lease on %q holds token %d", fencing.ErrLeaseNotHeld, req.Resource, req.Token)
 	}
 	return fencing.Admission{}, corrupt("admit", r)
+}
+
+// checkNotLost compares a resource's issued counter and floor as the server
+// answered them with what this Store had seen before sending the call
+// (seen, known; top, the highest token seen on any resource; see seen.go).
+// An issued counter below the one seen, or another floor, means the record
+// lost writes or was created afresh: it is lifted past every token this
+// Store had seen (not past tokens issued since the call was sent, which
+// are post-loss) and the call fails with fencing.ErrStoreLost. Otherwise
+// the answer is remembered.
+func (s *Store) checkNotLost(ctx context.Context, res string, top fencing.Token, seen seenRecord, known bool, issued, floor fencing.Token) error {
+	if !seen.lost(known, issued, floor) {
+		s.seen.observe(res, issued, floor)
+		return nil
+	}
+	to := max(top, seen.issued)
+	s.log.Error("valkeystore: the store lost data: a resource's record is older than one this gate saw; moving it past every token this gate has seen",
+		"resource", res, "issued", issued, "floor", floor, "seen_issued", seen.issued, "seen_floor", seen.floor, "lift_to", to)
+	lost := fmt.Errorf("%w: %q: the record (issued %d, floor %d) is not the one seen before (issued %d, floor %d)",
+		fencing.ErrStoreLost, res, issued, floor, seen.issued, seen.floor)
+	r, err := s.run(ctx, "lift", liftScript, []string{s.recKey(res), s.liveKey(res)}, []string{to.String()})
+	if err != nil {
+		return fmt.Errorf("%w; lifting it failed: %w", lost, err)
+	}
+	if r[0] != "OK" || len(r) != 3 {
+		return fmt.Errorf("%w; lift: %w", lost, corrupt("lift", r))
+	}
+	newIssued, ok1 := parseToken(r[1])
+	newFloor, ok2 := parseToken(r[2])
+	if !ok1 || !ok2 {
+		return fmt.Errorf("%w; lift: %w", lost, corrupt("lift", r))
+	}
+	s.seen.observe(res, newIssued, newFloor)
+	return fmt.Errorf("%w; it now refuses every token up to %d", lost, newFloor)
 }
 
 // Ping implements fencing.Store: it succeeds when the store can serve every
@@ -707,6 +798,9 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 // and the client has learnt it.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.checkOpen("ping"); err != nil {
+		return err
+	}
+	if err := s.checkPolicy("ping"); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
@@ -722,6 +816,10 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
+	}
+	if s.stopWatch != nil {
+		close(s.stopWatch)
+		<-s.watchDone
 	}
 	s.client.Close()
 	return nil

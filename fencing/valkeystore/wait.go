@@ -129,7 +129,7 @@ func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live
 	if err != nil {
 		return nil, err
 	}
-	if r[0] != "OK" || len(r) != 5 || r[4] != "1" {
+	if r[0] != "OK" || len(r) != 6 || r[4] != "1" {
 		return r, nil // a refusal, or a mark confirmed meanwhile: no WAIT needed
 	}
 	acked, err := res[1].AsInt64()

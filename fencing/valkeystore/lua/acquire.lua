@@ -4,11 +4,21 @@
 -- KEYS[2] -> <prefix>:{R}:live   live-lease index key
 -- ARGV[1] -> owner
 -- ARGV[2] -> ttl in milliseconds (validated by the caller)
+-- ARGV[3] -> the gate's floor hint (decimal token string, "0" for none):
+--            the highest token this gate has seen the store issue or
+--            admit, on any resource
+-- ARGV[4] -> the highest issued token this gate has seen for this resource
+--            ("0" for none)
+-- ARGV[5] -> the floor this gate saw on this resource's record ("" if it
+--            saw none)
 --
 -- Returns one of:
---   {"OK", token, ttl_ms, acquired_ms, expires_ms}  new lease, or the same
---                                                   owner's live lease extended
---   {"HELD", holder, expires_ms}                    another owner's live lease
+--   {"OK", token, ttl_ms, acquired_ms, expires_ms, floor}
+--                                                   new lease, or the same
+--                                                   owner's live lease extended;
+--                                                   floor: the record's floor
+--   {"HELD", holder, expires_ms, now_ms}            another owner's live lease
+--                                                   (now_ms: the server's clock)
 --
 -- Token rule (store-loss safety): a new token is max(issued + 1, now_us),
 -- now_us being the server's TIME in microseconds. Tokens therefore follow
@@ -17,24 +27,35 @@
 -- still issues tokens above every token issued before the loss, as long as
 -- the clock of the node serving now is not behind the issue time of the
 -- lost tokens. A record created here (never used, or lost whole) gets
--- floor = first token - 1: admit.lua refuses every token <= floor, so a
--- token from before the loss of the whole record is never admitted. A
--- record rolled back to an older version keeps its old floor and marks:
--- see the package doc for what that admits.
+-- floor = max(now_us - 1, ARGV[3]), and the first token floor + 1:
+-- admit.lua refuses every token <= floor, so a token from before the loss
+-- of the whole record is never admitted, even one issued by a node whose
+-- clock was ahead, as long as this gate saw a token at or above it. A
+-- record whose issued counter is below ARGV[4] lost writes (rolled back);
+-- it is first lifted past ARGV[3] (fg_lift) the same way, and so is one
+-- whose floor is not ARGV[5] (it was lost and re-created since this gate
+-- saw it).
 --
 -- NOT idempotent (issues a token): the client never retries it.
 local now_ms, now_us = fg_now()
 local rec, live = KEYS[1], KEYS[2]
 local owner, ttl = ARGV[1], tonumber(ARGV[2])
+local hint, seen, seen_floor = ARGV[3] or '0', ARGV[4] or '0', ARGV[5] or ''
+local before = redis.call('HMGET', rec, 'issued', 'floor')
+if before[1] and (fg_cmp(before[1], seen) < 0 or (seen_floor ~= '' and (before[2] or '0') ~= seen_floor)) then
+  fg_lift(rec, live, fg_max(hint, seen), now_ms)
+end
 local f = redis.call('HMGET', rec, 'issued', 'owner', 'token', 'ttl', 'acq', 'exp', 'rel', 'fin')
 local issued = f[1]
 if issued then
   local cur, tok, acq, exp, rel, fin = f[2], f[3], f[5], f[6], f[7], f[8]
   if fg_live(cur, exp, rel, now_ms) then
     if cur ~= owner then
-      return {'HELD', cur, exp}
+      return {'HELD', cur, exp, fg_fmt(now_ms)}
     end
-    return fg_extend(rec, live, tok, ARGV[2], acq, now_ms)
+    local r = fg_extend(rec, live, tok, ARGV[2], acq, now_ms)
+    r[6] = redis.call('HGET', rec, 'floor') or '0'
+    return r
   end
   if cur then
     local ended = 'expired'
@@ -42,7 +63,7 @@ if issued then
     redis.call('HSET', rec, 'p_owner', cur, 'p_token', tok, 'p_ended', ended, 'p_fin', fin or '0')
   end
 else
-  local floor = fg_fmt(now_us - 1)
+  local floor = fg_max(fg_fmt(now_us - 1), hint)
   redis.call('HSET', rec, 'issued', floor, 'floor', floor)
   issued = floor
 end
@@ -57,4 +78,4 @@ end
 local acq, exp = fg_fmt(now_ms), fg_fmt(now_ms + ttl)
 redis.call('HSET', rec, 'owner', owner, 'token', token, 'ttl', ARGV[2], 'acq', acq, 'exp', exp, 'rel', '0', 'fin', '0')
 redis.call('SET', live, token, 'PXAT', exp)
-return {'OK', token, ARGV[2], acq, exp}
+return {'OK', token, ARGV[2], acq, exp, redis.call('HGET', rec, 'floor') or '0'}

@@ -14,21 +14,27 @@
 --                the mark, which is what WAIT counts).
 --
 -- Returns one of:
---   {"OK", issued, hw, raised}   admitted; raised is "1" when hw moved up
+--   {"OK", issued, hw, raised, floor}
+--                                admitted; raised is "1" when hw moved up
 --                                (modes "0" and "1"; mode "1" never raises)
---   {"OK", issued, hw, raised, confirm}
+--   {"OK", issued, hw, raised, confirm, floor}
 --                                admitted (mode "2"); confirm is "1" when
 --                                the caller must WAIT for replicas before
 --                                relying on it (hw was written), "0" when
 --                                the mark is already confirmed
 --   {"WAIT"}                     (mode "1") rerun in mode "2" on a dedicated
 --                                connection and WAIT
---   {"NOTISSUED", issued}        token > issued (never handed out)
---   {"STALE", mark}              token < hw (mark = hw), or token <= floor
---                                (mark = floor + 1): the token predates this
+--   {"NOTISSUED", issued, floor} token > issued (never handed out)
+--   {"STALE", hw}                token < hw
+--   {"FLOOR", floor + 1}         token <= floor: the token predates this
 --                                record, i.e. the store lost its data since
---                                it was issued (see acquire.lua)
+--                                it was issued (see acquire.lua); no newer
+--                                write need have been admitted
 --   {"NOTHELD"}                  RequireLive and no live lease with the token
+--
+-- floor (every OK and NOTISSUED reply ends with it) is the record's floor,
+-- "0" for none: it changes only when the record is created or lifted, so a
+-- gate that sees it change knows the record was lost (see seen.go).
 --
 -- Never creates a record: an unknown resource has issued 0, so every token
 -- is "not issued". Idempotent: a retry of an admitted token admits again.
@@ -37,13 +43,13 @@ local t = ARGV[1]
 local f = redis.call('HMGET', rec, 'issued', 'hw', 'floor', 'owner', 'token', 'exp', 'rel')
 local issued, hw, floor = f[1] or '0', f[2] or '0', f[3] or '0'
 if fg_cmp(t, issued) > 0 then
-  return {'NOTISSUED', issued}
+  return {'NOTISSUED', issued, floor}
 end
 if fg_cmp(t, hw) < 0 then
   return {'STALE', hw}
 end
 if fg_cmp(t, floor) <= 0 then
-  return {'STALE', fg_fmt(tonumber(floor) + 1)}
+  return {'FLOOR', fg_fmt(tonumber(floor) + 1)}
 end
 if ARGV[2] == '1' then
   local now_ms = fg_now()
@@ -58,15 +64,15 @@ if mode == '0' then
     redis.call('HSET', rec, 'hw', t)
     raised = '1'
   end
-  return {'OK', issued, t, raised}
+  return {'OK', issued, t, raised, floor}
 end
 -- t >= hw here. The mark t is confirmed when hwc >= t (then t == hw).
 local hwc = redis.call('HGET', rec, 'hwc') or '0'
 if fg_cmp(t, hwc) <= 0 then
   if mode == '2' then
-    return {'OK', issued, t, '0', '0'}
+    return {'OK', issued, t, '0', '0', floor}
   end
-  return {'OK', issued, t, '0'}
+  return {'OK', issued, t, '0', floor}
 end
 if mode == '1' then
   return {'WAIT'}
@@ -78,4 +84,4 @@ end
 -- Written even when equal: an HSET is replicated whether or not the value
 -- changes, so the WAIT that follows on this connection covers the mark.
 redis.call('HSET', rec, 'hw', t)
-return {'OK', issued, t, raised, '1'}
+return {'OK', issued, t, raised, '1', floor}

@@ -90,3 +90,24 @@ local function fg_record(rec, state)
   end
   return out
 end
+
+-- fg_max returns the greater of two decimal token strings.
+local function fg_max(a, b)
+  if fg_cmp(a, b) < 0 then return b end
+  return a
+end
+
+-- fg_lift moves a record past `to` (a decimal token string), after the
+-- caller found it older than tokens already seen (the store lost data):
+-- floor and issued rise to at least `to`, so every token up to `to` is
+-- refused and the next token is above it, and a live lease whose token is
+-- at or below `to` ends now (its holder must acquire again).
+local function fg_lift(rec, live, to, now_ms)
+  local f = redis.call('HMGET', rec, 'issued', 'floor', 'owner', 'token', 'exp', 'rel')
+  if fg_cmp(f[2] or '0', to) < 0 then redis.call('HSET', rec, 'floor', to) end
+  if fg_cmp(f[1] or '0', to) < 0 then redis.call('HSET', rec, 'issued', to) end
+  if fg_live(f[3], f[5], f[6], now_ms) and fg_cmp(f[4], to) <= 0 then
+    redis.call('HSET', rec, 'exp', fg_fmt(now_ms))
+    redis.call('DEL', live)
+  end
+end

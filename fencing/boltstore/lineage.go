@@ -1,0 +1,222 @@
+package boltstore
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+// Loss of the store file: the lineage.
+//
+// The store file carries an identity (16 random bytes, made with the file)
+// and a generation, bumped by every commit that issues a token or raises a
+// high-water mark. A small marker file beside it, PATH.lineage, repeats the
+// identity and generation, plus the highest token the file has issued. The
+// marker is written and fsynced before the commit it describes, so for a
+// file that lost nothing, marker generation == file generation (or the
+// marker is one ahead after a crash between the two writes).
+//
+// On Open the two are compared. The file is judged to have lost data when
+// it is new but a marker names an earlier file (deleted, or replaced by a
+// fresh one), when its identity differs from the marker's (replaced by
+// another store file), when its generation is behind the marker's
+// (restored from an older copy, or the last commit did not survive a
+// crash), or when the marker is missing or unreadable beside an existing
+// file (restored or moved without it). The store then sets its floor to
+// max(the highest token the marker records, the host clock in µs, the old
+// floor) and lifts every record to it when it is next read
+// (record.Record.Lift): the next token of every resource is above every
+// token issued before the loss, every pre-loss token is refused, and live
+// leases end.
+//
+// A brand-new file with no marker (a first start, or the loss of the file
+// together with its marker, as when a container without a volume is
+// recreated) starts at a floor taken from the host clock in µs: its first
+// tokens are above every token a file created earlier on a host whose
+// clock did not step back could have issued, because each acquisition is
+// one fsynced commit, far fewer than one per µs. Options.CountFromOne turns
+// that floor off.
+//
+// Limits: losing the file and the marker together is covered only by the
+// clock, so a host clock stepped back behind the lost file's tokens can
+// repeat them. A copy of the file and its marker restored together is not
+// detected. Renewals, releases and checkpoints do not bump the generation:
+// an older copy that differs from the lost file only by those is not
+// detected (a released lease may look live again; a checkpoint may be
+// older). A false alarm (the crash between marker and commit) costs only
+// what a detected loss costs: tokens skip ahead and holders acquire again.
+
+// markerSuffix names the marker file: PATH + markerSuffix.
+const markerSuffix = ".lineage"
+
+// Marker layout: magic, identity, generation, highest token, CRC32 (IEEE)
+// of what precedes it. Fixed size, written in place at offset 0 in one
+// write, far below a disk sector; a torn or foreign marker fails the CRC
+// and is treated as unreadable.
+const (
+	markerMagic = "FGLINE01"
+	markerSize  = 8 + 16 + 8 + 8 + 4
+)
+
+var (
+	keyID    = []byte("id")
+	keyGen   = []byte("gen")
+	keyFloor = []byte("floor")
+)
+
+// lineage is a file's identity and generation, or a marker's (with max).
+type lineage struct {
+	id  [16]byte
+	gen uint64
+	max fencing.Token // markers only: the highest token issued
+}
+
+func (l lineage) encode() []byte {
+	b := make([]byte, markerSize)
+	copy(b, markerMagic)
+	copy(b[8:], l.id[:])
+	binary.BigEndian.PutUint64(b[24:], l.gen)
+	binary.BigEndian.PutUint64(b[32:], uint64(l.max))
+	binary.BigEndian.PutUint32(b[40:], crc32.ChecksumIEEE(b[:40]))
+	return b
+}
+
+func decodeMarker(b []byte) (lineage, bool) {
+	if len(b) != markerSize || string(b[:8]) != markerMagic || binary.BigEndian.Uint32(b[40:]) != crc32.ChecksumIEEE(b[:40]) {
+		return lineage{}, false
+	}
+	var l lineage
+	copy(l.id[:], b[8:24])
+	l.gen = binary.BigEndian.Uint64(b[24:])
+	l.max = fencing.Token(binary.BigEndian.Uint64(b[32:]))
+	return l, true
+}
+
+// markerFile is the open marker. Writes are serialized by bbolt's single
+// writer: they happen only inside read-write transactions.
+type markerFile struct {
+	f    *os.File
+	last lineage // what the marker says now
+}
+
+// markerState is what Open found beside the store file.
+type markerState int
+
+const (
+	markerAbsent markerState = iota
+	markerOK
+	markerUnreadable
+)
+
+// openMarker opens (creating) the marker at path and reads what it holds.
+func openMarker(path string) (*markerFile, lineage, markerState, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, lineage{}, 0, fmt.Errorf("open marker %s: %w", path, err)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, markerSize+1))
+	if err != nil {
+		f.Close()
+		return nil, lineage{}, 0, fmt.Errorf("read marker %s: %w", path, err)
+	}
+	m := &markerFile{f: f}
+	if len(b) == 0 {
+		return m, lineage{}, markerAbsent, nil
+	}
+	l, ok := decodeMarker(b)
+	if !ok {
+		return m, lineage{}, markerUnreadable, nil
+	}
+	m.last = l
+	return m, l, markerOK, nil
+}
+
+// write replaces the marker's content and fsyncs it.
+func (m *markerFile) write(l lineage) error {
+	if _, err := m.f.WriteAt(l.encode(), 0); err != nil {
+		return err
+	}
+	if err := m.f.Truncate(markerSize); err != nil {
+		return err
+	}
+	if err := m.f.Sync(); err != nil {
+		return err
+	}
+	m.last = l
+	return nil
+}
+
+func (m *markerFile) close() error { return m.f.Close() }
+
+// syncDir fsyncs the directory holding path, so a newly created file's
+// name survives a crash.
+func syncDir(path string) error {
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, fs.ErrInvalid) {
+		return err
+	}
+	return nil
+}
+
+// fileLineage reads the file's identity, generation and floor from the meta
+// bucket; hasID is false for a file written before lineages existed.
+func fileLineage(meta *bolt.Bucket) (l lineage, floor fencing.Token, hasID bool) {
+	if v := meta.Get(keyID); len(v) == len(l.id) {
+		copy(l.id[:], v)
+		hasID = true
+	}
+	if v := meta.Get(keyGen); len(v) == 8 {
+		l.gen = binary.BigEndian.Uint64(v)
+	}
+	if v := meta.Get(keyFloor); len(v) == 8 {
+		floor = fencing.Token(binary.BigEndian.Uint64(v))
+	}
+	return l, floor, hasID
+}
+
+func putUint64(b *bolt.Bucket, key []byte, v uint64) error {
+	return b.Put(key, binary.BigEndian.AppendUint64(nil, v))
+}
+
+// lossReason compares a store file with its marker and says why the file is
+// judged to have lost data, or "" when it is not.
+func lossReason(fresh, hasID bool, file lineage, state markerState, mk lineage) string {
+	switch {
+	case fresh && state == markerAbsent:
+		return ""
+	case fresh:
+		return "the store file is new but its lineage marker names an earlier store file (the file was deleted or replaced by a fresh one)"
+	case !hasID:
+		return "" // written before lineages existed: adopt it
+	case state == markerAbsent:
+		return "the lineage marker beside the store file is missing (the file was restored or moved without it)"
+	case state == markerUnreadable:
+		return "the lineage marker beside the store file is unreadable"
+	case !bytes.Equal(mk.id[:], file.id[:]):
+		return "the store file is not the one its lineage marker names (the file was replaced)"
+	case mk.gen > file.gen:
+		return fmt.Sprintf("the store file is at generation %d, its lineage marker at %d (the file was restored from an older copy, or its last commit was lost in a crash)", file.gen, mk.gen)
+	}
+	return ""
+}
+
+func newID() ([16]byte, error) {
+	var id [16]byte
+	_, err := rand.Read(id[:])
+	return id, err
+}

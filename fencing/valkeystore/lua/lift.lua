@@ -1,0 +1,15 @@
+-- lift: move a resource past every token this gate saw, after an admission
+-- found its record older than that (the store lost data; see fg_lift).
+--
+-- KEYS[1] -> <prefix>:{R}        record hash
+-- KEYS[2] -> <prefix>:{R}:live   live-lease index key
+-- ARGV[1] -> the token to lift past (decimal string)
+--
+-- Returns {"OK", issued, floor} after the lift.
+--
+-- Idempotent: lifting twice to the same token changes nothing the second
+-- time. Never creates a record's lease.
+local now_ms = fg_now()
+fg_lift(KEYS[1], KEYS[2], ARGV[1], now_ms)
+local f = redis.call('HMGET', KEYS[1], 'issued', 'floor')
+return {'OK', f[1] or '0', f[2] or '0'}

@@ -1,0 +1,127 @@
+package valkeystore
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+// Loss of Valkey's data, seen from the gate.
+//
+// Tokens follow the server clock (acquire.lua), which keeps them unique
+// across a loss only while the clock of the node serving after the loss is
+// not behind the tokens issued before it. A node whose clock was ahead can
+// issue X; after a FLUSHALL (or a restart without persistence, a failover to
+// an empty or lagging replica) a node with a correct clock would issue
+// T1 < X, admit T1's write, and later, once its clock passes X, admit X
+// again after T1's write.
+//
+// So each Store remembers what it has seen the server answer:
+//
+//   - the highest token issued or admitted on any resource (one number), sent
+//     with every acquisition as a floor hint: a record created afresh (never
+//     used, or lost whole) starts above it, so the first token after a loss
+//     is above every token this process saw before it, whatever the clocks;
+//   - per resource, the highest issued token seen and the record's floor, in
+//     a bounded table (maxSeenResources entries; when full, the oldest
+//     entries are dropped, and only the global floor hint protects those
+//     resources). The floor changes only when a record is created afresh or
+//     lifted. An admission answer whose issued counter is below the one
+//     seen, or whose floor differs, means the record lost writes or was
+//     lost whole and re-created (by this or another gate): Admit then lifts
+//     the record past the floor hint (lift.lua) and fails with
+//     fencing.ErrStoreLost, so neither the pre-loss token nor a post-loss
+//     token below it is forwarded, through any gate; the next acquisition
+//     issues a token above both. Acquire sends the resource's issued token
+//     too, and acquire.lua lifts a record that went back before issuing.
+//
+// Limits: the memory is per process and starts empty, so a gate restarted
+// after the loss knows nothing of the time before it and relies on the
+// clocks. Through a gate that never saw a resource before the loss, a
+// pre-loss token issued by a node whose clock was ahead can still be
+// admitted once the post-loss counter passes it, unless a gate that saw the
+// resource has lifted the record first (which it does on its first
+// admission for that resource after the loss).
+
+// maxSeenResources bounds the per-resource table (about 100 bytes an
+// entry).
+const maxSeenResources = 1 << 16
+
+// seenRecord is what a Store last saw of one resource's record.
+type seenRecord struct {
+	issued fencing.Token // the highest issued token seen
+	floor  fencing.Token // the record's floor (changes only when the record is created afresh or lifted)
+}
+
+// seenMarks is a Store's memory of the tokens the server answered. Safe for
+// concurrent use.
+type seenMarks struct {
+	top atomic.Uint64 // highest token seen, any resource
+
+	mu    sync.Mutex
+	byRes map[string]seenRecord
+	order []string // insertion order, for dropping the oldest
+	next  int      // next slot of order to overwrite once full
+}
+
+func newSeenMarks() *seenMarks {
+	return &seenMarks{byRes: make(map[string]seenRecord)}
+}
+
+func (m *seenMarks) raiseTop(tok fencing.Token) {
+	for {
+		cur := m.top.Load()
+		if uint64(tok) <= cur || m.top.CompareAndSwap(cur, uint64(tok)) {
+			return
+		}
+	}
+}
+
+// put stores rec for res; m.mu is held.
+func (m *seenMarks) put(res string, rec seenRecord) {
+	if _, ok := m.byRes[res]; !ok {
+		if len(m.order) < maxSeenResources {
+			m.order = append(m.order, res)
+		} else {
+			delete(m.byRes, m.order[m.next])
+			m.order[m.next] = res
+			m.next = (m.next + 1) % maxSeenResources
+		}
+	}
+	m.byRes[res] = rec
+}
+
+// lost reports whether an answer for res (its issued counter and floor)
+// shows that the record lost writes since before, the snapshot of what was
+// seen taken before the call was sent: its issued counter went back, or its
+// floor changed (created afresh or lifted). Comparing with the snapshot,
+// not with what was seen when the answer arrives, keeps concurrent calls
+// whose answers arrive out of order from looking like a loss: the server
+// ran this call after every call whose answer was in before it was sent.
+func (before seenRecord) lost(known bool, issued, floor fencing.Token) bool {
+	return known && (issued < before.issued || floor != before.floor)
+}
+
+// observe remembers an answer for res: it replaces what was seen unless
+// what was seen is newer (a higher issued counter; answers may arrive out
+// of order).
+func (m *seenMarks) observe(res string, issued, floor fencing.Token) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if seen, ok := m.byRes[res]; !ok || issued >= seen.issued {
+		m.put(res, seenRecord{issued: issued, floor: floor})
+	}
+	m.raiseTop(issued)
+}
+
+// resource returns what was seen of res, and whether anything was.
+func (m *seenMarks) resource(res string) (seenRecord, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, ok := m.byRes[res]
+	return rec, ok
+}
+
+// floor is the highest token seen on any resource.
+func (m *seenMarks) floor() fencing.Token { return fencing.Token(m.top.Load()) }
