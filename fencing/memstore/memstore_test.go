@@ -6,6 +6,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/fencingtest"
+	"github.com/fencegate/fencegate/fencing/fencingtest/linear"
 	"github.com/fencegate/fencegate/fencing/memstore"
 )
 
@@ -62,4 +63,14 @@ func BenchmarkStore(b *testing.B) {
 			return fencingtest.Instance{Store: st}
 		},
 	})
+}
+
+// TestLinearizable checks a concurrent history of random calls against the
+// model of one resource, with the fake clock moving under the clients so
+// leases expire during the run.
+func TestLinearizable(t *testing.T) {
+	clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	st := memstore.New(memstore.Options{Clock: clock})
+	defer st.Close()
+	linear.Check(t, st, linear.Options{Name: "memory", Now: clock.Now, Advance: clock.Advance, Ops: linear.SoakOr(3000, 200000)})
 }
