@@ -25,7 +25,7 @@ func Model(skipTokens bool) porcupine.Model {
 			}
 			return out
 		},
-		Equal:             func(a, b any) bool { return a.(State) == b.(State) },
+		Equal: func(a, b any) bool { return a.(State) == b.(State) },
 		DescribeOperation: func(in, out any) string {
 			i, ok1 := in.(Input)
 			o, ok2 := out.(Output)
