@@ -16,6 +16,7 @@ import (
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/boltstore"
 	"github.com/fencegate/fencegate/fencing/fencingtest"
+	"github.com/fencegate/fencegate/fencing/fencingtest/linear"
 )
 
 // testMaxCheckpointBytes is small so the oversize cases stay cheap.
@@ -284,4 +285,14 @@ func BenchmarkStore(b *testing.B) {
 			return fencingtest.Instance{Store: st}
 		},
 	})
+}
+
+// TestLinearizable checks a concurrent history of random calls against the
+// model of one resource, with the fake clock moving under the clients so
+// leases expire during the run.
+func TestLinearizable(t *testing.T) {
+	clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	st := open(t, filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{Clock: clock})
+	defer st.Close()
+	linear.Check(t, st, linear.Options{Name: "file", Now: clock.Now, Advance: clock.Advance, Ops: linear.SoakOr(1500, 100000)})
 }

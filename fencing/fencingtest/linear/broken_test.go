@@ -2,6 +2,7 @@ package linear_test
 
 import (
 	"context"
+	"os"
 	"runtime"
 	"sync"
 	"testing"
@@ -107,10 +108,16 @@ func caught(t *testing.T, tries int, open func(clock *fencingtest.FakeClock) fen
 		opts.Seed = uint64(i + 1)
 		h, _ := linear.Record(st, opts)
 		st.Close()
-		v := linear.CheckHistory(h.Operations(), false, time.Minute, linear.DefaultArtifactDir(), opts.Name)
+		dir := t.TempDir() // expected failures: keep nothing
+		v := linear.CheckHistory(h.Operations(), false, time.Minute, dir, opts.Name)
 		if v.Result == porcupine.Illegal {
 			if v.Counterexample == "" {
 				t.Errorf("illegal history without a counterexample")
+			}
+			for _, f := range []string{v.Artifact, v.HistoryFile} {
+				if _, err := os.Stat(f); f == "" || err != nil {
+					t.Errorf("artifact %q not written: %v", f, err)
+				}
 			}
 			t.Logf("%s caught on run %d of %d (%d calls):\n%s\nHTML: %s", opts.Name, i+1, tries, h.Len(), v.Counterexample, v.Artifact)
 			return true

@@ -1,6 +1,7 @@
 package linear
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -73,8 +74,10 @@ type Verdict struct {
 	// Artifact is the HTML rendering of the shortest failing prefix, when
 	// one was written.
 	Artifact string
-	ops      []porcupine.Operation
-	info     porcupine.LinearizationInfo
+	// HistoryFile is the whole history as JSON, when one was written.
+	HistoryFile string
+	ops         []porcupine.Operation
+	info        porcupine.LinearizationInfo
 }
 
 // CheckHistory checks ops (as History.Operations returns them) within
@@ -105,9 +108,13 @@ func CheckHistory(ops []porcupine.Operation, skipTokens bool, budget time.Durati
 	v.Counterexample = counterexample(model, prefix, pinfo)
 	if artifactDir != "" {
 		if err := os.MkdirAll(artifactDir, 0o755); err == nil {
-			path := filepath.Join(artifactDir, fmt.Sprintf("%s-%s.html", safeName(name), time.Now().Format("20060102-150405.000")))
-			if err := porcupine.VisualizePath(model, pinfo, path); err == nil {
-				v.Artifact = path
+			base := filepath.Join(artifactDir, fmt.Sprintf("%s-%s", safeName(name), time.Now().Format("20060102-150405.000")))
+			if err := porcupine.VisualizePath(model, pinfo, base+".html"); err == nil {
+				v.Artifact = base + ".html"
+			}
+			// The whole history, for replaying the check (LoadHistory).
+			if b, err := json.Marshal(toRecords(ops)); err == nil && os.WriteFile(base+".json", b, 0o644) == nil {
+				v.HistoryFile = base + ".json"
 			}
 		}
 	}
@@ -138,6 +145,9 @@ func prefixAt(ops []porcupine.Operation, cut int64) []porcupine.Operation {
 				op.Output = Output{Result: Ambiguous, Return: o.Return}
 			}
 			op.Return = last + 1
+			if readOnly(op.Input.(Input).Kind) {
+				op.Return = cut // see History.Operations
+			}
 		}
 		out = append(out, op)
 	}
@@ -217,4 +227,38 @@ func safeName(s string) string {
 		}
 		return '_'
 	}, s)
+}
+
+// record is one operation as saved in a history file.
+type record struct {
+	Client       int
+	Call, Return int64
+	Input        Input
+	Output       Output
+}
+
+func toRecords(ops []porcupine.Operation) []record {
+	out := make([]record, len(ops))
+	for i, op := range ops {
+		out[i] = record{Client: op.ClientId, Call: op.Call, Return: op.Return, Input: op.Input.(Input), Output: op.Output.(Output)}
+	}
+	return out
+}
+
+// LoadHistory reads a history file written with a counterexample, to
+// replay its check (CheckHistory) while investigating.
+func LoadHistory(path string) ([]porcupine.Operation, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var recs []record
+	if err := json.Unmarshal(b, &recs); err != nil {
+		return nil, err
+	}
+	ops := make([]porcupine.Operation, len(recs))
+	for i, r := range recs {
+		ops[i] = porcupine.Operation{ClientId: r.Client, Call: r.Call, Return: r.Return, Input: r.Input, Output: r.Output}
+	}
+	return ops, nil
 }

@@ -167,6 +167,9 @@ func Check(t testing.TB, st fencing.Store, opts Options) Report {
 		if v.Artifact != "" {
 			t.Errorf("HTML view of the counterexample: %s", v.Artifact)
 		}
+		if v.HistoryFile != "" {
+			t.Errorf("the whole history (linear.LoadHistory): %s", v.HistoryFile)
+		}
 	case porcupine.Unknown:
 		t.Errorf("%s: the check did not finish within %v (seed %d); shorten the history", opts.Name, opts.CheckBudget, opts.Seed)
 	}

@@ -37,9 +37,12 @@ func (h *History) Len() int {
 	return len(h.ops)
 }
 
-// Operations returns the history in Porcupine's form: calls answered with
-// fencing.ErrAmbiguous return after every other event (they may take
-// effect at any time after their call).
+// Operations returns the history in Porcupine's form: calls that change
+// state and were answered with fencing.ErrAmbiguous return after every
+// other event (they may take effect at any time after their call). A read
+// (Status, ReadCheckpoint) without an answer keeps the time its caller gave
+// up: it changes nothing wherever it ran, so any instant in its interval
+// serves, and leaving it open would only slow the search.
 func (h *History) Operations() []porcupine.Operation {
 	h.mu.Lock()
 	ops := append([]porcupine.Operation(nil), h.ops...)
@@ -52,7 +55,7 @@ func (h *History) Operations() []porcupine.Operation {
 		}
 	}
 	for i := range ops {
-		if ops[i].Output.(Output).Result == Ambiguous {
+		if ops[i].Output.(Output).Result == Ambiguous && !readOnly(ops[i].Input.(Input).Kind) {
 			ops[i].Return = last + 1
 		}
 	}
@@ -89,32 +92,31 @@ func (h *History) Unexpected() []string {
 	return append([]string(nil), h.unexpected...)
 }
 
+// readOnly reports calls that never change a resource.
+func readOnly(k Kind) bool { return k == Status || k == ReadCheckpoint }
+
 // addCandidates gives every pending Acquire of a resource the tokens that
-// answers show for it but no answered Acquire issued: with SkipTokens,
-// those are the tokens a lost Acquire may have issued (see the package
+// the history's answers show for the resource and that no answer showed
+// before the Acquire was called: with SkipTokens, those are the tokens it
+// may have issued, if any answer ever showed its token (see the package
 // doc).
 func addCandidates(ops []porcupine.Operation) {
-	seen := map[string]map[fencing.Token]bool{}
-	issued := map[string]map[fencing.Token]bool{}
-	note := func(m map[string]map[fencing.Token]bool, res string, toks ...fencing.Token) {
-		if m[res] == nil {
-			m[res] = map[fencing.Token]bool{}
-		}
-		for _, t := range toks {
-			if t != 0 {
-				m[res][t] = true
-			}
-		}
-	}
+	firstSeen := map[string]map[fencing.Token]int64{}
 	for _, op := range ops {
 		in, out := op.Input.(Input), op.Output.(Output)
 		if out.Result != OK && out.Result != Refused {
 			continue
 		}
-		if in.Kind == Acquire && out.Result == OK {
-			note(issued, in.Resource, out.Lease.Token)
+		m := firstSeen[in.Resource]
+		if m == nil {
+			m = map[fencing.Token]int64{}
+			firstSeen[in.Resource] = m
 		}
-		note(seen, in.Resource, out.Lease.Token, out.Mark, out.Issued, out.HighWater, out.Prev.Token, out.CPToken)
+		for _, t := range []fencing.Token{out.Lease.Token, out.Mark, out.Issued, out.HighWater, out.Prev.Token, out.CPToken} {
+			if at, ok := m[t]; t != 0 && (!ok || op.Return < at) {
+				m[t] = op.Return
+			}
+		}
 	}
 	for i, op := range ops {
 		in, out := op.Input.(Input), op.Output.(Output)
@@ -122,8 +124,8 @@ func addCandidates(ops []porcupine.Operation) {
 			continue
 		}
 		var cands []fencing.Token
-		for t := range seen[in.Resource] {
-			if !issued[in.Resource][t] {
+		for t, at := range firstSeen[in.Resource] {
+			if at >= op.Call {
 				cands = append(cands, t)
 			}
 		}

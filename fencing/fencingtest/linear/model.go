@@ -23,9 +23,12 @@
 // operation that ran somewhere in [call, return] sees the lease live if it
 // expires after return, expired if it expired by call, and either (both
 // branches are explored) when the expiry falls inside the interval. Leases
-// therefore do expire during a history, under concurrency. The one
-// relaxation: the instant chosen for one operation is not forced to be
-// consistent with the instants chosen for the operations ordered around it.
+// therefore do expire during a history, under concurrency. The relaxation:
+// the instant chosen for one operation is not forced to be consistent with
+// the instants chosen for the operations ordered around it. That matters
+// only while an expiry is not pinned (after a call whose answer was lost
+// extended a lease, until an answer shows the lease again): each call's
+// view of liveness is then judged on its own within the possible interval.
 //
 // # Faults
 //
@@ -41,10 +44,12 @@
 // A store gives a new lease issued+1 (memory, file, PostgreSQL), or any token
 // above issued (Options.SkipTokens: the Valkey store follows the server's
 // clock in µs). With SkipTokens, a new lease whose answer was lost could
-// carry any larger token: the model tries the tokens that the history shows
-// but no acquisition answered with, and issued+1 to stand for a token never
-// seen. This is exact for the workload of this package, which in that mode
-// presents only tokens seen in answers, or forged ones far above any issued.
+// carry any larger token: the model tries every token that answers show for
+// the resource and that no answer had shown before the call, and issued+1
+// to stand for a token never seen. This is exact for the workload of this
+// package, which in that mode presents only tokens seen in answers, or
+// forged ones far above any issued: every token never seen then compares
+// alike with everything the clients present.
 package linear
 
 import (
@@ -215,21 +220,6 @@ func (s State) liveness(call, ret int64) []bool {
 	return []bool{true, false}
 }
 
-// assume narrows the lease's expiry to agree with the choice live at an
-// instant within [call, ret]: live means it expires after call, expired
-// that it expired by ret.
-func (s State) assume(live bool, call, ret int64) State {
-	if !s.HasLast || s.Last.Released {
-		return s
-	}
-	if live {
-		s.Last.ExpLo = max(s.Last.ExpLo, call+1)
-	} else {
-		s.Last.ExpHi = min(s.Last.ExpHi, ret)
-	}
-	return s
-}
-
 // previous is how the most recent ended lease ended, given whether the
 // last lease is live.
 func (s State) previous(live bool) (PrevView, bool) {
@@ -284,12 +274,8 @@ func Step(s State, in Input, out Output) []State {
 	if !needsLiveness(s, in) {
 		choices = choices[:1]
 	}
-	if len(choices) == 1 {
-		add(stepAt(s, choices[0], in, out, pending, ret)...)
-		return next
-	}
 	for _, live := range choices {
-		add(stepAt(s.assume(live, in.Call, ret), live, in, out, pending, ret)...)
+		add(stepAt(s, live, in, out, pending, ret)...)
 	}
 	return next
 }
