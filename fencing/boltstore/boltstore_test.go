@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"pgregory.net/rapid"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/boltstore"
@@ -295,4 +297,19 @@ func TestLinearizable(t *testing.T) {
 	st := open(t, filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{Clock: clock})
 	defer st.Close()
 	linear.Check(t, st, linear.Options{Name: "file", Now: clock.Now, Advance: clock.Advance, Ops: linear.SoakOr(1500, 100000)})
+}
+
+// TestStateMachine checks random call sequences against the model of one
+// resource, answer by answer, with rapid shrinking any failure.
+func TestStateMachine(t *testing.T) {
+	dir := t.TempDir()
+	var n int
+	linear.CheckStateMachine(t, func(rt *rapid.T, clock *fencingtest.FakeClock) fencing.Store {
+		n++
+		st, err := boltstore.Open(filepath.Join(dir, fmt.Sprintf("sm-%d.db", n)), boltstore.Options{Clock: clock})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		return st
+	})
 }

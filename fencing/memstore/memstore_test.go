@@ -8,6 +8,7 @@ import (
 	"github.com/fencegate/fencegate/fencing/fencingtest"
 	"github.com/fencegate/fencegate/fencing/fencingtest/linear"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"pgregory.net/rapid"
 )
 
 // testMaxCheckpointBytes is small so the oversize cases stay cheap.
@@ -73,4 +74,12 @@ func TestLinearizable(t *testing.T) {
 	st := memstore.New(memstore.Options{Clock: clock})
 	defer st.Close()
 	linear.Check(t, st, linear.Options{Name: "memory", Now: clock.Now, Advance: clock.Advance, Ops: linear.SoakOr(3000, 200000)})
+}
+
+// TestStateMachine checks random call sequences against the model of one
+// resource, answer by answer, with rapid shrinking any failure.
+func TestStateMachine(t *testing.T) {
+	linear.CheckStateMachine(t, func(_ *rapid.T, clock *fencingtest.FakeClock) fencing.Store {
+		return memstore.New(memstore.Options{Clock: clock})
+	})
 }
