@@ -3,7 +3,6 @@ package valkeystore
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -53,8 +52,8 @@ func TestLinearizableUnderFaults(t *testing.T) {
 
 // nemesis cycles through the faults, at least once each and then until
 // stop is closed, healing each before the next, and counts them.
-func nemesis(t *testing.T, srv *valkeytest.Server, cmdTimeout time.Duration) func(stop <-chan struct{}) string {
-	return func(stop <-chan struct{}) string {
+func nemesis(t *testing.T, srv *valkeytest.Server, cmdTimeout time.Duration) func(stop <-chan struct{}) map[string]int {
+	return func(stop <-chan struct{}) map[string]int {
 		counts := map[string]int{}
 		order := []string{"SIGSTOP/SIGCONT", "kill -9 + restart (AOF)", "CLIENT PAUSE > client timeout"}
 		calm := func(d time.Duration) bool {
@@ -85,10 +84,6 @@ func nemesis(t *testing.T, srv *valkeytest.Server, cmdTimeout time.Duration) fun
 			}
 			counts[fault]++
 		}
-		var parts []string
-		for _, f := range order {
-			parts = append(parts, fmt.Sprintf("%s ×%d", f, counts[f]))
-		}
-		return strings.Join(parts, ", ")
+		return counts
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,6 +32,9 @@ type Options struct {
 	Owners int
 	// Ops is the number of calls in the history; default 1500.
 	Ops int
+	// RoundOps splits longer runs into rounds of this many calls, each on
+	// fresh resources and checked on its own; default 5000.
+	RoundOps int
 	// Prefix starts every resource name, so runs on a shared store do not
 	// meet; default "lin".
 	Prefix string
@@ -51,9 +56,9 @@ type Options struct {
 	SkipTokens bool
 	// Nemesis, when set, runs on the calling goroutine while the clients
 	// run (so it may call t.Fatal), injecting faults until stop is closed;
-	// it must heal before it returns, and returns a description of the
-	// faults it injected.
-	Nemesis func(stop <-chan struct{}) string
+	// it must heal before it returns, and returns how many faults of each
+	// kind it injected. It runs once per round.
+	Nemesis func(stop <-chan struct{}) map[string]int
 	// Weights are the relative frequencies of the operations, indexed by
 	// Kind; zero means the default mix.
 	Weights [7]int
@@ -83,6 +88,9 @@ func (o *Options) fill() {
 	}
 	if o.Ops <= 0 {
 		o.Ops = 1500
+	}
+	if o.RoundOps <= 0 {
+		o.RoundOps = 5000
 	}
 	if o.Prefix == "" {
 		o.Prefix = "lin"
@@ -126,44 +134,69 @@ func Soak() bool { return os.Getenv("FENCEGATE_SOAK") == "1" }
 // Report summarizes a checked run.
 type Report struct {
 	Name                            string
-	Ops, Resources, Clients         int
+	Ops, Rounds, Resources, Clients int
 	OK, Refused, Ambiguous, Unavail int
-	Faults                          string
+	Faults                          map[string]int // injected faults by kind
 	Seed                            uint64
 	Elapsed                         time.Duration // recording and checking
-	Verdict                         Verdict
+	Verdict                         Verdict       // of the last round checked
 }
 
 func (r Report) String() string {
-	faults := r.Faults
-	if faults == "" {
-		faults = "none"
+	faults := "none"
+	if len(r.Faults) > 0 {
+		var parts []string
+		for k, n := range r.Faults {
+			parts = append(parts, fmt.Sprintf("%s ×%d", k, n))
+		}
+		sort.Strings(parts)
+		faults = strings.Join(parts, ", ")
 	}
-	return fmt.Sprintf("%s: %d calls on %d resources by %d clients (ok %d, refused %d, ambiguous %d, unavailable %d), faults: %s, seed %d, %v: %s",
-		r.Name, r.Ops, r.Resources, r.Clients, r.OK, r.Refused, r.Ambiguous, r.Unavail, faults, r.Seed, r.Elapsed.Round(time.Millisecond), r.Verdict.Result)
+	return fmt.Sprintf("%s: %d calls in %d round(s) on %d resources each by %d clients (ok %d, refused %d, ambiguous %d, unavailable %d), faults: %s, seed %d, %v: %s",
+		r.Name, r.Ops, r.Rounds, r.Resources, r.Clients, r.OK, r.Refused, r.Ambiguous, r.Unavail, faults, r.Seed, r.Elapsed.Round(time.Millisecond), r.Verdict.Result)
 }
 
 // Check runs the workload against st, checks the history, and fails t
 // unless it is linearizable: it then prints the shortest counterexample and
-// the path of its HTML view. Answers that match no sentinel of
-// fencing.Store fail t too. It returns the run's report (also logged).
+// the paths of its HTML view and of the whole history. Answers that match
+// no sentinel of fencing.Store fail t too. Runs longer than
+// Options.RoundOps calls are split into rounds on fresh resources, each
+// checked on its own (so a soak's check stays fast). It returns the run's
+// report (also logged).
 func Check(t testing.TB, st fencing.Store, opts Options) Report {
 	t.Helper()
 	opts.fill()
 	start := time.Now()
-	h, faults := Record(st, opts)
-	ops := h.Operations()
-	v := CheckHistory(ops, opts.SkipTokens, opts.CheckBudget, opts.ArtifactDir, opts.Name)
-	r := Report{Name: opts.Name, Ops: len(ops), Resources: opts.Resources, Clients: opts.Clients, Faults: faults, Seed: opts.Seed,
-		Elapsed: time.Since(start), Verdict: v}
-	r.OK, r.Refused, r.Ambiguous, r.Unavail = h.Counts()
-	t.Log(r.String())
-	for _, u := range h.Unexpected() {
-		t.Errorf("an answer matched no sentinel error of fencing.Store: %s", u)
+	r := Report{Name: opts.Name, Resources: opts.Resources, Clients: opts.Clients, Seed: opts.Seed, Faults: map[string]int{}}
+	for left := opts.Ops; left > 0; left -= opts.RoundOps {
+		o := opts
+		o.Ops = min(left, opts.RoundOps)
+		if opts.Ops > opts.RoundOps {
+			o.Prefix = fmt.Sprintf("%s-r%d", opts.Prefix, r.Rounds)
+			o.Seed = opts.Seed + uint64(r.Rounds)
+		}
+		r.Rounds++
+		h, faults := Record(st, o)
+		for k, n := range faults {
+			r.Faults[k] += n
+		}
+		ops := h.Operations()
+		r.Ops += len(ops)
+		ok, refused, ambiguous, unavail := h.Counts()
+		r.OK, r.Refused, r.Ambiguous, r.Unavail = r.OK+ok, r.Refused+refused, r.Ambiguous+ambiguous, r.Unavail+unavail
+		for _, u := range h.Unexpected() {
+			t.Errorf("an answer matched no sentinel error of fencing.Store: %s", u)
+		}
+		r.Verdict = CheckHistory(ops, o.SkipTokens, o.CheckBudget, o.ArtifactDir, o.Name)
+		if r.Verdict.Result != porcupine.Ok {
+			break
+		}
 	}
-	switch v.Result {
+	r.Elapsed = time.Since(start)
+	t.Log(r.String())
+	switch v := r.Verdict; v.Result {
 	case porcupine.Illegal:
-		t.Errorf("%s: the history is NOT linearizable (seed %d)\n%s", opts.Name, opts.Seed, v.Counterexample)
+		t.Errorf("%s: the history is NOT linearizable (round %d, seed %d)\n%s", opts.Name, r.Rounds, opts.Seed, v.Counterexample)
 		if v.Artifact != "" {
 			t.Errorf("HTML view of the counterexample: %s", v.Artifact)
 		}
@@ -171,7 +204,7 @@ func Check(t testing.TB, st fencing.Store, opts Options) Report {
 			t.Errorf("the whole history (linear.LoadHistory): %s", v.HistoryFile)
 		}
 	case porcupine.Unknown:
-		t.Errorf("%s: the check did not finish within %v (seed %d); shorten the history", opts.Name, opts.CheckBudget, opts.Seed)
+		t.Errorf("%s: the check did not finish within %v (round %d, seed %d); shorten the history", opts.Name, opts.CheckBudget, r.Rounds, opts.Seed)
 	}
 	return r
 }
@@ -217,10 +250,10 @@ func (k *knowledge) token(rng *rand.Rand, owner string) fencing.Token {
 	return k.seen[rng.IntN(len(k.seen))]
 }
 
-// Record runs the workload against st and returns its history and a
-// description of the faults the nemesis injected. The clients stop after
+// Record runs the workload against st and returns its history and the
+// faults the nemesis injected. The clients stop after
 // opts.Ops calls.
-func Record(st fencing.Store, opts Options) (*History, string) {
+func Record(st fencing.Store, opts Options) (*History, map[string]int) {
 	opts.fill()
 	h := newHistory(opts.SkipTokens)
 	names := make([]string, opts.Resources)
@@ -257,7 +290,7 @@ func Record(st fencing.Store, opts Options) (*History, string) {
 			}
 		}()
 	}
-	faults := ""
+	var faults map[string]int
 	if opts.Nemesis != nil {
 		done := make(chan struct{})
 		go func() { wg.Wait(); close(done) }()
