@@ -73,7 +73,7 @@ func TestLinearizable(t *testing.T) {
 	clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
 	st := memstore.New(memstore.Options{Clock: clock})
 	defer st.Close()
-	linear.Check(t, st, linear.Options{Name: "memory", Now: clock.Now, Advance: clock.Advance, Ops: linear.SoakOr(3000, 200000)})
+	linear.Check(t, st, linear.Options{Name: "memory", Now: clock.Now, Advance: clock.Advance, Ops: linear.SoakOr(3000, 1000000)})
 }
 
 // TestStateMachine checks random call sequences against the model of one

@@ -17,14 +17,14 @@ import (
 func TestLinearizable(t *testing.T) {
 	srv := valkeytest.Start(t)
 	s := open(t, srv.URL(), freshPrefix())
-	linear.Check(t, s, linear.Options{Name: "valkey", SkipTokens: true, Ops: linear.SoakOr(1500, 100000)})
+	linear.Check(t, s, linear.Options{Name: "valkey", SkipTokens: true, Ops: linear.SoakOr(1500, 300000)})
 }
 
 func TestLinearizableCluster(t *testing.T) {
 	cl := valkeytest.StartCluster(t, 3)
 	s := open(t, cl.URL(), freshPrefix())
 	// More resources than usual, so that they spread over the primaries.
-	linear.Check(t, s, linear.Options{Name: "valkey-cluster", SkipTokens: true, Resources: 6, Clients: 8, Ops: linear.SoakOr(1500, 100000)})
+	linear.Check(t, s, linear.Options{Name: "valkey-cluster", SkipTokens: true, Resources: 6, Clients: 8, Ops: linear.SoakOr(1500, 200000)})
 }
 
 // TestLinearizableUnderFaults runs the workload while a nemesis pauses the
@@ -45,7 +45,7 @@ func TestLinearizableUnderFaults(t *testing.T) {
 	linear.Check(t, s, linear.Options{
 		Name:       "valkey-faults",
 		SkipTokens: true,
-		Ops:        linear.SoakOr(3000, 100000),
+		Ops:        linear.SoakOr(3000, 200000),
 		Nemesis:    nemesis(t, srv, cmdTimeout),
 	})
 }
