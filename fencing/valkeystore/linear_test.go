@@ -12,19 +12,28 @@ import (
 
 // The Valkey store's tokens follow the server's clock in µs (SkipTokens),
 // and its expiry is judged by the server's TIME: the servers run on this
-// host, so the model reads the same clock with time.Now.
+// host, so the model reads the same clock with time.Now. The clients pause
+// together twice a run, for up to 2.5 s, so that leases of 1 s and 2 s
+// expire during it (or survive a short pause).
+
+// realClock are the options every Valkey run shares.
+func realClock(name string, ops int) linear.Options {
+	return linear.Options{Name: name, SkipTokens: true, Ops: ops, Resources: 6, Owners: 4, GapEvery: 400, Gap: 2500 * time.Millisecond,
+		TTLs: []time.Duration{time.Second, 2 * time.Second}}
+}
 
 func TestLinearizable(t *testing.T) {
 	srv := valkeytest.Start(t)
 	s := open(t, srv.URL(), freshPrefix())
-	linear.Check(t, s, linear.Options{Name: "valkey", SkipTokens: true, Ops: linear.SoakOr(1500, 300000)})
+	linear.Check(t, s, realClock("valkey", linear.SoakOr(1200, 300000)))
 }
 
 func TestLinearizableCluster(t *testing.T) {
 	cl := valkeytest.StartCluster(t, 3)
 	s := open(t, cl.URL(), freshPrefix())
-	// More resources than usual, so that they spread over the primaries.
-	linear.Check(t, s, linear.Options{Name: "valkey-cluster", SkipTokens: true, Resources: 6, Clients: 8, Ops: linear.SoakOr(1500, 200000)})
+	opts := realClock("valkey-cluster", linear.SoakOr(1200, 200000))
+	opts.Resources, opts.Clients = 9, 8 // spread over the primaries
+	linear.Check(t, s, opts)
 }
 
 // TestLinearizableUnderFaults runs the workload while a nemesis pauses the
@@ -42,12 +51,9 @@ func TestLinearizableUnderFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	linear.Check(t, s, linear.Options{
-		Name:       "valkey-faults",
-		SkipTokens: true,
-		Ops:        linear.SoakOr(3000, 200000),
-		Nemesis:    nemesis(t, srv, cmdTimeout),
-	})
+	opts := realClock("valkey-faults", linear.SoakOr(1200, 200000))
+	opts.Nemesis = nemesis(t, srv, cmdTimeout)
+	linear.Check(t, s, opts)
 }
 
 // nemesis cycles through the faults, at least once each and then until

@@ -32,6 +32,14 @@ type Options struct {
 	Owners int
 	// Ops is the number of calls in the history; default 1500.
 	Ops int
+	// GapEvery, when set, makes the clients pause together after every
+	// GapEvery calls, with no call in flight, for a random time up to Gap.
+	// Stores on a real clock need it, so that leases expire during a run
+	// (clients that keep calling keep extending them): choose Gap above
+	// the longest TTL, so some leases expire in a gap and some do not.
+	// With a fake clock use Advance instead.
+	GapEvery int
+	Gap      time.Duration
 	// RoundOps splits longer runs into rounds of this many calls, each on
 	// fresh resources and checked on its own; default 5000.
 	RoundOps int
@@ -269,6 +277,9 @@ func Record(st fencing.Store, opts Options) (*History, map[string]int) {
 	var budget atomic.Int64
 	budget.Store(int64(opts.Ops))
 	var seq atomic.Int64
+	// Calls hold gap for reading; a gap holds it for writing, so no call
+	// is in flight during a gap.
+	var gap sync.RWMutex
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	ctx := context.Background()
@@ -277,7 +288,17 @@ func Record(st fencing.Store, opts Options) (*History, map[string]int) {
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(opts.Seed, uint64(c)))
-			for budget.Add(-1) >= 0 {
+			for {
+				left := budget.Add(-1)
+				if left < 0 {
+					break
+				}
+				if n := int64(opts.Ops) - left - 1; opts.GapEvery > 0 && opts.Gap > 0 && n > 0 && n%int64(opts.GapEvery) == 0 {
+					gap.Lock()
+					time.Sleep(opts.Gap/4 + time.Duration(rng.Int64N(int64(opts.Gap)*3/4)))
+					gap.Unlock()
+				}
+				gap.RLock()
 				if opts.Advance != nil && rng.IntN(8) == 0 {
 					// Time passes between calls and during them (other
 					// clients' calls are in flight).
@@ -287,6 +308,8 @@ func Record(st fencing.Store, opts Options) (*History, map[string]int) {
 				in := next(rng, &opts, total, names[ri], know[ri], &seq)
 				out := h.invoke(ctx, st, c, opts.Now, in)
 				learnFrom(know[ri], in, out)
+				gap.RUnlock()
+
 			}
 		}()
 	}
