@@ -13,25 +13,25 @@ import (
 // The Valkey store's tokens follow the server's clock in µs (SkipTokens),
 // and its expiry is judged by the server's TIME: the servers run on this
 // host, so the model reads the same clock with time.Now. The clients pause
-// together twice a run, for up to 2.5 s, so that leases of 1 s and 2 s
-// expire during it (or survive a short pause).
+// together every 400 calls (1000 in a soak), for up to 2.5 s, so that
+// leases of 1 s and 2 s expire during a run (or survive a short pause).
 
 // realClock are the options every Valkey run shares.
 func realClock(name string, ops int) linear.Options {
-	return linear.Options{Name: name, SkipTokens: true, Ops: ops, Resources: 6, Owners: 4, GapEvery: 400, Gap: 2500 * time.Millisecond,
-		TTLs: []time.Duration{time.Second, 2 * time.Second}}
+	return linear.Options{Name: name, SkipTokens: true, Ops: ops, Resources: 6, Owners: 4,
+		GapEvery: linear.SoakOr(400, 1000), Gap: 2500 * time.Millisecond, TTLs: []time.Duration{time.Second, 2 * time.Second}}
 }
 
 func TestLinearizable(t *testing.T) {
 	srv := valkeytest.Start(t)
 	s := open(t, srv.URL(), freshPrefix())
-	linear.Check(t, s, realClock("valkey", linear.SoakOr(1200, 300000)))
+	linear.Check(t, s, realClock("valkey", linear.SoakOr(1200, 100000)))
 }
 
 func TestLinearizableCluster(t *testing.T) {
 	cl := valkeytest.StartCluster(t, 3)
 	s := open(t, cl.URL(), freshPrefix())
-	opts := realClock("valkey-cluster", linear.SoakOr(1200, 200000))
+	opts := realClock("valkey-cluster", linear.SoakOr(1200, 100000))
 	opts.Resources, opts.Clients = 9, 8 // spread over the primaries
 	linear.Check(t, s, opts)
 }
@@ -51,7 +51,7 @@ func TestLinearizableUnderFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	opts := realClock("valkey-faults", linear.SoakOr(1200, 200000))
+	opts := realClock("valkey-faults", linear.SoakOr(1200, 100000))
 	opts.Nemesis = nemesis(t, srv, cmdTimeout)
 	linear.Check(t, s, opts)
 }
