@@ -135,8 +135,7 @@ func TestCatchesTwoStepAdmission(t *testing.T) {
 		return &twoStepAdmit{Store: memstore.New(memstore.Options{Clock: clock}), hw: map[string]fencing.Token{}}
 	}
 	// Mostly admissions on one resource, many clients.
-	w := [7]int{linear.Acquire: 10, linear.Release: 5, linear.Status: 10, linear.Admit: 60}
-	opts := linear.Options{Name: "broken-two-step-admit", Clients: 8, Resources: 1, Ops: 1500, Weights: w}
+	opts := linear.Options{Name: "broken-two-step-admit", Clients: 8, Resources: 1, Ops: 1500, Weights: admitHeavy}
 	if !caught(t, 20, open, opts) {
 		t.Fatal("the checker did not catch an admission that reads and writes the high-water mark in two steps")
 	}
@@ -147,20 +146,29 @@ func TestCatchesAcquireIgnoringExpiry(t *testing.T) {
 		return &expiryBlind{Store: memstore.New(memstore.Options{Clock: clock})}
 	}
 	// Acquisitions by several owners on one resource, time moving fast.
-	w := [7]int{linear.Acquire: 50, linear.Renew: 10, linear.Release: 5, linear.Status: 20, linear.Admit: 15}
-	opts := linear.Options{Name: "broken-expiry-blind-acquire", Clients: 4, Resources: 1, Ops: 800, Weights: w, Step: time.Second}
+	opts := linear.Options{Name: "broken-expiry-blind-acquire", Clients: 4, Resources: 1, Ops: 800, Weights: acquireHeavy, Step: time.Second}
 	if !caught(t, 20, open, opts) {
 		t.Fatal("the checker did not catch an acquire that ignores expiry")
 	}
 }
 
+// admitHeavy and acquireHeavy are the workloads of the two tests above.
+var (
+	admitHeavy   = [7]int{linear.Acquire: 10, linear.Release: 5, linear.Status: 10, linear.Admit: 60}
+	acquireHeavy = [7]int{linear.Acquire: 50, linear.Renew: 10, linear.Release: 5, linear.Status: 20, linear.Admit: 15}
+)
+
 // TestCorrectStorePasses is the control for the two above: the same
 // workloads on the memory store itself are linearizable.
 func TestCorrectStorePasses(t *testing.T) {
 	open := func(clock *fencingtest.FakeClock) fencing.Store { return memstore.New(memstore.Options{Clock: clock}) }
-	w := [7]int{linear.Acquire: 10, linear.Release: 5, linear.Status: 10, linear.Admit: 60}
-	if caught(t, 3, open, linear.Options{Name: "memory-admit-heavy", Clients: 8, Resources: 1, Ops: 1500, Weights: w}) {
-		t.Fatal("the memory store's history was reported not linearizable")
+	for _, opts := range []linear.Options{
+		{Name: "memory-admit-heavy", Clients: 8, Resources: 1, Ops: 1500, Weights: admitHeavy},
+		{Name: "memory-acquire-heavy", Clients: 4, Resources: 1, Ops: 800, Weights: acquireHeavy, Step: time.Second},
+	} {
+		if caught(t, 3, open, opts) {
+			t.Fatalf("%s: the memory store's history was reported not linearizable", opts.Name)
+		}
 	}
 }
 
