@@ -33,7 +33,8 @@ type Options struct {
 	// Ops is the number of calls in the history; default 1500.
 	Ops int
 	// GapEvery, when set, makes the clients pause together after every
-	// GapEvery calls, with no call in flight, for a random time up to Gap.
+	// GapEvery calls, with no call in flight, for a random time between
+	// Gap/4 and Gap.
 	// Stores on a real clock need it, so that leases expire during a run
 	// (clients that keep calling keep extending them): choose Gap above
 	// the longest TTL, so some leases expire in a gap and some do not.
@@ -74,7 +75,8 @@ type Options struct {
 	Seed uint64
 	// CheckBudget bounds the linearizability check; default 2 minutes.
 	CheckBudget time.Duration
-	// ArtifactDir receives the HTML view of a counterexample; default
+	// ArtifactDir receives the HTML view of a counterexample and the whole
+	// history as JSON; default
 	// $FENCEGATE_LINEARIZABILITY_DIR, else $TMPDIR/fencegate-linearizability.
 	ArtifactDir string
 }
@@ -309,7 +311,6 @@ func Record(st fencing.Store, opts Options) (*History, map[string]int) {
 				out := h.invoke(ctx, st, c, opts.Now, in)
 				learnFrom(know[ri], in, out)
 				gap.RUnlock()
-
 			}
 		}()
 	}
