@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,10 +13,12 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"pgregory.net/rapid"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/boltstore"
 	"github.com/fencegate/fencegate/fencing/fencingtest"
+	"github.com/fencegate/fencegate/fencing/fencingtest/linear"
 )
 
 // testMaxCheckpointBytes is small so the oversize cases stay cheap.
@@ -283,5 +286,30 @@ func BenchmarkStore(b *testing.B) {
 			t.Cleanup(func() { st.Close() })
 			return fencingtest.Instance{Store: st}
 		},
+	})
+}
+
+// TestLinearizable checks a concurrent history of random calls against the
+// model of one resource, with the fake clock moving under the clients so
+// leases expire during the run.
+func TestLinearizable(t *testing.T) {
+	clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	st := open(t, filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{Clock: clock})
+	defer st.Close()
+	linear.Check(t, st, linear.Options{Name: "file", Now: clock.Now, Advance: clock.Advance, Ops: linear.SoakOr(1500, 100000)})
+}
+
+// TestStateMachine checks random call sequences against the model of one
+// resource, answer by answer, with rapid shrinking any failure.
+func TestStateMachine(t *testing.T) {
+	dir := t.TempDir()
+	var n int
+	linear.CheckStateMachine(t, func(rt *rapid.T, clock *fencingtest.FakeClock) fencing.Store {
+		n++
+		st, err := boltstore.Open(filepath.Join(dir, fmt.Sprintf("sm-%d.db", n)), boltstore.Options{Clock: clock})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		return st
 	})
 }

@@ -6,7 +6,9 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/fencingtest"
+	"github.com/fencegate/fencegate/fencing/fencingtest/linear"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"pgregory.net/rapid"
 )
 
 // testMaxCheckpointBytes is small so the oversize cases stay cheap.
@@ -61,5 +63,23 @@ func BenchmarkStore(b *testing.B) {
 			t.Cleanup(func() { st.Close() })
 			return fencingtest.Instance{Store: st}
 		},
+	})
+}
+
+// TestLinearizable checks a concurrent history of random calls against the
+// model of one resource, with the fake clock moving under the clients so
+// leases expire during the run.
+func TestLinearizable(t *testing.T) {
+	clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	st := memstore.New(memstore.Options{Clock: clock})
+	defer st.Close()
+	linear.Check(t, st, linear.Options{Name: "memory", Now: clock.Now, Advance: clock.Advance, Ops: linear.SoakOr(3000, 1000000)})
+}
+
+// TestStateMachine checks random call sequences against the model of one
+// resource, answer by answer, with rapid shrinking any failure.
+func TestStateMachine(t *testing.T) {
+	linear.CheckStateMachine(t, func(_ *rapid.T, clock *fencingtest.FakeClock) fencing.Store {
+		return memstore.New(memstore.Options{Clock: clock})
 	})
 }
