@@ -26,8 +26,8 @@ const ScopeName = "github.com/fencegate/fencegate/proxy"
 //     unchecked), CodeClientGone, or the problem code it was refused or
 //     failed with: token-required, invalid-token, resource-required,
 //     write-denied, stale-token, token-not-issued, lease-not-held,
-//     store-unavailable, barrier-timeout, upstream-timeout,
-//     upstream-unavailable, internal-error.
+//     store-unavailable, barrier-timeout, gate-stopping, body-timeout,
+//     invalid-body, upstream-timeout, upstream-unavailable, internal-error.
 //   - method: POST, PUT, PATCH, DELETE, or _OTHER for any other unsafe
 //     method (kept out of the attribute so clients cannot create series).
 //
@@ -62,7 +62,8 @@ var (
 	writeCodes = []string{CodeAdmitted, CodeUnfenced, CodeClientGone,
 		"token-required", "invalid-token", "resource-required", "write-denied",
 		"stale-token", "token-not-issued", "lease-not-held", "store-unavailable",
-		"barrier-timeout", "upstream-timeout", "upstream-unavailable",
+		"barrier-timeout", "gate-stopping", "body-timeout", "invalid-body",
+		"upstream-timeout", "upstream-unavailable",
 		"internal-error", "invalid-request"}
 	writeMethods = []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, "_OTHER"}
 )
