@@ -35,7 +35,9 @@ func TestHoldsSurviveRestart(t *testing.T) {
 	a := first.acquire("job:1", "a", 10*time.Second)
 	clock.Advance(11 * time.Second)
 	b := first.acquire("job:1", "b", 10*time.Second)
-	go func() { _, _ = doReq(first.client, first.gateSrv.URL, "PUT", "/jobs/1", "cut off", HeaderToken, tok(a.Token)) }()
+	go func() {
+		_, _ = doReq(first.client, first.gateSrv.URL, "PUT", "/jobs/1", "cut off", HeaderToken, tok(a.Token))
+	}()
 	<-arrived
 	// The process stops: the gate is closed with the write in flight.
 	if n, err := first.gate.Close(context.Background()); err != nil || n != 1 {
