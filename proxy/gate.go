@@ -16,9 +16,12 @@
 // Limits: reads are not fenced; writes that bypass the gate are not fenced;
 // side effects the upstream causes elsewhere are not fenced. A write whose
 // outcome the gate did not see (upstream timeout, connection lost after
-// sending, client gone) may still be applied later, so the barrier stays
-// closed for its resource for Options.TimeoutGrace; an upstream slower than
-// that can still apply it after a newer write. A write counts as in flight
+// sending, client gone, its body cut off) may still be applied later, so
+// the barrier stays closed for its resource for Options.TimeoutGrace, also
+// across a restart when Options.Holds is set; an upstream slower than that
+// can still apply it after a newer write. A forwarded body must arrive
+// within Options.BodyTimeout, so a stalled client holds its resource for at
+// most that plus the grace. A write counts as in flight
 // until the upstream's response headers arrive: an upstream that answers
 // before applying (202 Accepted and a queue) is not ordered by the gate.
 // Several gates sharing one store share the high-water mark but not the

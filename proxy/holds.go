@@ -52,12 +52,20 @@ func (g *Gate) RestoreHolds(ctx context.Context) (RestoredHolds, error) {
 // Close stops the gate forwarding fenced writes (a write still waiting at
 // the barrier is refused 503 gate-stopping) and records, in Options.Holds,
 // until when the writes it already forwarded may still be applied: the end
-// of their hold, or the grace period for those still in flight. Call it
+// of their hold, or the grace period for those still in flight. While the
+// hold on every resource after an unclean previous stop still runs, it
+// records nothing, so the next start sees an unclean stop again. Call it
 // once the gate's listener has stopped (http.Server.Shutdown returned). It
 // reports how many resources it recorded as held.
 func (g *Gate) Close(ctx context.Context) (int, error) {
 	holds := g.barrier.Close(max(g.grace, 0))
 	if g.holds == nil {
+		return len(holds), nil
+	}
+	if !g.barrier.AllHeldUntil().IsZero() {
+		// Every resource is still held after an unclean previous stop:
+		// leave this run recorded as unclean, so the next start holds
+		// every resource again rather than forget that hold.
 		return len(holds), nil
 	}
 	return len(holds), g.holds.EndHolds(ctx, holds)

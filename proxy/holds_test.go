@@ -64,6 +64,14 @@ func TestHoldsSurviveRestart(t *testing.T) {
 	}
 	c := third.acquire("job:3", "c", 10*time.Second)
 	wantProblem(t, third.do("PUT", "/jobs/3", "any", HeaderToken, tok(c.Token)), 503, "barrier-timeout")
+	// A clean stop while that hold still runs must not forget it.
+	if _, err := third.gate.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	fourth := newEnvStore(t, testRules, st, clock, opts)
+	if r, err := fourth.gate.RestoreHolds(context.Background()); err != nil || !r.Unclean {
+		t.Fatalf("restart while the previous hold on every resource ran: %+v %v", r, err)
+	}
 }
 
 // TestCloseStopsForwarding: after Close, a fenced write is refused 503

@@ -163,7 +163,7 @@ func TestBarrierHoldsSurviveRestart(t *testing.T) {
 			q := start(t, dir, env, "api", "gate")
 			want := "barrier holds restored"
 			if crash {
-				want = "did not stop cleanly"
+				want = "did not record a clean stop"
 			}
 			if !strings.Contains(q.logs.String(), want) {
 				t.Errorf("the restart did not log %q:\n%s", want, q.logs)

@@ -340,7 +340,7 @@ func restoreHolds(ctx context.Context, gate *proxy.Gate, log *slog.Logger) error
 	case !r.Recorded:
 		log.Warn("this store does not record barrier holds: writes cut off at a stop or crash are not held after a restart")
 	case r.Unclean:
-		log.Warn("the previous run did not stop cleanly: every resource is held for FENCEGATE_TIMEOUT_GRACE, as writes it forwarded may still be applied")
+		log.Warn("the previous run did not record a clean stop: every resource is held for FENCEGATE_TIMEOUT_GRACE, as writes it forwarded may still be applied")
 	case r.Resources > 0:
 		log.Info("barrier holds restored from the previous run", "resources", r.Resources)
 	}

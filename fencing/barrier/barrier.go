@@ -230,6 +230,17 @@ func (b *Barrier) HoldAll(d time.Duration) {
 	})
 }
 
+// AllHeldUntil is when the last HoldAll ends, or the zero time when none
+// is pending.
+func (b *Barrier) AllHeldUntil() time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if time.Now().Before(b.allUntil) {
+		return b.allUntil
+	}
+	return time.Time{}
+}
+
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
