@@ -320,7 +320,7 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
-			"a write with a lower token for this resource is still in flight through this gate, or the barrier is held closed after an upstream timeout; this write was admitted but not forwarded: retry it with the same token")
+			"a write with a lower token for this resource is still in flight through this gate, or the barrier is held closed after a write whose outcome is unknown (upstream timeout, body cut off, restart); this write was admitted but not forwarded: retry it with the same token")
 		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(g.barrier.HeldUntil(resource)))}}
 		g.refuseWrite(w, r, p, resource, token)
 		return
@@ -335,11 +335,16 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 // forward sends r to the upstream with fw as its in-flight state, bounding
 // how long its body may take to arrive (Options.BodyTimeout).
 func (g *Gate) forward(w http.ResponseWriter, r *http.Request, fw *fencedWrite) {
+	hasBody := r.Body != nil && r.Body != http.NoBody
+	if fw.ticket == nil && !hasBody {
+		g.rp.ServeHTTP(w, r) // nothing to track: the common read
+		return
+	}
 	r = r.WithContext(context.WithValue(r.Context(), flightKey{}, fw))
 	// A request without a body is left alone: net/http is already
 	// reading its connection in the background, and a deadline would end
 	// that read and cancel the request.
-	if r.Body != nil && r.Body != http.NoBody {
+	if hasBody {
 		if err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(g.bodyTimeout)); err != nil {
 			g.log.LogAttrs(r.Context(), slog.LevelWarn, "cannot bound the request body's read time",
 				slog.String("error", err.Error()))
