@@ -50,8 +50,13 @@ type Config struct {
 	RulesFile       string        `env:"RULES_FILE" help:"path of a file with route rules (instead of FENCEGATE_RULES)"`
 	ResourceHeader  *bool         `env:"RESOURCE_HEADER" help:"true or false: take the resource from the Fencing-Resource header when no rule matches; unset: true without rules, false with rules"`
 	BarrierTimeout  time.Duration `env:"BARRIER_TIMEOUT" envDefault:"10s" help:"longest wait behind a lower-token write in flight, a duration > 0"`
-	TimeoutGrace    time.Duration `env:"TIMEOUT_GRACE" envDefault:"30s" help:"how long the barrier stays closed after an upstream timeout, a duration >= 0"`
+	TimeoutGrace    time.Duration `env:"TIMEOUT_GRACE" envDefault:"30s" help:"how long the barrier stays closed after a write with an unknown outcome (upstream timeout, body cut off, shutdown), also across a restart, a duration >= 0; 0 turns it off"`
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest wait for the upstream's response headers, a duration > 0"`
+
+	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"10s" help:"longest time a client may take to send a request's headers, on both listeners, a duration > 0"`
+	BodyTimeout       time.Duration `env:"BODY_TIMEOUT" envDefault:"10s" help:"longest time a client may take to send a request body: on the gate from when the request is forwarded, on the lease API once its headers are read, a duration > 0"`
+	IdleTimeout       time.Duration `env:"IDLE_TIMEOUT" envDefault:"2m" help:"how long an idle keep-alive connection stays open, a duration > 0"`
+	MaxConns          int           `env:"MAX_CONNS" envDefault:"4096" help:"most concurrent client connections per listener (> 0); beyond it a connection is answered 503 too-many-connections and closed, while a small reserve keeps /livez and /readyz answering"`
 
 	DrainDelay    time.Duration `env:"DRAIN_DELAY" envDefault:"0s" help:"after SIGTERM, how long /readyz answers 503 before the listeners close, a duration >= 0"`
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"15s" help:"after the drain delay, how long in-flight requests may take to finish, a duration > 0"`
@@ -143,6 +148,12 @@ func (c Config) Validate() error {
 	}
 	positive("BarrierTimeout", c.BarrierTimeout)
 	positive("UpstreamTimeout", c.UpstreamTimeout)
+	positive("ReadHeaderTimeout", c.ReadHeaderTimeout)
+	positive("BodyTimeout", c.BodyTimeout)
+	positive("IdleTimeout", c.IdleTimeout)
+	if c.MaxConns < 1 {
+		check("MaxConns", fmt.Errorf("%d is not positive", c.MaxConns))
+	}
 	positive("ShutdownGrace", c.ShutdownGrace)
 	positive("ValkeyDialTimeout", c.ValkeyDialTimeout)
 	positive("ValkeyCommandTimeout", c.ValkeyCommandTimeout)

@@ -16,9 +16,12 @@
 // Limits: reads are not fenced; writes that bypass the gate are not fenced;
 // side effects the upstream causes elsewhere are not fenced. A write whose
 // outcome the gate did not see (upstream timeout, connection lost after
-// sending, client gone) may still be applied later, so the barrier stays
-// closed for its resource for Options.TimeoutGrace; an upstream slower than
-// that can still apply it after a newer write. A write counts as in flight
+// sending, client gone, its body cut off) may still be applied later, so
+// the barrier stays closed for its resource for Options.TimeoutGrace, also
+// across a restart when Options.Holds is set; an upstream slower than that
+// can still apply it after a newer write. A forwarded body must arrive
+// within Options.BodyTimeout, so a stalled client holds its resource for at
+// most that plus the grace. A write counts as in flight
 // until the upstream's response headers arrive: an upstream that answers
 // before applying (202 Accepted and a queue) is not ordered by the gate.
 // Several gates sharing one store share the high-water mark but not the
@@ -76,7 +79,12 @@ const (
 	DefaultBarrierTimeout  = 10 * time.Second
 	DefaultTimeoutGrace    = 30 * time.Second
 	DefaultUpstreamTimeout = 30 * time.Second
+	DefaultBodyTimeout     = 10 * time.Second
 )
+
+// NoGrace, as Options.TimeoutGrace, turns the grace period off: the barrier
+// opens as soon as a write's outcome is unknown.
+const NoGrace time.Duration = -1
 
 // Options configure a Gate.
 type Options struct {
@@ -107,8 +115,21 @@ type Options struct {
 	// TimeoutGrace is how long the barrier stays closed for higher tokens
 	// on a resource after a write on it ended without the gate seeing the
 	// upstream's answer (timeout, connection lost after sending, client
-	// gone). Zero means DefaultTimeoutGrace; negative means no grace.
+	// gone, a request body cut off). Zero means DefaultTimeoutGrace;
+	// negative (NoGrace) means no grace.
 	TimeoutGrace time.Duration
+	// BodyTimeout bounds how long a forwarded request's body may take to
+	// arrive from the client, counted from when the gate starts forwarding
+	// it (after the barrier). A write whose body is not complete by then
+	// is cut off, answered 408 body-timeout, and treated as an ambiguous
+	// outcome (the barrier is held for TimeoutGrace): so a stalled client
+	// holds its resource's barrier for at most BodyTimeout plus the grace.
+	// It sets the connection's read deadline through
+	// http.ResponseController. Zero means DefaultBodyTimeout.
+	BodyTimeout time.Duration
+	// Holds, when set, keeps barrier holds across a restart of the gate
+	// (see RestoreHolds and Close). Nil: a restart forgets them.
+	Holds fencing.HoldRecorder
 	// UpstreamTimeout is how long the gate waits for the upstream's
 	// response headers before answering 504 upstream-timeout. It is set
 	// on the default transport only; a caller-supplied Transport keeps
@@ -146,6 +167,8 @@ type Gate struct {
 	log            *slog.Logger
 	barrierTimeout time.Duration
 	grace          time.Duration
+	bodyTimeout    time.Duration
+	holds          fencing.HoldRecorder
 	rp             *httputil.ReverseProxy
 	barrier        *barrier.Barrier
 	writes         metric.Int64Counter
@@ -171,8 +194,8 @@ func New(opts Options) (*Gate, error) {
 			return nil, fmt.Errorf("proxy: rule %d was not built by ParseRules", i+1)
 		}
 	}
-	if opts.BarrierTimeout < 0 || opts.UpstreamTimeout < 0 {
-		return nil, errors.New("proxy: BarrierTimeout and UpstreamTimeout must not be negative")
+	if opts.BarrierTimeout < 0 || opts.UpstreamTimeout < 0 || opts.BodyTimeout < 0 {
+		return nil, errors.New("proxy: BarrierTimeout, UpstreamTimeout and BodyTimeout must not be negative")
 	}
 	g := &Gate{
 		upstream:       u,
@@ -182,6 +205,8 @@ func New(opts Options) (*Gate, error) {
 		log:            opts.Logger,
 		barrierTimeout: opts.BarrierTimeout,
 		grace:          opts.TimeoutGrace,
+		bodyTimeout:    opts.BodyTimeout,
+		holds:          opts.Holds,
 		barrier:        barrier.New(),
 	}
 	if g.log == nil {
@@ -192,6 +217,9 @@ func New(opts Options) (*Gate, error) {
 	}
 	if g.grace == 0 {
 		g.grace = DefaultTimeoutGrace
+	}
+	if g.bodyTimeout == 0 {
+		g.bodyTimeout = DefaultBodyTimeout
 	}
 	rt := opts.Transport
 	if rt == nil {
@@ -220,12 +248,14 @@ func New(opts Options) (*Gate, error) {
 // flightKey is the context key of the *fencedWrite of a forwarded write.
 type flightKey struct{}
 
-// fencedWrite is the state of one admitted write while the reverse proxy
-// forwards it. ModifyResponse and ErrorHandler run on the goroutine of
+// fencedWrite is the state of one forwarded request while the reverse
+// proxy forwards it: an admitted write (ticket set) or an unfenced request
+// (ticket nil). ModifyResponse and ErrorHandler run on the goroutine of
 // ServeHTTP, so no locking is needed.
 type fencedWrite struct {
 	ticket *flight
-	code   string // final outcome for MetricWrites
+	body   *bodyReader // nil when the request has no body
+	code   string      // final outcome for MetricWrites
 }
 
 // ServeHTTP forwards safe requests and fences the rest.
@@ -253,7 +283,7 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 			// drops the headers Connection lists (HTTP2-Settings).
 			r.Header.Del("Upgrade")
 		}
-		g.rp.ServeHTTP(w, r)
+		g.forward(w, r, &fencedWrite{})
 		return
 	}
 	token := d.Token
@@ -283,8 +313,15 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 			g.count(r, CodeClientGone)
 			return
 		}
+		if errors.Is(err, barrier.ErrClosed) {
+			p := problem.New(http.StatusServiceUnavailable, "gate-stopping",
+				"the gate is shutting down; this write was admitted but not forwarded: retry it with the same token")
+			p.Headers = http.Header{"Retry-After": {"1"}}
+			g.refuseWrite(w, r, p, resource, token)
+			return
+		}
 		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
-			"a write with a lower token for this resource is still in flight through this gate, or the barrier is held closed after an upstream timeout; this write was admitted but not forwarded: retry it with the same token")
+			"a write with a lower token for this resource is still in flight through this gate, or the barrier is held closed after a write whose outcome is unknown (upstream timeout, body cut off, restart); this write was admitted but not forwarded: retry it with the same token")
 		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(t.HeldUntil()))}}
 		g.refuseWrite(w, r, p, resource, token)
 		return
@@ -293,7 +330,30 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 	fw := &fencedWrite{ticket: t, code: CodeAdmitted}
 	// Deferred so a write whose response relay is aborted still counts.
 	defer func() { g.count(r, fw.code) }()
-	g.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, flightKey{}, fw)))
+	g.forward(w, r, fw)
+}
+
+// forward sends r to the upstream with fw as its in-flight state, bounding
+// how long its body may take to arrive (Options.BodyTimeout).
+func (g *Gate) forward(w http.ResponseWriter, r *http.Request, fw *fencedWrite) {
+	hasBody := r.Body != nil && r.Body != http.NoBody
+	if fw.ticket == nil && !hasBody {
+		g.rp.ServeHTTP(w, r) // nothing to track: the common read
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), flightKey{}, fw))
+	// A request without a body is left alone: net/http is already
+	// reading its connection in the background, and a deadline would end
+	// that read and cancel the request.
+	if hasBody {
+		if err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(g.bodyTimeout)); err != nil {
+			g.log.LogAttrs(r.Context(), slog.LevelWarn, "cannot bound the request body's read time",
+				slog.String("error", err.Error()))
+		}
+		fw.body = &bodyReader{ReadCloser: r.Body}
+		r.Body = fw.body
+	}
+	g.rp.ServeHTTP(w, r)
 }
 
 func (g *Gate) wait(ctx context.Context, t *flight) error {
@@ -365,45 +425,60 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 // upstream has answered the write, so the barrier can let the next token
 // through while the body is still being relayed.
 func (g *Gate) modifyResponse(resp *http.Response) error {
-	if fw, ok := resp.Request.Context().Value(flightKey{}).(*fencedWrite); ok {
+	if fw, ok := resp.Request.Context().Value(flightKey{}).(*fencedWrite); ok && fw.ticket != nil {
 		fw.ticket.Leave()
 	}
 	return nil
 }
 
-// errorHandler maps an upstream failure once: client gone → no response,
-// timeout → 504, anything else → 502. For a fenced write whose request may
-// have reached the upstream, the barrier stays closed for the grace period.
+// errorHandler maps a failed forwarding once: the client's request body
+// failed (stalled past BodyTimeout → 408, malformed or cut short → 400),
+// client gone → no response, upstream timeout → 504, anything else → 502.
+// For a fenced write whose request may have reached the upstream, the
+// barrier stays closed for the grace period.
 func (g *Gate) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	fw, _ := r.Context().Value(flightKey{}).(*fencedWrite)
+	if fw == nil {
+		fw = &fencedWrite{}
+	}
+	fenced := fw.ticket != nil
+	// A request whose headers were sent, even with its body cut off, may
+	// be applied: an upstream can act on a request before reading its
+	// body (a DELETE handler that ignores it), so only a request that
+	// never left the gate is certainly not applied.
 	sent := !notSent(err)
-	if fw != nil {
+	if fenced {
 		if sent {
 			fw.ticket.Hold(g.grace)
 		} else {
 			fw.ticket.Leave()
 		}
 	}
-	if r.Context().Err() != nil {
-		if fw != nil {
+	// The client's body error comes first: a read deadline or an early
+	// end of the client's connection also cancels the request's context,
+	// and the client may still be there to read the answer.
+	p := bodyProblem(fw.body.failure(), fenced)
+	if p == nil && r.Context().Err() != nil {
+		if fenced {
 			fw.code = CodeClientGone
 		}
 		return // the client is gone; there is nobody to answer
 	}
-	var p *problem.Error
-	if isTimeout(err) {
+	switch {
+	case p != nil:
+	case isTimeout(err):
 		p = problem.New(http.StatusGatewayTimeout, "upstream-timeout", "the upstream did not answer in time")
-		if fw != nil {
+		if fenced {
 			p.Detail += "; the write may still be applied by the upstream"
 		}
-	} else {
+	default:
 		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream could not be reached or failed before answering")
-		if fw != nil && sent {
+		if fenced && sent {
 			p.Detail += "; the write may have been applied by the upstream"
 		}
 	}
 	p.Cause = err
-	if fw != nil {
+	if fenced {
 		fw.code = p.Code
 	}
 	problem.Write(w, r, g.log, p)

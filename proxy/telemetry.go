@@ -26,9 +26,9 @@ const ScopeName = "github.com/fencegate/fencegate/proxy"
 //     unchecked), CodeClientGone, or the problem code it was refused or
 //     failed with: token-required, invalid-token, resource-required,
 //     write-denied, stale-token, token-not-issued, lease-not-held,
-//     store-unavailable, barrier-timeout, upstream-timeout,
-//     upstream-unavailable, internal-error, path-not-canonical,
-//     upgrade-denied, method-override-denied.
+//     store-unavailable, barrier-timeout, gate-stopping, body-timeout,
+//     invalid-body, upstream-timeout, upstream-unavailable, internal-error,
+//     path-not-canonical, upgrade-denied, method-override-denied.
 //   - method: POST, PUT, PATCH, DELETE, or _OTHER for any other unsafe
 //     method (kept out of the attribute so clients cannot create series).
 //
@@ -63,7 +63,8 @@ var (
 	writeCodes = []string{CodeAdmitted, CodeUnfenced, CodeClientGone,
 		"token-required", "invalid-token", "resource-required", "write-denied",
 		"stale-token", "token-not-issued", "lease-not-held", "store-unavailable",
-		"barrier-timeout", "upstream-timeout", "upstream-unavailable",
+		"barrier-timeout", "gate-stopping", "body-timeout", "invalid-body",
+		"upstream-timeout", "upstream-unavailable",
 		"internal-error", "invalid-request", "path-not-canonical", "upgrade-denied",
 		"method-override-denied"}
 	writeMethods = []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, "_OTHER"}

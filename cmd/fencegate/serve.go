@@ -55,6 +55,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	holds, _ := store.(fencing.HoldRecorder) // before a decorator hides it
 	store = storemetrics.Wrap(store, tel.meterProvider, tel.tracerProvider)
 	defer func() {
 		if err := store.Close(); err != nil {
@@ -73,19 +74,23 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		TracerProvider:     tel.tracerProvider,
 		ServerName:         cfg.APIAddr,
 	})
-	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api}}
+	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api, health: isHealthCheck, cfg: cfg}}
 
+	var gate *proxy.Gate
 	if cfg.Upstream == "" {
 		log.Warn("write gate off: FENCEGATE_UPSTREAM is unset; only the lease API runs")
 		if cfg.Rules != "" || cfg.RulesFile != "" {
 			log.Warn("FENCEGATE_RULES / FENCEGATE_RULES_FILE are ignored while the write gate is off")
 		}
 	} else {
-		gate, err := newGate(cfg, rules, store, log, tel)
+		gate, err = newGate(cfg, rules, store, holds, log, tel)
 		if err != nil {
 			return err
 		}
-		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, handler: gate})
+		if err := restoreHolds(ctx, gate, log); err != nil {
+			return err
+		}
+		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, handler: gate, cfg: cfg})
 	}
 
 	for _, s := range servers {
@@ -107,6 +112,9 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	case err := <-errc:
 		log.Error("listener failed", "error", err)
 		shutdown(servers, cfg.ShutdownGrace, log)
+		if gate != nil {
+			closeGate(gate, log)
+		}
 		return err
 	}
 
@@ -116,6 +124,9 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	// Exit 0 even when requests were cut off: the drain was bounded by
 	// design, and the cut-off is logged above.
 	cutOff := shutdown(servers, cfg.ShutdownGrace, log)
+	if gate != nil {
+		closeGate(gate, log)
+	}
 	log.Info("stopped", "requests_cut_off", cutOff)
 	return nil
 }
@@ -125,20 +136,28 @@ type listener struct {
 	name    string
 	addr    string
 	handler http.Handler
+	health  func(*http.Request) bool // requests served on the connections kept in reserve
+	cfg     config.Config
 	ln      net.Listener
 	srv     *http.Server
 }
 
+// listen opens the listener with the slow-client bounds: a deadline for the
+// headers and one for the body (counted from the start of the request:
+// the gate moves it when it starts forwarding a request), an idle timeout,
+// and a cap on concurrent connections (see connLimit).
 func (l *listener) listen() error {
 	ln, err := net.Listen("tcp", l.addr)
 	if err != nil {
 		return fmt.Errorf("%s listener: %w", l.name, err)
 	}
-	l.ln = ln
+	l.ln = newConnLimit(ln, l.cfg.MaxConns)
 	l.srv = &http.Server{
-		Handler:           l.handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		Handler:           overflowHandler(l.handler, l.health),
+		ReadHeaderTimeout: l.cfg.ReadHeaderTimeout,
+		ReadTimeout:       l.cfg.ReadHeaderTimeout + l.cfg.BodyTimeout,
+		IdleTimeout:       l.cfg.IdleTimeout,
+		ConnContext:       connContext,
 	}
 	return nil
 }
@@ -291,8 +310,10 @@ func loadRules(cfg config.Config) ([]proxy.Rule, error) {
 	return rules, nil
 }
 
-// newGate builds the write gate from the configuration and its parsed rules.
-func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, log *slog.Logger, tel *telemetry) (http.Handler, error) {
+// newGate builds the write gate from the configuration and its parsed rules;
+// holds, when the store has the capability, keeps barrier holds across
+// restarts.
+func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds fencing.HoldRecorder, log *slog.Logger, tel *telemetry) (*proxy.Gate, error) {
 	upstream, err := url.Parse(cfg.Upstream)
 	if err != nil {
 		return nil, fmt.Errorf("FENCEGATE_UPSTREAM: %w", err)
@@ -309,7 +330,9 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, log *sl
 		ResourceHeader:  resourceHeader,
 		Logger:          log,
 		BarrierTimeout:  cfg.BarrierTimeout,
-		TimeoutGrace:    cfg.TimeoutGrace,
+		TimeoutGrace:    timeoutGrace(cfg.TimeoutGrace),
+		BodyTimeout:     cfg.BodyTimeout,
+		Holds:           holds,
 		UpstreamTimeout: cfg.UpstreamTimeout,
 		MeterProvider:   tel.meterProvider,
 		TracerProvider:  tel.tracerProvider,
@@ -325,4 +348,45 @@ func envValue(environ []string, name string) string {
 		}
 	}
 	return ""
+}
+
+// timeoutGrace maps FENCEGATE_TIMEOUT_GRACE, where 0 turns the grace off, to
+// proxy.Options.TimeoutGrace, where 0 means the default.
+func timeoutGrace(d time.Duration) time.Duration {
+	if d == 0 {
+		return proxy.NoGrace
+	}
+	return d
+}
+
+// restoreHolds applies the barrier holds the previous run left (see
+// proxy.Gate.RestoreHolds). A store that cannot answer stops start-up: the
+// gate would otherwise forward writes the previous run's may still race.
+func restoreHolds(ctx context.Context, gate *proxy.Gate, log *slog.Logger) error {
+	r, err := gate.RestoreHolds(ctx)
+	switch {
+	case err != nil:
+		return fmt.Errorf("reading the barrier holds of the previous run: %w", err)
+	case !r.Recorded:
+		log.Warn("this store does not record barrier holds: writes cut off at a stop or crash are not held after a restart")
+	case r.Unclean:
+		log.Warn("the previous run did not record a clean stop: every resource is held for FENCEGATE_TIMEOUT_GRACE, as writes it forwarded may still be applied")
+	case r.Resources > 0:
+		log.Info("barrier holds restored from the previous run", "resources", r.Resources)
+	}
+	return nil
+}
+
+// closeGate stops the gate forwarding and records its barrier holds.
+func closeGate(gate *proxy.Gate, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := gate.Close(ctx)
+	if err != nil {
+		log.Error("recording barrier holds failed: the next start treats this stop as unclean", "error", err)
+		return
+	}
+	if n > 0 {
+		log.Info("barrier holds recorded for the next start", "resources", n)
+	}
 }

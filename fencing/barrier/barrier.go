@@ -3,11 +3,23 @@
 // them a higher-token write for the same resource could overtake a
 // lower-token one that was admitted first. The barrier closes that window
 // within one process: a write registers before its admission check, and is
-// forwarded only once no lower-token write for its resource is in flight.
+// forwarded only once no lower-token write for its resource that could
+// still be forwarded is in flight.
+//
+// Which lower-token writes a write waits for: those registered before its
+// own admission check returned (Wait takes that snapshot). A lower-token
+// write that registers later starts its admission check after this write's
+// check raised the high-water mark, so a store whose admissions are
+// linearizable per resource (fencing.Store) refuses it, and it never needs
+// waiting for. So a flood of doomed writes delays a valid one by at most one
+// admission round trip of the doomed writes already registered, and writes
+// refused by the store leave the barrier as soon as their answer comes back.
 //
 // Limits: the barrier orders writes through one process only. Several gates
 // in front of one data store share the store's high-water mark but not this
-// barrier.
+// barrier. The snapshot argument relies on the store's linearizability: a
+// store that lost its data between two admissions could admit the later,
+// lower token (detecting that loss is the store's job).
 package barrier
 
 import (
@@ -22,20 +34,32 @@ import (
 // ErrTimeout: the bounded wait behind a lower-token write ran out.
 var ErrTimeout = errors.New("barrier wait exceeded")
 
-// Barrier is the in-flight barrier of one gate. Per resource
-// it counts the writes in flight by token. A write registers before its
+// ErrClosed: the barrier was closed (the gate is stopping); no write may be
+// forwarded any more.
+var ErrClosed = errors.New("barrier closed")
+
+// Barrier is the in-flight barrier of one gate. Per resource it keeps the
+// registered writes in registration order. A write registers before its
 // admission check and may be forwarded only once no write with a lower
-// token is registered for its resource; equal tokens never wait for each
-// other. Resources with nothing in flight are dropped from the map, so its
-// size is bounded by the number of writes in flight (plus those held for a
-// grace period after an ambiguous upstream outcome).
+// token registered before its admission check returned is still
+// registered; equal tokens never wait for each other. Resources with
+// nothing registered are dropped from the map, so its size is bounded by
+// the number of writes in flight (plus those held for a grace period after
+// an ambiguous upstream outcome).
 type Barrier struct {
-	mu  sync.Mutex
-	res map[string]*inflight
+	mu     sync.Mutex
+	seq    uint64 // registration counter; Ticket.seq values come from it
+	res    map[string]*inflight
+	closed bool
+	// allUntil: every write waits until then, whatever its resource
+	// (HoldAll: the gate restarted after an unclean stop).
+	allUntil time.Time
 }
 
 type inflight struct {
-	count map[fencing.Token]int // tokens in flight, and how many writes carry each
+	// head and tail link the registered tickets in registration order
+	// (ascending seq).
+	head, tail *Ticket
 	// changed is closed (and cleared) whenever a write leaves, to wake the
 	// writes waiting on this resource. Nil while nobody waits.
 	changed chan struct{}
@@ -54,42 +78,79 @@ type Ticket struct {
 	resource string
 	token    fencing.Token
 	once     sync.Once
+	seq      uint64 // registration order; set once by Register
+
+	// Guarded by b.mu.
+	prev, next *Ticket
+	horizon    uint64    // Wait's snapshot: tickets with seq < horizon are waited for; 0 until Wait
+	passed     bool      // Wait returned nil: the write may be forwarded
+	holdUntil  time.Time // set by Hold
 }
 
-// Register records a write with token on resource as in flight. The caller
-// must end the Ticket with Leave or Hold.
+// Register records a write with token on resource as in flight. Call it
+// before the write's admission check. The caller must end the Ticket with
+// Leave or Hold.
 func (b *Barrier) Register(resource string, token fencing.Token) *Ticket {
+	t := &Ticket{b: b, resource: resource, token: token}
 	b.mu.Lock()
-	f := b.res[resource]
-	if f == nil {
-		f = &inflight{count: make(map[fencing.Token]int, 1)}
-		b.res[resource] = f
-	}
-	f.count[token]++
+	b.link(t)
 	b.mu.Unlock()
-	return &Ticket{b: b, resource: resource, token: token}
+	return t
 }
 
-// lowerInFlight reports whether f has a write with a token below t.
-func (f *inflight) lowerInFlight(t fencing.Token) bool {
-	for tok := range f.count {
-		if tok < t {
+// link appends t to its resource's list. b.mu must be held.
+func (b *Barrier) link(t *Ticket) {
+	f := b.res[t.resource]
+	if f == nil {
+		f = &inflight{}
+		b.res[t.resource] = f
+	}
+	b.seq++
+	t.seq = b.seq
+	if f.tail == nil {
+		f.head = t
+	} else {
+		f.tail.next, t.prev = t, f.tail
+	}
+	f.tail = t
+}
+
+// blocked reports whether t must still wait: a write with a lower token
+// registered before t's horizon is still registered, or every write is
+// held. b.mu must be held.
+func (b *Barrier) blocked(f *inflight, t *Ticket) bool {
+	if !b.allUntil.IsZero() && time.Now().Before(b.allUntil) {
+		return true
+	}
+	for x := f.head; x != nil && x.seq < t.horizon; x = x.next {
+		if x.token < t.token {
 			return true
 		}
 	}
 	return false
 }
 
-// Wait blocks until no write with a lower token than the Ticket's is in
-// flight for its resource, the timeout passes (ErrTimeout) or ctx
-// ends (ctx.Err()). The Ticket stays registered either way.
+// Wait blocks until no write with a lower token than the Ticket's, among
+// those registered before Wait was first called, is in flight for its
+// resource; the timeout passes (ErrTimeout); ctx ends (ctx.Err()); or the
+// barrier is closed (ErrClosed). Call it only once the write's admission
+// check has returned and admitted it: that moment is the snapshot the
+// package comment explains. The Ticket stays registered either way.
 func (t *Ticket) Wait(ctx context.Context, timeout time.Duration) error {
 	b := t.b
 	var timer *time.Timer
 	for {
 		b.mu.Lock()
+		if b.closed {
+			b.mu.Unlock()
+			return ErrClosed
+		}
+		if t.horizon == 0 {
+			t.horizon = b.seq + 1
+		}
 		f := b.res[t.resource]
-		if !f.lowerInFlight(t.token) {
+		if !b.blocked(f, t) {
+			t.passed = true
 			b.mu.Unlock()
 			if timer != nil {
 				timer.Stop()
@@ -131,12 +192,53 @@ func (t *Ticket) Hold(d time.Duration) {
 			return
 		}
 		t.b.mu.Lock()
+		t.holdUntil = time.Now().Add(d)
 		if f := t.b.res[t.resource]; f != nil {
-			f.heldUntil = later(f.heldUntil, time.Now().Add(d))
+			f.heldUntil = later(f.heldUntil, t.holdUntil)
 		}
 		t.b.mu.Unlock()
 		time.AfterFunc(d, t.b.leave(t))
 	})
+}
+
+// HoldResource keeps resource closed to every write for d, as if a write
+// with a token below every token had been held: a gate restarting uses it
+// for the holds its previous run left.
+func (b *Barrier) HoldResource(resource string, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	b.Register(resource, 0).Hold(d)
+}
+
+// HoldAll keeps every resource closed to every write for d: a gate that
+// restarts after an unclean stop cannot know which writes were in flight.
+func (b *Barrier) HoldAll(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	until := time.Now().Add(d)
+	b.mu.Lock()
+	b.allUntil = later(b.allUntil, until)
+	b.mu.Unlock()
+	time.AfterFunc(d, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, f := range b.res {
+			f.wake()
+		}
+	})
+}
+
+// AllHeldUntil is when the last HoldAll ends, or the zero time when none
+// is pending.
+func (b *Barrier) AllHeldUntil() time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if time.Now().Before(b.allUntil) {
+		return b.allUntil
+	}
+	return time.Time{}
 }
 
 func later(a, b time.Time) time.Time {
@@ -146,15 +248,27 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// HeldUntil is when the last Hold on resource ends, or the zero time when
-// none is pending: a refused writer can be told when to retry.
+// HeldUntil is when the last Hold on resource (or HoldAll) ends, or the
+// zero time when none is pending: a refused writer can be told when to
+// retry.
 func (b *Barrier) HeldUntil(resource string) time.Time {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if f := b.res[resource]; f != nil && time.Now().Before(f.heldUntil) {
-		return f.heldUntil
+	until := b.allUntil
+	if f := b.res[resource]; f != nil {
+		until = later(until, f.heldUntil)
+	}
+	if time.Now().Before(until) {
+		return until
 	}
 	return time.Time{}
+}
+
+func (f *inflight) wake() {
+	if f.changed != nil {
+		close(f.changed)
+		f.changed = nil
+	}
 }
 
 func (b *Barrier) leave(t *Ticket) func() {
@@ -162,27 +276,69 @@ func (b *Barrier) leave(t *Ticket) func() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		f := b.res[t.resource]
-		if f.count[t.token]--; f.count[t.token] == 0 {
-			delete(f.count, t.token)
+		if t.prev == nil {
+			f.head = t.next
+		} else {
+			t.prev.next = t.next
 		}
-		if f.changed != nil {
-			close(f.changed)
-			f.changed = nil
+		if t.next == nil {
+			f.tail = t.prev
+		} else {
+			t.next.prev = t.prev
 		}
-		if len(f.count) == 0 {
+		t.prev, t.next = nil, nil
+		f.wake()
+		if f.head == nil {
 			delete(b.res, t.resource)
 		}
 	}
+}
+
+// Close stops the barrier: every pending and later Wait returns ErrClosed,
+// so no write is forwarded after Close returns. It reports, per resource,
+// until when writes already forwarded may still be applied by the upstream:
+// the end of a write's Hold, or now+grace for a write still in flight
+// (its outcome will not be seen). Writes that never passed Wait are left
+// out: they were never forwarded. Holds keep running their course.
+func (b *Barrier) Close(grace time.Duration) map[string]time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	now := time.Now()
+	out := map[string]time.Time{}
+	for res, f := range b.res {
+		f.wake()
+		for x := f.head; x != nil; x = x.next {
+			var until time.Time
+			switch {
+			case !x.holdUntil.IsZero():
+				until = x.holdUntil
+			case x.passed:
+				until = now.Add(grace)
+			default:
+				continue
+			}
+			if until.After(now) {
+				out[res] = later(out[res], until)
+			}
+		}
+	}
+	return out
 }
 
 // Registered is how many writes with token are registered for resource.
 func (b *Barrier) Registered(resource string, token fencing.Token) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	n := 0
 	if f := b.res[resource]; f != nil {
-		return f.count[token]
+		for x := f.head; x != nil; x = x.next {
+			if x.token == token {
+				n++
+			}
+		}
 	}
-	return 0
+	return n
 }
 
 // Size is the number of resources with writes in flight.

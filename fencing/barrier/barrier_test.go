@@ -3,8 +3,13 @@ package barrier
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/fencegate/fencegate/fencing"
 )
 
 func TestBarrierWaitsForLowerTokensOnly(t *testing.T) {
@@ -27,7 +32,7 @@ func TestBarrierWaitsForLowerTokensOnly(t *testing.T) {
 		t.Fatalf("token 2 passed while an equal-to-1 write was in flight: %v", err)
 	default:
 	}
-	if got := b.res["r"].count[1]; got != 1 {
+	if got := b.Registered("r", 1); got != 1 {
 		t.Fatalf("count for token 1 = %d after one leave", got)
 	}
 	same.Leave()
@@ -91,5 +96,213 @@ func TestBarrierMapStaysBounded(t *testing.T) {
 	}
 	if n := b.Size(); n != 0 {
 		t.Fatalf("%d resources left", n)
+	}
+}
+
+// TestBarrierIgnoresLowerTokensRegisteredAfterAdmission: a write waits for
+// the lower tokens registered before its admission check returned (its
+// first Wait), not for those registered later, which the store refuses.
+func TestBarrierIgnoresLowerTokensRegisteredAfterAdmission(t *testing.T) {
+	b := New()
+	before := b.Register("r", 1)
+	high := b.Register("r", 2)
+	if err := high.Wait(context.Background(), time.Millisecond); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a lower token registered before the admission did not block: %v", err)
+	}
+	after := b.Register("r", 1) // registered once high's snapshot was taken
+	before.Leave()
+	if err := high.Wait(context.Background(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// A write registered after high's snapshot is not waited for by high,
+	// but a new write still waits for it.
+	higher := b.Register("r", 3)
+	if err := higher.Wait(context.Background(), time.Millisecond); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a registered lower token did not block a later write: %v", err)
+	}
+	after.Leave()
+	high.Leave()
+	if err := higher.Wait(context.Background(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	higher.Leave()
+	if n := b.Size(); n != 0 {
+		t.Fatalf("%d resources left", n)
+	}
+}
+
+// TestBarrierDoomedFlood: lower-token writes that keep registering and
+// leaving (each leaves only once the next one registered, so one is
+// always registered) do not starve a higher-token write. Before the
+// snapshot, the higher write waited until its timeout.
+func TestBarrierDoomedFlood(t *testing.T) {
+	b := New()
+	first := b.Register("r", 1)
+	high := b.Register("r", 2)
+	stop := make(chan struct{})
+	flooded := make(chan struct{})
+	go func() {
+		defer close(flooded)
+		prev := first
+		for {
+			select {
+			case <-stop:
+				prev.Leave()
+				return
+			default:
+			}
+			next := b.Register("r", 1)
+			prev.Leave()
+			prev = next
+		}
+	}()
+	err := high.Wait(context.Background(), 30*time.Second)
+	close(stop)
+	<-flooded
+	if err != nil {
+		t.Fatalf("the higher write was starved by the flood: %v", err)
+	}
+	high.Leave()
+	if n := b.Size(); n != 0 {
+		t.Fatalf("%d resources left", n)
+	}
+}
+
+// TestBarrierClose: after Close nothing passes Wait, and Close reports
+// until when forwarded and held writes may still be applied, leaving out
+// writes that were never forwarded.
+func TestBarrierClose(t *testing.T) {
+	b := New()
+	fwd := b.Register("fwd", 1)
+	if err := fwd.Wait(context.Background(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	held := b.Register("held", 1)
+	if err := held.Wait(context.Background(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	held.Hold(time.Hour)
+	waiting := b.Register("fwd", 2) // admitted, never forwarded
+	unadmitted := b.Register("never", 1)
+	errc := make(chan error, 1)
+	go func() { errc <- waiting.Wait(context.Background(), time.Hour) }()
+	waitUntil(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return waiting.horizon != 0 })
+	before := time.Now()
+	holds := b.Close(time.Minute)
+	if err := <-errc; !errors.Is(err, ErrClosed) {
+		t.Fatalf("a waiting write after Close: %v", err)
+	}
+	if len(holds) != 2 {
+		t.Fatalf("holds %v, want fwd and held", holds)
+	}
+	if u := holds["fwd"]; u.Before(before.Add(time.Minute)) || u.After(time.Now().Add(time.Minute)) {
+		t.Fatalf("in-flight write held until %v, want now+grace", u)
+	}
+	if u := holds["held"]; u.Before(before.Add(59*time.Minute)) || u.After(time.Now().Add(time.Hour)) {
+		t.Fatalf("held write until %v, want the end of its hold", u)
+	}
+	if err := b.Register("other", 5).Wait(context.Background(), time.Hour); !errors.Is(err, ErrClosed) {
+		t.Fatalf("a write registered after Close: %v", err)
+	}
+	unadmitted.Leave()
+	fwd.Leave()
+	waiting.Leave()
+}
+
+// TestBarrierRestoredHolds: HoldResource blocks every token on one
+// resource, HoldAll every resource, each until it ends.
+func TestBarrierRestoredHolds(t *testing.T) {
+	b := New()
+	b.HoldResource("r", time.Hour)
+	if err := b.Register("r", 1).Wait(context.Background(), time.Millisecond); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("token 1 passed a restored hold: %v", err)
+	}
+	if u := b.HeldUntil("r"); time.Until(u) < 59*time.Minute {
+		t.Fatalf("HeldUntil %v", u)
+	}
+	if err := b.Register("s", 1).Wait(context.Background(), time.Hour); err != nil {
+		t.Fatalf("another resource was held: %v", err)
+	}
+
+	b = New()
+	b.HoldAll(50 * time.Millisecond)
+	tk := b.Register("any", 7)
+	if err := tk.Wait(context.Background(), time.Millisecond); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a write passed HoldAll: %v", err)
+	}
+	if b.HeldUntil("any").IsZero() {
+		t.Fatal("HeldUntil does not report HoldAll")
+	}
+	if err := tk.Wait(context.Background(), time.Hour); err != nil {
+		t.Fatal(err) // the hold ends and wakes the waiter
+	}
+}
+
+// TestBarrierOrdersConcurrentWrites: many goroutines register, pass a
+// linearizable admission check (a mutex-guarded high-water mark), wait, and
+// "apply" by appending their token to the resource's log. Under -race, each
+// log must be non-decreasing: no admitted write overtook a lower one.
+func TestBarrierOrdersConcurrentWrites(t *testing.T) {
+	b := New()
+	var (
+		mu      sync.Mutex
+		hw      = map[string]fencing.Token{}
+		applied = map[string][]fencing.Token{}
+		wg      sync.WaitGroup
+	)
+	admit := func(res string, tk fencing.Token) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if tk < hw[res] {
+			return false
+		}
+		hw[res] = tk
+		return true
+	}
+	for g := range 64 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			for range 300 {
+				res := []string{"a", "b"}[rng.IntN(2)]
+				tk := fencing.Token(rng.IntN(40) + 1)
+				ticket := b.Register(res, tk)
+				if !admit(res, tk) {
+					ticket.Leave()
+					continue
+				}
+				if err := ticket.Wait(context.Background(), time.Minute); err != nil {
+					ticket.Leave()
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				applied[res] = append(applied[res], tk)
+				mu.Unlock()
+				runtime.Gosched()
+				ticket.Leave()
+			}
+		})
+	}
+	wg.Wait()
+	for res, log := range applied {
+		for i := 1; i < len(log); i++ {
+			if log[i] < log[i-1] {
+				t.Fatalf("resource %s: token %d applied after %d", res, log[i], log[i-1])
+			}
+		}
+	}
+	if n := b.Size(); n != 0 {
+		t.Fatalf("%d resources left", n)
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition never held")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -24,6 +24,7 @@ type Store struct {
 	records map[string]*record.Record
 	states  map[string][]byte
 	closed  bool
+	gate    gateHolds
 }
 
 var _ fencing.Store = (*Store)(nil)

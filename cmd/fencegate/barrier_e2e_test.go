@@ -1,0 +1,183 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// arrivals is an upstream that notes when each write arrived, by token,
+// and can hold the writes whose body is "block" until released.
+type arrivals struct {
+	mu      sync.Mutex
+	at      map[string][]time.Time
+	arrived chan struct{} // one send per "block" write
+	release chan struct{}
+}
+
+func newArrivals(t *testing.T) (*arrivals, *httptest.Server) {
+	a := &arrivals{at: map[string][]time.Time{}, arrived: make(chan struct{}, 16), release: make(chan struct{})}
+	srv := httptest.NewServer(a)
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(a.release) }) // runs first: frees held handlers
+	return a, srv
+}
+
+func (a *arrivals) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	tok := r.Header.Get("Fencing-Token")
+	a.mu.Lock()
+	a.at[tok] = append(a.at[tok], now)
+	a.mu.Unlock()
+	body, _ := io.ReadAll(r.Body)
+	if string(body) == "block" {
+		a.arrived <- struct{}{}
+		select {
+		case <-a.release:
+		case <-r.Context().Done():
+		}
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// first is when a write with tok first arrived, or the zero time.
+func (a *arrivals) first(tok string) time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.at[tok]) == 0 {
+		return time.Time{}
+	}
+	return a.at[tok][0]
+}
+
+func acquireToken(t *testing.T, p *proc, resource, owner string, ttl int) string {
+	t.Helper()
+	st, l, _ := call(t, "POST", p.url("api", "/v1/leases/"+resource+"/acquire"), nil,
+		`{"owner":"`+owner+`","ttl_seconds":`+strconv.Itoa(ttl)+`}`)
+	if st != 200 {
+		t.Fatalf("acquire %s as %s: %d %v", resource, owner, st, l)
+	}
+	return strconv.FormatInt(token(t, l), 10)
+}
+
+// TestStalledBodyReleasesTheBarrier: through the binary, a client whose
+// admitted write sends 4 of 100 body bytes and stalls is cut off at
+// FENCEGATE_BODY_TIMEOUT; its resource stays held for
+// FENCEGATE_TIMEOUT_GRACE (the upstream got part of it), then the
+// successor's higher-token write, sent meanwhile, goes through. It never
+// reaches the upstream before the hold could have ended.
+func TestStalledBodyReleasesTheBarrier(t *testing.T) {
+	const bodyTimeout, grace = time.Second, time.Second
+	up, upSrv := newArrivals(t)
+	p := start(t, t.TempDir(), []string{
+		"FENCEGATE_STORE=memory:", "FENCEGATE_UPSTREAM=" + upSrv.URL,
+		"FENCEGATE_BODY_TIMEOUT=" + bodyTimeout.String(), "FENCEGATE_TIMEOUT_GRACE=" + grace.String(),
+		"FENCEGATE_BARRIER_TIMEOUT=30s",
+	}, "api", "gate")
+	old := acquireToken(t, p, "job:1", "old", 1)
+	time.Sleep(1100 * time.Millisecond) // the old lease expires
+	successor := acquireToken(t, p, "job:1", "successor", 60)
+
+	c, err := net.Dial("tcp", p.addr["gate"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sent := time.Now()
+	if _, err := io.WriteString(c, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Resource: job:1\r\nFencing-Token: "+old+
+		"\r\nContent-Length: 100\r\n\r\nabcd"); err != nil {
+		t.Fatal(err)
+	}
+	for up.first(old).IsZero() { // admitted and forwarded: its headers reached the upstream
+		time.Sleep(5 * time.Millisecond)
+		if time.Since(sent) > 20*time.Second {
+			t.Fatal("the stalled write never reached the upstream")
+		}
+	}
+	st, body, _ := call(t, "PUT", p.url("gate", "/jobs/1"), map[string]string{"Fencing-Token": successor, "Fencing-Resource": "job:1"}, `{"by":"successor"}`)
+	if st != 200 {
+		t.Fatalf("the successor's write: %d %v", st, body)
+	}
+	if at := up.first(successor); at.Before(sent.Add(bodyTimeout + grace)) {
+		t.Fatalf("the successor's write reached the upstream %v after the stalled write was sent, before its body deadline (%v) plus grace (%v) ended",
+			at.Sub(sent), bodyTimeout, grace)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	answer, _ := io.ReadAll(c)
+	if !strings.HasPrefix(string(answer), "HTTP/1.1 408") || !strings.Contains(string(answer), "body-timeout") {
+		t.Fatalf("the stalled client was answered %q", answer)
+	}
+}
+
+// TestBarrierHoldsSurviveRestart: a write cut off at shutdown keeps its
+// resource held after a restart, for the grace, and after a crash (SIGKILL)
+// every resource is held for the grace: a higher token is not forwarded
+// before the hold ends.
+func TestBarrierHoldsSurviveRestart(t *testing.T) {
+	const grace = 3 * time.Second
+	for _, crash := range []bool{false, true} {
+		name := "cut off at shutdown"
+		if crash {
+			name = "crash"
+		}
+		t.Run(name, func(t *testing.T) {
+			up, upSrv := newArrivals(t)
+			dir := t.TempDir()
+			env := []string{
+				"FENCEGATE_UPSTREAM=" + upSrv.URL, "FENCEGATE_TIMEOUT_GRACE=" + grace.String(),
+				"FENCEGATE_SHUTDOWN_GRACE=200ms", "FENCEGATE_BARRIER_TIMEOUT=30s",
+			}
+			p := start(t, dir, env, "api", "gate")
+			old := acquireToken(t, p, "job:1", "old", 1)
+			time.Sleep(1100 * time.Millisecond)
+			successor := acquireToken(t, p, "job:1", "successor", 60)
+			go func() {
+				req, _ := http.NewRequest("PUT", p.url("gate", "/jobs/1"), strings.NewReader("block"))
+				req.Header.Set("Fencing-Token", old)
+				req.Header.Set("Fencing-Resource", "job:1")
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			<-up.arrived
+			stopped := time.Now()
+			if crash {
+				if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				if err := p.wait(20 * time.Second); err == nil || !errors.As(err, new(interface{ ExitCode() int })) {
+					t.Fatalf("exit after SIGKILL: %v", err)
+				}
+			} else if err := p.stop(); err != nil {
+				t.Fatalf("exit: %v\n%s", err, p.logs)
+			}
+
+			q := start(t, dir, env, "api", "gate")
+			want := "barrier holds restored"
+			if crash {
+				want = "did not record a clean stop"
+			}
+			if !strings.Contains(q.logs.String(), want) {
+				t.Errorf("the restart did not log %q:\n%s", want, q.logs)
+			}
+			st, body, _ := call(t, "PUT", q.url("gate", "/jobs/1"), map[string]string{"Fencing-Token": successor, "Fencing-Resource": "job:1"}, `{"by":"successor"}`)
+			if st != 200 {
+				t.Fatalf("the successor's write: %d %v", st, body)
+			}
+			if at := up.first(successor); at.Before(stopped.Add(grace)) {
+				t.Fatalf("the successor's write reached the upstream %v after the stop, within the grace (%v)", at.Sub(stopped), grace)
+			}
+			if err := q.stop(); err != nil {
+				t.Fatalf("exit: %v", err)
+			}
+		})
+	}
+}

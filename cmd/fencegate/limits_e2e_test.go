@@ -1,0 +1,133 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestSlowClientsAreBounded: 2,000 connections send a lease-API body at one
+// byte a second, against a cap of 1,000 connections. Those past the cap are
+// ended at once (answered 503 too-many-connections where the answer
+// arrives before the reset); those within it are closed by the body
+// deadline; /readyz, asked on a new connection every 100 ms,
+// answers 200 throughout.
+func TestSlowClientsAreBounded(t *testing.T) {
+	const (
+		clients       = 2000
+		maxConns      = 1000
+		headerTimeout = time.Second
+		bodyTimeout   = 2 * time.Second
+	)
+	p := start(t, t.TempDir(), []string{
+		"FENCEGATE_STORE=memory:", "FENCEGATE_MAX_CONNS=1000",
+		"FENCEGATE_READ_HEADER_TIMEOUT=" + headerTimeout.String(), "FENCEGATE_BODY_TIMEOUT=" + bodyTimeout.String(),
+	}, "api")
+	addr := p.addr["api"]
+
+	type outcome struct {
+		refused bool          // answered 503 too-many-connections
+		closed  time.Duration // when the server closed the connection, after it was opened
+		err     error
+	}
+	outcomes := make(chan outcome, clients)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var ended atomic.Int64 // slow clients whose connection the server ended
+	for range clients {
+		wg.Go(func() {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				outcomes <- outcome{err: err}
+				return
+			}
+			defer c.Close()
+			start := time.Now()
+			_, err = io.WriteString(c, "POST /v1/leases/slow/acquire HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+
+			var answer []byte
+			buf := make([]byte, 4096)
+			for err == nil {
+				select {
+				case <-stop:
+					outcomes <- outcome{err: errors.New("still open when the test gave up")}
+					return
+				default:
+				}
+				_ = c.SetReadDeadline(time.Now().Add(time.Second))
+				var n int
+				n, err = c.Read(buf)
+				answer = append(answer, buf[:n]...)
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					_, err = io.WriteString(c, " ") // one more byte a second
+					if err != nil && len(answer) == 0 {
+						break // closed by the server
+					}
+				}
+			}
+			ended.Add(1)
+			outcomes <- outcome{refused: strings.Contains(string(answer), "too-many-connections"), closed: time.Since(start)}
+		})
+	}
+
+	// Once the burst beyond the cap is refused (the connections in the
+	// reserve as soon as their headers are read), /readyz keeps answering
+	// while the slow clients hold their places.
+	settle := time.Now().Add(30 * time.Second)
+	for ended.Load() < clients-maxConns {
+		if time.Now().After(settle) {
+			close(stop)
+			t.Fatalf("only %d connections past the cap were ended", ended.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	deadline := time.Now().Add(headerTimeout + bodyTimeout + time.Second)
+	probe := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	probes := 0
+	for time.Now().Before(deadline) {
+		resp, err := probe.Get(p.url("api", "/readyz"))
+		if err != nil {
+			close(stop)
+			t.Fatalf("/readyz under load: %v", err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			close(stop)
+			t.Fatalf("/readyz under load: %d %s", resp.StatusCode, b)
+		}
+		probes++
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	timer := time.AfterFunc(30*time.Second, func() { close(stop) })
+	wg.Wait()
+	timer.Stop()
+	close(outcomes)
+	refused := 0
+	var latest time.Duration
+	for o := range outcomes {
+		if o.err != nil {
+			t.Fatalf("slow client: %v", o.err)
+		}
+		if o.refused {
+			refused++
+		}
+		latest = max(latest, o.closed)
+	}
+	t.Logf("%d answered 503 too-many-connections (the others past the cap may see a reset), the last closed after %v, %d /readyz probes", refused, latest, probes)
+	if refused == 0 {
+		t.Fatal("no connection past the cap was answered 503")
+	}
+	// The body deadline counts from the end of the headers; allow a few
+	// seconds for a loaded machine.
+	if limit := headerTimeout + bodyTimeout + 10*time.Second; latest > limit {
+		t.Fatalf("a slow client stayed connected %v, past %v", latest, limit)
+	}
+}

@@ -1,0 +1,182 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing/problem"
+)
+
+// rawExchange sends raw bytes to addr, half-closes the connection when
+// closeWrite is set, and returns the gate's answer (nil when the gate closed
+// the connection without one).
+func rawExchange(t *testing.T, addr, raw string, closeWrite bool) *http.Response {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	if closeWrite {
+		_ = c.(*net.TCPConn).CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return nil
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	resp.Body = io.NopCloser(strings.NewReader(string(b)))
+	return resp
+}
+
+func wantRawProblem(t *testing.T, resp *http.Response, status int, code string) string {
+	t.Helper()
+	if resp == nil {
+		t.Fatalf("no answer, want %d %s", status, code)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != status || resp.Header.Get("Content-Type") != problem.ContentType ||
+		!strings.Contains(string(b), `"code":"`+code+`"`) {
+		t.Fatalf("got %d %s %s, want %d %s", resp.StatusCode, resp.Header.Get("Content-Type"), b, status, code)
+	}
+	return string(b)
+}
+
+// TestStalledBodyIsCutOff: an admitted write that sends 4 of 100 body bytes
+// and stalls is cut off at the body deadline and answered 408
+// body-timeout; its resource stays held for the grace (part of it reached
+// the upstream), then opens.
+func TestStalledBodyIsCutOff(t *testing.T) {
+	for _, grace := range []time.Duration{time.Hour, 50 * time.Millisecond} {
+		t.Run(grace.String(), func(t *testing.T) {
+			e := newEnv(t, testRules, func(o *Options) {
+				o.BodyTimeout = 100 * time.Millisecond
+				o.BarrierTimeout = 20 * time.Millisecond
+				o.TimeoutGrace = grace
+			})
+			a := e.acquire("job:1", "a", 10*time.Second)
+			e.clock.Advance(11 * time.Second)
+			b := e.acquire("job:1", "b", 10*time.Second)
+			addr := strings.TrimPrefix(e.gateSrv.URL, "http://")
+			resp := rawExchange(t, addr, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: "+tok(a.Token)+
+				"\r\nContent-Length: 100\r\n\r\nabcd", false)
+			detail := wantRawProblem(t, resp, http.StatusRequestTimeout, "body-timeout")
+			if !strings.Contains(detail, "barrier stays closed") {
+				t.Fatalf("the answer does not say the barrier is held: %s", detail)
+			}
+			if grace == time.Hour {
+				if n := e.gate.InFlightResources(); n != 1 {
+					t.Fatalf("barrier holds %d resources after a cut-off write, want 1", n)
+				}
+				wantProblem(t, e.do("PUT", "/jobs/1", "newer", HeaderToken, tok(b.Token)), 503, "barrier-timeout")
+				for _, g := range e.up.requests() {
+					if g.Token == tok(b.Token) {
+						t.Fatal("the higher token was forwarded during the hold")
+					}
+				}
+				return
+			}
+			waitFor(t, "the hold to end", func() bool { return e.gate.InFlightResources() == 0 })
+			if r := e.do("PUT", "/jobs/1", "newer", HeaderToken, tok(b.Token)); r.Status != 200 {
+				t.Fatalf("after the hold: %d %s", r.Status, r.Body)
+			}
+		})
+	}
+}
+
+// TestBodyTimeoutCountsFromForwarding: the body deadline starts when the
+// write is forwarded, not when it arrived: a write that waited at the
+// barrier longer than the deadline, with its body complete, goes through.
+func TestBodyTimeoutCountsFromForwarding(t *testing.T) {
+	e := newEnv(t, testRules, func(o *Options) { o.BodyTimeout = 50 * time.Millisecond })
+	arrived, release := make(chan struct{}), make(chan struct{})
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+		if rec.Body == "one" {
+			close(arrived)
+			<-release
+		}
+		return false
+	}
+	a := e.acquire("job:5", "a", 10*time.Second)
+	e.clock.Advance(11 * time.Second)
+	b := e.acquire("job:5", "b", 10*time.Second)
+	res1 := make(chan response, 1)
+	go func() {
+		r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "one", HeaderToken, tok(a.Token))
+		res1 <- r
+	}()
+	<-arrived
+	res2 := make(chan response, 1)
+	go func() {
+		r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "two", HeaderToken, tok(b.Token))
+		res2 <- r
+	}()
+	waitFor(t, "write two parked", func() bool { return e.gate.registered("job:5", b.Token) == 1 })
+	time.Sleep(200 * time.Millisecond) // past the body deadline while parked
+	close(release)
+	if r := <-res1; r.Status != 200 {
+		t.Fatalf("write one: %d %s", r.Status, r.Body)
+	}
+	if r := <-res2; r.Status != 200 {
+		t.Fatalf("write two, parked past the body deadline: %d %s", r.Status, r.Body)
+	}
+}
+
+// TestClientBodyErrors: a body the client breaks (chunk size out of range,
+// bare LF in the chunk framing, fewer bytes than Content-Length then the
+// end of its stream) is the client's error: 400 invalid-body, not 502
+// upstream-unavailable. The request's headers reached the upstream, so the
+// barrier is held for the grace as for any write that may have been
+// applied.
+func TestClientBodyErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, framing string
+		closeWrite    bool
+	}{
+		{"chunk size too large", "Transfer-Encoding: chunked\r\n\r\nffffffffffffffffff1\r\nabcd\r\n0\r\n\r\n", false},
+		{"bare LF in chunk framing", "Transfer-Encoding: chunked\r\n\r\n4\nabcd\n0\n\n", false},
+		{"body shorter than Content-Length", "Content-Length: 100\r\n\r\nabcd", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, testRules, func(o *Options) { o.TimeoutGrace = time.Hour })
+			l := e.acquire("job:1", "a", 10*time.Second)
+			addr := strings.TrimPrefix(e.gateSrv.URL, "http://")
+			resp := rawExchange(t, addr, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: "+tok(l.Token)+"\r\n"+tc.framing, tc.closeWrite)
+			detail := wantRawProblem(t, resp, http.StatusBadRequest, "invalid-body")
+			if strings.Contains(detail, "upstream-unavailable") {
+				t.Fatalf("reported as an upstream failure: %s", detail)
+			}
+			if n := e.gate.InFlightResources(); n != 1 {
+				t.Fatalf("barrier holds %d resources, want 1", n)
+			}
+		})
+	}
+}
+
+// TestNoGrace: with NoGrace an ambiguous outcome does not hold the barrier.
+func TestNoGrace(t *testing.T) {
+	e := newEnv(t, testRules, func(o *Options) {
+		o.TimeoutGrace = NoGrace
+		o.BodyTimeout = 50 * time.Millisecond
+	})
+	l := e.acquire("job:1", "a", 10*time.Second)
+	addr := strings.TrimPrefix(e.gateSrv.URL, "http://")
+	resp := rawExchange(t, addr, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: "+tok(l.Token)+"\r\nContent-Length: 100\r\n\r\nabcd", false)
+	wantRawProblem(t, resp, http.StatusRequestTimeout, "body-timeout")
+	waitFor(t, "the barrier to empty", func() bool { return e.gate.InFlightResources() == 0 })
+	u, _ := url.Parse(e.upSrv.URL)
+	if g, err := New(Options{Upstream: u, Store: e.store}); err != nil || g.grace != DefaultTimeoutGrace {
+		t.Fatalf("zero TimeoutGrace: %v %v", g.grace, err)
+	}
+}
