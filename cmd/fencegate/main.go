@@ -52,7 +52,7 @@ func run(ctx context.Context, args []string, environ []string, stdout, stderr io
 		}
 		return serve(ctx, environ, stderr)
 	case "version", "--version", "-v":
-		_, err := fmt.Fprintln(stdout, "fencegate", Version())
+		_, err := fmt.Fprintf(stdout, "fencegate %s (%s)\n", Version(), buildDescription())
 		return err
 	case "env":
 		return printEnv(stdout)
