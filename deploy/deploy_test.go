@@ -311,9 +311,9 @@ func (r *running) stop() {
 // functions, aggregations with by/without, binary operators and
 // comparisons, Grafana variables.
 func promqlMetrics(expr string) []string {
-	s := regexp.MustCompile(`"(?:[^"\\]|\\.)*"`).ReplaceAllString(expr, `""`)   // string literals
-	s = regexp.MustCompile(`\{[^}]*\}`).ReplaceAllString(s, " ")               // label matchers
-	s = regexp.MustCompile(`\[[^\]]*\]`).ReplaceAllString(s, " ")              // ranges
+	s := regexp.MustCompile(`"(?:[^"\\]|\\.)*"`).ReplaceAllString(expr, `""`) // string literals
+	s = regexp.MustCompile(`\{[^}]*\}`).ReplaceAllString(s, " ")              // label matchers
+	s = regexp.MustCompile(`\[[^\]]*\]`).ReplaceAllString(s, " ")             // ranges
 	s = regexp.MustCompile(`\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)`).ReplaceAllString(s, " ")
 	s = regexp.MustCompile(`\$\{?\w+\}?`).ReplaceAllString(s, " ") // Grafana variables
 	var names []string
