@@ -81,6 +81,7 @@ func binaries(t testing.TB) (server, cli string) {
 	t.Helper()
 	if os.Getenv("FENCEGATE_QUICK") == "1" {
 		t.Skip("valkeytest: FENCEGATE_QUICK=1 (scripts/test.sh --quick) skips tests that need a server")
+		return "", ""
 	}
 	for _, pair := range [][2]string{{"valkey-server", "valkey-cli"}, {"redis-server", "redis-cli"}} {
 		if s, err := exec.LookPath(pair[0]); err == nil {
