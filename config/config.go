@@ -51,6 +51,7 @@ type Config struct {
 	BarrierTimeout  time.Duration `env:"BARRIER_TIMEOUT" envDefault:"10s" help:"longest wait behind a lower-token write in flight, a duration > 0"`
 	TimeoutGrace    time.Duration `env:"TIMEOUT_GRACE" envDefault:"30s" help:"how long the barrier stays closed after an upstream timeout, a duration >= 0"`
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest wait for the upstream's response headers, a duration > 0"`
+	AuditLog        string        `env:"AUDIT_LOG" envDefault:"on" help:"one info line per write through the gate: on, off, or a fraction between 0 and 1 (such as 0.1) of successful writes to log, refusals and faults always logged"`
 
 	DrainDelay    time.Duration `env:"DRAIN_DELAY" envDefault:"0s" help:"after SIGTERM, how long /readyz answers 503 before the listeners close, a duration >= 0"`
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"15s" help:"after the drain delay, how long in-flight requests may take to finish, a duration > 0"`
@@ -175,6 +176,9 @@ func (c Config) Validate() error {
 	if c.TimeoutGrace < 0 {
 		check("TimeoutGrace", fmt.Errorf("%v is negative", c.TimeoutGrace))
 	}
+	if _, _, err := c.Audit(); err != nil {
+		check("AuditLog", err)
+	}
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		check("LogFormat", fmt.Errorf("%q is not a log format", c.LogFormat))
 	}
@@ -184,6 +188,22 @@ func (c Config) Validate() error {
 		check("LogLevel", fmt.Errorf("%q is not a log level", c.LogLevel))
 	}
 	return errors.Join(errs...)
+}
+
+// Audit is FENCEGATE_AUDIT_LOG parsed: whether the audit log is off, and
+// the fraction of successful writes it logs (1: all).
+func (c Config) Audit() (off bool, sample float64, err error) {
+	switch c.AuditLog {
+	case "on":
+		return false, 1, nil
+	case "off":
+		return true, 0, nil
+	}
+	f, err := strconv.ParseFloat(c.AuditLog, 64)
+	if err != nil || !(f > 0 && f <= 1) {
+		return false, 0, fmt.Errorf("%q is not on, off or a fraction in (0, 1]", c.AuditLog)
+	}
+	return false, f, nil
 }
 
 // validateAddr accepts what net.Listen("tcp", addr) accepts with a numeric

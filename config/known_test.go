@@ -51,6 +51,7 @@ var badValues = map[string][]string{
 	"FENCEGATE_RULES":          nil, // parsed at start-up; cmd/fencegate's check test covers it
 	"FENCEGATE_RULES_FILE":     nil, // read at start-up; cmd/fencegate's check test covers it
 	"FENCEGATE_LOG_FORMAT":     {"xml"},
+	"FENCEGATE_AUDIT_LOG":      {"sometimes", "0", "1.5", "-0.1", "NaN"},
 	"FENCEGATE_LOG_LEVEL":      {"loud"},
 }
 

@@ -42,6 +42,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -125,6 +126,8 @@ type Options struct {
 	// header, which the client controls: set it where clients are not
 	// trusted, so they cannot create metric series at will.
 	ServerName string
+	// Audit configures the audit log of writes (see AuditMessage).
+	Audit Audit
 }
 
 // Gate is the write gate: an http.Handler. Safe for concurrent use.
@@ -144,6 +147,8 @@ type Gate struct {
 	// barrierOff skips the barrier wait. Only tests set it, to show the
 	// reordering the barrier prevents.
 	barrierOff bool
+	audit      Audit
+	inFlight   sync.Map // *auditRecord of every write still in the gate
 }
 
 // New builds a Gate. It checks the options but contacts neither the store
@@ -173,6 +178,7 @@ func New(opts Options) (*Gate, error) {
 		barrierTimeout: opts.BarrierTimeout,
 		grace:          opts.TimeoutGrace,
 		barrier:        barrier.New(),
+		audit:          opts.Audit,
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
@@ -203,7 +209,7 @@ func New(opts Options) (*Gate, error) {
 		return nil, err
 	}
 	// Outermost, so telemetry, logs and the upstream all see one id.
-	g.handler = reqid.Middleware(g.handler)
+	g.handler = reqid.Middleware(g.auditWrites(g.handler))
 	return g, nil
 }
 
@@ -258,6 +264,7 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	strict := rule != nil && rule.Strict
+	auditWrite(r, resource, token)
 	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
 		span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(token)))
 	}
@@ -266,7 +273,8 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 	// one is already registered, so the wait below cannot miss it.
 	t := g.barrier.Register(resource, token)
 	ctx := r.Context()
-	_, err = g.store.Admit(ctx, fencing.AdmitRequest{Resource: resource, Token: token, RequireLive: strict})
+	adm, err := g.store.Admit(ctx, fencing.AdmitRequest{Resource: resource, Token: token, RequireLive: strict})
+	auditAdmission(r, adm)
 	if err != nil {
 		t.Leave()
 		if ctx.Err() != nil {
@@ -387,6 +395,7 @@ func (g *Gate) refuseWrite(w http.ResponseWriter, r *http.Request, err error, re
 	maps.Copy(p.Extra, src.Extra)
 	p.Extra["resource"] = resource
 	p.Extra["token"] = token
+	auditProblem(r, &p)
 	g.refuse(w, r, &p)
 }
 
@@ -424,6 +433,7 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 func (g *Gate) modifyResponse(resp *http.Response) error {
 	if fw, ok := resp.Request.Context().Value(flightKey{}).(*fencedWrite); ok {
 		fw.ticket.Leave()
+		auditUpstream(resp)
 	}
 	return nil
 }

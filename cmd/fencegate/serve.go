@@ -83,7 +83,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, handler: gate})
+		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, handler: gate, onCutOff: func() { gate.LogCutOff() }})
 	}
 
 	for _, s := range servers {
@@ -125,6 +125,9 @@ type listener struct {
 	handler http.Handler
 	ln      net.Listener
 	srv     *http.Server
+	// onCutOff, if set, runs when the shutdown grace ends with requests
+	// still in flight, before their connections are closed.
+	onCutOff func()
 }
 
 func (l *listener) listen() error {
@@ -172,6 +175,9 @@ func shutdown(servers []*listener, grace time.Duration, log *slog.Logger) (cutOf
 		wg.Go(func() {
 			if err := s.srv.Shutdown(ctx); err != nil {
 				log.Error("requests still in flight at the end of the shutdown grace were cut off", "listener", s.name, "error", err)
+				if s.onCutOff != nil {
+					s.onCutOff()
+				}
 				s.srv.Close()
 				mu.Lock()
 				cutOff = true
@@ -273,7 +279,7 @@ func loadRules(cfg config.Config) ([]proxy.Rule, error) {
 }
 
 // newGate builds the write gate from the configuration and its parsed rules.
-func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, log *slog.Logger, tel *telemetry) (http.Handler, error) {
+func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, log *slog.Logger, tel *telemetry) (*proxy.Gate, error) {
 	upstream, err := url.Parse(cfg.Upstream)
 	if err != nil {
 		return nil, fmt.Errorf("FENCEGATE_UPSTREAM: %w", err)
@@ -282,6 +288,7 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, log *sl
 	if len(rules) == 0 && !cfg.ResourceHeader {
 		log.Warn("write gate has no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused with resource-required")
 	}
+	auditOff, auditSample, _ := cfg.Audit() // validated by config
 	return proxy.New(proxy.Options{
 		Upstream:        upstream,
 		Store:           store,
@@ -294,5 +301,6 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, log *sl
 		MeterProvider:   tel.meterProvider,
 		TracerProvider:  tel.tracerProvider,
 		ServerName:      cfg.ProxyAddr,
+		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample},
 	})
 }
