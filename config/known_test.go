@@ -30,8 +30,9 @@ func TestUnknownVariableIsRefusedWithASuggestion(t *testing.T) {
 		}
 	}
 	// Client-side variables and other programs' variables are not refused.
-	if _, err := Load([]string{"FENCEGATE_API_URL=http://127.0.0.1:7070", "FENCEGATEWAY=x", "OTEL_SERVICE_NAME=x"}); err != nil {
-		t.Fatalf("client or foreign variables refused: %v", err)
+	if _, err := Load([]string{"FENCEGATE_API_URL=http://127.0.0.1:7070", "FENCEGATEWAY=x", "OTEL_SERVICE_NAME=x",
+		"FENCEGATE_REQUIRE_VALKEY=1", "FENCEGATE_QUICK=1"}); err != nil {
+		t.Fatalf("client, test-suite or foreign variables refused: %v", err)
 	}
 }
 

@@ -244,7 +244,7 @@ type running struct {
 func startBinary(dir string, env []string, marker string, args ...string) (*running, string, error) {
 	cmd := exec.Command(binary, args...)
 	cmd.Dir = dir
-	cmd.Env = env
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...) // never the test's own environment
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, "", err

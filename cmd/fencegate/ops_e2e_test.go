@@ -18,7 +18,7 @@ func runBinary(t *testing.T, env []string, args ...string) (int, string) {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
 	cmd.Dir = t.TempDir()
-	cmd.Env = env
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...) // never the test's own environment
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	switch {
