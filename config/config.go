@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,10 +26,12 @@ const Prefix = "FENCEGATE_"
 
 // Config is fencegate's whole configuration. Each field's env tag is the
 // variable name after Prefix; the help tag says what it accepts and is used
-// in error messages and the README's table.
+// in error messages and the README's table; secret:"true" keeps a value
+// out of 'fencegate check'. Every env-tagged field is a known variable:
+// Load refuses any other FENCEGATE_* variable (see ClientVars).
 type Config struct {
 	APIAddr   string `env:"API_ADDR" envDefault:"127.0.0.1:7070" help:"host:port of the lease API, health and metrics listener"`
-	APIToken  string `env:"API_TOKEN" help:"when set, every /v1 call needs Authorization: Bearer <token>"`
+	APIToken  string `env:"API_TOKEN" secret:"true" help:"when set, every /v1 call needs Authorization: Bearer <token>; visible ASCII without spaces"`
 	ProxyAddr string `env:"PROXY_ADDR" envDefault:"127.0.0.1:8080" help:"host:port of the write gate listener"`
 	Upstream  string `env:"UPSTREAM" help:"http(s) URL the write gate forwards to; the gate is off when unset"`
 	Store     string `env:"STORE" envDefault:"file:fencegate.db" help:"file:PATH, memory:, valkey://[user:pass@]host:port[/db][?addr=host:port...], valkeys://..., or postgres://[user[:pass]@]host[:port]/db[?sslmode=...&pool_max_conns=...] (postgresql:// too)"`
@@ -52,6 +55,7 @@ type Config struct {
 	BarrierTimeout  time.Duration `env:"BARRIER_TIMEOUT" envDefault:"10s" help:"longest wait behind a lower-token write in flight, a duration > 0"`
 	TimeoutGrace    time.Duration `env:"TIMEOUT_GRACE" envDefault:"30s" help:"how long the barrier stays closed after a write with an unknown outcome (upstream timeout, body cut off, shutdown), also across a restart, a duration >= 0; 0 turns it off"`
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest wait for the upstream's response headers, a duration > 0"`
+	AuditLog        string        `env:"AUDIT_LOG" envDefault:"on" help:"one info line per write through the gate: on, off, or a fraction between 0 and 1 (such as 0.1) of successful writes to log, refusals and faults always logged"`
 
 	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"10s" help:"longest time a client may take to send a request's headers, on both listeners, a duration > 0"`
 	BodyTimeout       time.Duration `env:"BODY_TIMEOUT" envDefault:"10s" help:"longest time a client may take to send a request body: on the gate from when the request is forwarded, on the lease API once its headers are read, a duration > 0"`
@@ -66,7 +70,8 @@ type Config struct {
 
 // Load parses and validates the configuration from environ (KEY=VALUE
 // pairs, as os.Environ returns). Errors name the variable and what it
-// accepts.
+// accepts; a FENCEGATE_* variable that is neither a Config field nor one
+// of ClientVars is an error, with the nearest known name suggested.
 func Load(environ []string) (Config, error) {
 	m := make(map[string]string, len(environ))
 	for _, kv := range environ {
@@ -74,42 +79,64 @@ func Load(environ []string) (Config, error) {
 			m[k] = v
 		}
 	}
+	unknown := checkKnown(m)
 	var c Config
 	if err := env.ParseWithOptions(&c, env.Options{Environment: m, Prefix: Prefix}); err != nil {
-		return Config{}, explain(err)
+		return Config{}, errors.Join(unknown, explain(err, m))
 	}
-	if err := c.Validate(); err != nil {
+	if err := errors.Join(unknown, c.Validate()); err != nil {
 		return Config{}, err
 	}
 	return c, nil
 }
 
-// explain rewrites caarlos0/env's field-named errors into variable-named
-// ones with what the variable accepts.
-func explain(err error) error {
+// explain rewrites caarlos0/env's field-named errors, which quote Go's
+// parser (strconv.ParseBool: parsing "yes": invalid syntax), into
+// variable-named ones that say in words what the variable accepts.
+func explain(err error, environ map[string]string) error {
 	var agg env.AggregateError
 	if !errors.As(err, &agg) {
 		return err
 	}
-	var msgs []string
+	var errs []error
 	for _, e := range agg.Errors {
 		var pe env.ParseError
-		if errors.As(e, &pe) {
-			msgs = append(msgs, invalid(pe.Name, pe.Err).Error())
+		if !errors.As(e, &pe) {
+			errs = append(errs, e)
 			continue
 		}
-		msgs = append(msgs, e.Error())
+		f, ok := fieldByName(pe.Name)
+		if !ok {
+			errs = append(errs, e)
+			continue
+		}
+		errs = append(errs, invalid(pe.Name, fmt.Errorf("%q is not %s", environ[f.Name], kindWords(f.Type))))
 	}
-	return errors.New(strings.Join(msgs, "; "))
+	return errors.Join(errs...)
+}
+
+// kindWords says in words what a value of type t looks like.
+func kindWords(t reflect.Type) string {
+	switch {
+	case t == reflect.TypeFor[time.Duration]():
+		return "a duration such as 500ms, 10s or 2m"
+	case t.Kind() == reflect.Bool:
+		return "true or false"
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
+		return "a whole number"
+	case t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uint64:
+		return "a whole number >= 0"
+	}
+	return "a valid " + t.String()
 }
 
 // invalid builds an error naming the field's variable and its help text.
 func invalid(field string, cause error) error {
-	f, ok := reflect.TypeFor[Config]().FieldByName(field)
+	f, ok := fieldByName(field)
 	if !ok {
 		return cause
 	}
-	return fmt.Errorf("%s%s: %v (accepts %s)", Prefix, f.Tag.Get("env"), cause, f.Tag.Get("help"))
+	return fmt.Errorf("%s: %v (accepts %s)", f.Name, cause, f.Help)
 }
 
 // Validate checks invariants the types alone do not.
@@ -121,6 +148,7 @@ func (c Config) Validate() error {
 		}
 	}
 	check("APIAddr", validateAddr(c.APIAddr))
+	check("APIToken", validateToken(c.APIToken))
 	if c.Upstream != "" {
 		check("ProxyAddr", validateAddr(c.ProxyAddr))
 		check("Upstream", validateUpstream(c.Upstream))
@@ -167,6 +195,9 @@ func (c Config) Validate() error {
 	if c.TimeoutGrace < 0 {
 		check("TimeoutGrace", fmt.Errorf("%v is negative", c.TimeoutGrace))
 	}
+	if _, _, err := c.Audit(); err != nil {
+		check("AuditLog", err)
+	}
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		check("LogFormat", fmt.Errorf("%q is not a log format", c.LogFormat))
 	}
@@ -178,9 +209,43 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// Audit is FENCEGATE_AUDIT_LOG parsed: whether the audit log is off, and
+// the fraction of successful writes it logs (1: all).
+func (c Config) Audit() (off bool, sample float64, err error) {
+	switch c.AuditLog {
+	case "on":
+		return false, 1, nil
+	case "off":
+		return true, 0, nil
+	}
+	f, err := strconv.ParseFloat(c.AuditLog, 64)
+	if err != nil || !(f > 0 && f <= 1) {
+		return false, 0, fmt.Errorf("%q is not on, off or a fraction in (0, 1]", c.AuditLog)
+	}
+	return false, f, nil
+}
+
+// validateAddr accepts what net.Listen("tcp", addr) accepts with a numeric
+// port: host:port, [ipv6]:port, or :port, the port 0 to 65535.
 func validateAddr(addr string) error {
-	if _, _, err := net.SplitHostPort(addr); err != nil {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
 		return fmt.Errorf("%q is not host:port", addr)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("%q does not end in a port number from 0 to 65535", addr)
+	}
+	return nil
+}
+
+// validateToken refuses a token a client could never send in an
+// Authorization header, such as one with a trailing newline from a secret
+// file. The token itself never appears in the error.
+func validateToken(tok string) error {
+	for _, r := range tok {
+		if r <= ' ' || r > '~' {
+			return errors.New("the token holds a space, a control character (a trailing newline?) or a non-ASCII character")
+		}
 	}
 	return nil
 }
@@ -188,7 +253,7 @@ func validateAddr(addr string) error {
 func validateUpstream(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%q is not an http(s) URL with a host", raw)
+		return fmt.Errorf("%q is not an http(s) URL with a host", RedactURL(raw))
 	}
 	return nil
 }
@@ -276,11 +341,10 @@ func (c Config) ResourceHeaderOn(rules int) bool {
 // Help lists every variable with its default and what it accepts, in
 // declaration order: the README's configuration table is made from it.
 func Help() []Var {
-	t := reflect.TypeFor[Config]()
-	vars := make([]Var, 0, t.NumField())
-	for i := range t.NumField() {
-		f := t.Field(i)
-		vars = append(vars, Var{Name: Prefix + f.Tag.Get("env"), Default: f.Tag.Get("envDefault"), Accepts: f.Tag.Get("help")})
+	fs := fields()
+	vars := make([]Var, 0, len(fs))
+	for _, f := range fs {
+		vars = append(vars, Var{Name: f.Name, Default: f.Default, Accepts: f.Help})
 	}
 	return vars
 }

@@ -73,10 +73,19 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.ping(r.Context()); err != nil {
-		problem.Write(w, r, s.log, &problem.Error{Status: http.StatusServiceUnavailable, Code: "store-unavailable",
+		if s.unready.CompareAndSwap(false, true) {
+			s.log.LogAttrs(r.Context(), slog.LevelError, "not ready: the lease store did not answer; logged again only when it answers",
+				slog.String("request_id", reqid.From(r)), slog.String("error", err.Error()))
+		}
+		// Logged above, once per state change: a probe every few
+		// seconds must not log an error every few seconds.
+		problem.Write(w, r, nil, &problem.Error{Status: http.StatusServiceUnavailable, Code: "store-unavailable",
 			Detail:  "the lease store did not answer",
 			Headers: http.Header{"Retry-After": {strconv.Itoa(problem.RetryAfterStoreFault)}}, Cause: err})
 		return
+	}
+	if s.unready.CompareAndSwap(true, false) {
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "ready again: the lease store answers")
 	}
 	writeJSON(w, map[string]string{"status": "ready"})
 }

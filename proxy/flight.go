@@ -82,12 +82,18 @@ func later(a, b time.Time) time.Time {
 // before a refusal stands: it raised that resource's mark to token, which
 // is at most the resource's issued token, so it only refuses tokens that
 // an issued one already superseded, exactly what a write of its own with
-// token would have done.
-func (g *Gate) admit(ctx context.Context, targets []Target, token fencing.Token) (string, error) {
-	for _, t := range targets {
-		if _, err := g.store.Admit(ctx, fencing.AdmitRequest{Resource: t.Resource, Token: token, RequireLive: t.Strict}); err != nil {
-			return t.Resource, err
+// token would have done. The Admission is the first target's, for the
+// audit log.
+func (g *Gate) admit(ctx context.Context, targets []Target, token fencing.Token) (string, fencing.Admission, error) {
+	var first fencing.Admission
+	for i, t := range targets {
+		adm, err := g.store.Admit(ctx, fencing.AdmitRequest{Resource: t.Resource, Token: token, RequireLive: t.Strict})
+		if err != nil {
+			return t.Resource, first, err
+		}
+		if i == 0 {
+			first = adm
 		}
 	}
-	return targets[0].Resource, nil
+	return targets[0].Resource, first, nil
 }

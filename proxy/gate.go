@@ -53,6 +53,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -156,6 +157,8 @@ type Options struct {
 	// header, which the client controls: set it where clients are not
 	// trusted, so they cannot create metric series at will.
 	ServerName string
+	// Audit configures the audit log of writes (see AuditMessage).
+	Audit Audit
 }
 
 // Gate is the write gate: an http.Handler. Safe for concurrent use.
@@ -177,6 +180,8 @@ type Gate struct {
 	// barrierOff skips the barrier wait. Only tests set it, to show the
 	// reordering the barrier prevents.
 	barrierOff bool
+	audit      Audit
+	inFlight   sync.Map // *auditRecord of every write still in the gate
 }
 
 // New builds a Gate. It checks the options but contacts neither the store
@@ -208,6 +213,7 @@ func New(opts Options) (*Gate, error) {
 		bodyTimeout:    opts.BodyTimeout,
 		holds:          opts.Holds,
 		barrier:        barrier.New(),
+		audit:          opts.Audit,
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
@@ -241,7 +247,7 @@ func New(opts Options) (*Gate, error) {
 		return nil, err
 	}
 	// Outermost, so telemetry, logs and the upstream all see one id.
-	g.handler = reqid.Middleware(g.handler)
+	g.handler = reqid.Middleware(g.auditWrites(g.handler))
 	return g, nil
 }
 
@@ -288,6 +294,7 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	token := d.Token
 	resource := d.Targets[0].Resource
+	auditWrite(r, resource, token)
 	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
 		span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(token)))
 	}
@@ -297,7 +304,8 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 	// with a Destination registers and is admitted on both resources.
 	t := g.register(d.Targets, token)
 	ctx := r.Context()
-	resource, err := g.admit(ctx, d.Targets, token)
+	resource, adm, err := g.admit(ctx, d.Targets, token)
+	auditAdmission(r, adm)
 	if err != nil {
 		t.Leave()
 		if ctx.Err() != nil {
@@ -386,6 +394,7 @@ func (g *Gate) refuseWrite(w http.ResponseWriter, r *http.Request, err error, re
 	maps.Copy(p.Extra, src.Extra)
 	p.Extra["resource"] = resource
 	p.Extra["token"] = token
+	auditProblem(r, &p)
 	g.refuse(w, r, &p)
 }
 
@@ -427,6 +436,7 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 func (g *Gate) modifyResponse(resp *http.Response) error {
 	if fw, ok := resp.Request.Context().Value(flightKey{}).(*fencedWrite); ok && fw.ticket != nil {
 		fw.ticket.Leave()
+		auditUpstream(resp)
 	}
 	return nil
 }

@@ -158,6 +158,7 @@ func (g *Gate) count(r *http.Request, code string) {
 	}
 	// WithoutCancel: a write whose client left is counted all the same.
 	g.writes.Add(context.WithoutCancel(ctx), 1, opts...)
+	g.auditEnd(r, code)
 }
 
 // writeMethod bounds the method attribute of MetricWrites.

@@ -1,28 +1,39 @@
 #!/usr/bin/env bash
-# Runs fencegate's whole test suite: formatting, vet, and every test under
-# -race, including the Valkey store against a real Valkey-compatible server.
+# Runs fencegate's test suite: formatting, vet, and every test.
 #
-# The Valkey tests start their own throwaway servers on free loopback ports
-# (and a 3-node cluster, created with the matching CLI) and stop them when
-# done; this script only makes sure the binaries exist: valkey-server with
-# valkey-cli if present, else Debian's redis-server with redis-cli (package
-# redis-tools, which also brings redis-benchmark for the opt-in
-# FENCEGATE_VALKEY_BENCH comparison). -race needs cgo, so a C compiler too.
-# The WebDAV end-to-end test runs nginx (Debian's has the DAV module).
-# Whatever is missing is installed with apt-get when running as root;
-# otherwise the script stops. With FENCEGATE_REQUIRE_VALKEY=1 (set here)
-# the Valkey tests fail instead of skipping when no server can be started.
+#   ./scripts/test.sh                  the full suite, as CI runs it: -race,
+#                                      external servers required
+#   ./scripts/test.sh --quick          the inner loop: no -race, tests that
+#                                      need an external server skip
+#                                      (same as FENCEGATE_QUICK=1)
+#   ./scripts/test.sh -run Gate ./proxy   extra arguments go to `go test`
 #
-# The PostgreSQL store's tests likewise start their own throwaway cluster
-# (fencing/pgstore/pgtest: initdb in a temporary directory, run as the
-# system user postgres when root, stopped at the end); this script installs
-# Debian's postgresql when no initdb is found (on PATH or in
-# /usr/lib/postgresql/*/bin), without the packaged "main" cluster, and sets
-# FENCEGATE_REQUIRE_POSTGRES=1 so those tests fail rather than skip.
+# Progress: each top-level test is shown as it ends (PASS/FAIL/SKIP, package,
+# duration), a failing test's output in full, and go test's own closing
+# `ok`/`FAIL` line per package.
 #
-# Extra arguments go to `go test` (e.g. ./scripts/test.sh -run Gate ./proxy).
+# Full mode needs, and installs with apt-get when running as root:
+#   - valkey-server with valkey-cli, else Debian's redis-server with
+#     redis-cli (package redis-tools, which also brings redis-benchmark for
+#     the opt-in FENCEGATE_VALKEY_BENCH comparison): the Valkey store's tests
+#     start throwaway servers on free loopback ports and a 3-node cluster;
+#   - PostgreSQL (package postgresql, without its packaged "main" cluster):
+#     the PostgreSQL store's tests start their own throwaway cluster
+#     (fencing/pgstore/pgtest: initdb in a temporary directory, run as the
+#     system user postgres when root, stopped at the end);
+#   - nginx (Debian's has the DAV module): the WebDAV end-to-end test;
+#   - promtool (package prometheus) to check the alert rules and dashboard;
+#   - a C compiler, as -race needs cgo.
+# With FENCEGATE_REQUIRE_VALKEY, _POSTGRES, _NGINX and _PROMTOOL set to 1
+# (here, in full mode) tests fail instead of skipping when these are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+quick="${FENCEGATE_QUICK:-0}"
+if [ "${1:-}" = "--quick" ]; then
+	quick=1
+	shift
+fi
 
 has() { command -v "$1" >/dev/null 2>&1; }
 # The pair valkeytest uses: valkey-server with valkey-cli, else redis-*.
@@ -32,51 +43,61 @@ have_cc() { has "$(go env CC)"; }
 have_postgres() { has initdb || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; }
 have_nginx() { has nginx || [ -x /usr/sbin/nginx ]; }
 
+# Debian packages the full suite needs: add a line per tool.
 missing=()
-if ! have_server || ! have_cli; then missing+=(redis-server redis-tools); fi
-if ! have_cc; then missing+=(gcc libc6-dev); fi
-if ! have_postgres; then
-	missing+=(postgresql)
-	# The tests make their own clusters: skip the packaged one.
-	if [ "$(id -u)" = 0 ] && [ ! -e /etc/postgresql-common/createcluster.conf ]; then
-		mkdir -p /etc/postgresql-common
-		echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.conf
+if [ "$quick" != 1 ]; then
+	if ! have_server || ! have_cli; then missing+=(redis-server redis-tools); fi
+	if ! have_cc; then missing+=(gcc libc6-dev); fi
+	if ! has promtool; then missing+=(prometheus); fi
+	if ! have_nginx; then missing+=(nginx); fi
+	if ! have_postgres; then
+		missing+=(postgresql)
+		# The tests make their own clusters: skip the packaged one.
+		if [ "$(id -u)" = 0 ] && [ ! -e /etc/postgresql-common/createcluster.conf ]; then
+			mkdir -p /etc/postgresql-common
+			echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.conf
+		fi
 	fi
 fi
-if ! have_nginx; then missing+=(nginx); fi
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
 	echo "test.sh: installing ${missing[*]} with apt-get" >&2
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 ||
 		{ apt-get update >/dev/null && apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
-if ! have_server; then
-	echo "test.sh: no valkey-server or redis-server on PATH and none could be installed;" >&2
-	echo "         install one (e.g. apt-get install redis-server) and run again" >&2
-	exit 1
+
+race=()
+if [ "$quick" = 1 ]; then
+	export FENCEGATE_QUICK=1
+	echo "test.sh: quick mode: no -race, tests needing external servers skip; CI runs the full mode" >&2
+else
+	if ! have_server; then
+		echo "test.sh: no valkey-server or redis-server on PATH and none could be installed;" >&2
+		echo "         install one (e.g. apt-get install redis-server) and run again" >&2
+		exit 1
+	fi
+	if ! have_cli; then
+		echo "test.sh: the cluster tests need valkey-cli (with valkey-server) or redis-cli (with redis-server);" >&2
+		echo "         install it (e.g. apt-get install redis-tools) and run again" >&2
+		exit 1
+	fi
+	if [ "$(go env CGO_ENABLED)" != 1 ]; then
+		echo "test.sh: go test -race needs cgo: install a C compiler (e.g. apt-get install gcc libc6-dev) and do not set CGO_ENABLED=0" >&2
+		exit 1
+	fi
+	if ! have_postgres; then
+		echo "test.sh: no PostgreSQL server binaries (initdb) and none could be installed;" >&2
+		echo "         install them (e.g. apt-get install postgresql) and run again" >&2
+		exit 1
+	fi
+	if ! have_nginx; then
+		echo "test.sh: the WebDAV end-to-end test needs nginx and none could be installed;" >&2
+		echo "         install it (e.g. apt-get install nginx) and run again" >&2
+		exit 1
+	fi
+	export FENCEGATE_REQUIRE_VALKEY=1 FENCEGATE_REQUIRE_POSTGRES=1 FENCEGATE_REQUIRE_NGINX=1 FENCEGATE_REQUIRE_PROMTOOL=1
+	race=(-race)
 fi
-if ! have_cli; then
-	echo "test.sh: the cluster tests need valkey-cli (with valkey-server) or redis-cli (with redis-server);" >&2
-	echo "         install it (e.g. apt-get install redis-tools) and run again" >&2
-	exit 1
-fi
-if [ "$(go env CGO_ENABLED)" != 1 ]; then
-	echo "test.sh: go test -race needs cgo: install a C compiler (e.g. apt-get install gcc libc6-dev) and do not set CGO_ENABLED=0" >&2
-	exit 1
-fi
-if ! have_postgres; then
-	echo "test.sh: no PostgreSQL server binaries (initdb) and none could be installed;" >&2
-	echo "         install them (e.g. apt-get install postgresql) and run again" >&2
-	exit 1
-fi
-export FENCEGATE_REQUIRE_VALKEY=1
-export FENCEGATE_REQUIRE_POSTGRES=1
-if ! have_nginx; then
-	echo "test.sh: the WebDAV end-to-end test needs nginx and none could be installed;" >&2
-	echo "         install it (e.g. apt-get install nginx) and run again" >&2
-	exit 1
-fi
-export FENCEGATE_REQUIRE_NGINX=1
 
 unformatted="$(gofmt -l .)"
 if [ -n "$unformatted" ]; then
@@ -89,4 +110,7 @@ go vet ./...
 if [ "$#" -eq 0 ]; then
 	set -- ./...
 fi
-go test -race -count=1 -timeout 30m "$@"
+progress="$(mktemp -d)"
+trap 'rm -rf "$progress"' EXIT
+go build -o "$progress/testprogress" ./scripts/testprogress
+go test "${race[@]}" -count=1 -timeout 30m -json "$@" 2>&1 | "$progress/testprogress"

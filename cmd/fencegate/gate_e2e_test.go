@@ -192,6 +192,15 @@ func TestSIGTERMWithSlowWrites(t *testing.T) {
 			if cut := strings.Contains(p.logs.String(), "cut off"); cut != (tc.wantStatus == 0) {
 				t.Fatalf("cut-off logged = %v, want %v:\n%s", cut, tc.wantStatus == 0, p.logs)
 			}
+			// The cut-off write itself is listed, with its resource and token.
+			listed := strings.Contains(p.logs.String(), `"msg":"write cut off at shutdown"`) &&
+				strings.Contains(p.logs.String(), `"resource":"job:1","token":`+tok)
+			if listed != (tc.wantStatus == 0) {
+				t.Fatalf("cut-off write listed = %v, want %v:\n%s", listed, tc.wantStatus == 0, p.logs)
+			}
+			if tc.wantStatus != 0 && !strings.Contains(p.logs.String(), `"msg":"gate write","request_id"`) {
+				t.Fatalf("no audit line for the finished write:\n%s", p.logs)
+			}
 		})
 	}
 }

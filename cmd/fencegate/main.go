@@ -5,6 +5,9 @@
 // Usage:
 //
 //	fencegate [serve]   run the lease API and, when FENCEGATE_UPSTREAM is set, the write gate
+//	fencegate check     validate the configuration, print it (secrets redacted)
+//	fencegate health [--url URL]
+//	                    exit 0 when the running fencegate's /readyz answers ready
 //	fencegate version   print the version
 //	fencegate env       print every configuration variable with its default
 //	fencegate demo-upstream [addr]
@@ -24,6 +27,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	forceExitOnSecondSignal(os.Stderr, os.Exit)
 	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
 	stop()
 	if code, print := exitCode(err); code != exitOK {
@@ -48,10 +52,14 @@ func run(ctx context.Context, args []string, environ []string, stdout, stderr io
 		}
 		return serve(ctx, environ, stderr)
 	case "version", "--version", "-v":
-		_, err := fmt.Fprintln(stdout, "fencegate", Version())
+		_, err := fmt.Fprintf(stdout, "fencegate %s (%s)\n", Version(), buildDescription())
 		return err
 	case "env":
 		return printEnv(stdout)
+	case "check":
+		return check(args[1:], environ, stdout)
+	case "health":
+		return health(ctx, args[1:], environ, stdout, stderr)
 	case "demo-upstream":
 		return runDemoUpstream(ctx, args[1:], stderr)
 	case "help", "--help", "-h":
@@ -61,10 +69,15 @@ func run(ctx context.Context, args []string, environ []string, stdout, stderr io
 	return fmt.Errorf("unknown command %q\n%s", cmd, usage)
 }
 
-const usage = `usage: fencegate [serve | version | env | demo-upstream [addr] | help]
+const usage = `usage: fencegate [serve | check | health [--url URL] | version | env | demo-upstream [addr] | help]
 
   serve    run the lease API (FENCEGATE_API_ADDR) and, when FENCEGATE_UPSTREAM
            is set, the write gate (FENCEGATE_PROXY_ADDR); the default command
+  check    validate the FENCEGATE_* variables and the route rules, print the
+           effective configuration (secrets redacted); exit 0 if valid, 2 if not
+  health [--url URL]
+           exit 0 when /readyz on FENCEGATE_API_ADDR (or URL) answers ready,
+           1 otherwise: a container healthcheck without curl
   version  print the version
   env      print every FENCEGATE_* variable with its default
   demo-upstream [addr]

@@ -90,7 +90,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		if err := restoreHolds(ctx, gate, log); err != nil {
 			return err
 		}
-		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, handler: gate, cfg: cfg})
+		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, handler: gate, cfg: cfg, onCutOff: func() { gate.LogCutOff() }})
 	}
 
 	for _, s := range servers {
@@ -140,6 +140,9 @@ type listener struct {
 	cfg     config.Config
 	ln      net.Listener
 	srv     *http.Server
+	// onCutOff, if set, runs when the shutdown grace ends with requests
+	// still in flight, before their connections are closed.
+	onCutOff func()
 }
 
 // listen opens the listener with the slow-client bounds: a deadline for the
@@ -193,6 +196,9 @@ func shutdown(servers []*listener, grace time.Duration, log *slog.Logger) (cutOf
 		wg.Go(func() {
 			if err := s.srv.Shutdown(ctx); err != nil {
 				log.Error("requests still in flight at the end of the shutdown grace were cut off", "listener", s.name, "error", err)
+				if s.onCutOff != nil {
+					s.onCutOff()
+				}
 				s.srv.Close()
 				mu.Lock()
 				cutOff = true
@@ -323,6 +329,7 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 	if len(rules) == 0 && !resourceHeader {
 		log.Warn("write gate has no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused with resource-required")
 	}
+	auditOff, auditSample, _ := cfg.Audit() // validated by config
 	return proxy.New(proxy.Options{
 		Upstream:        upstream,
 		Store:           store,
@@ -337,6 +344,7 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		MeterProvider:   tel.meterProvider,
 		TracerProvider:  tel.tracerProvider,
 		ServerName:      cfg.ProxyAddr,
+		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample},
 	})
 }
 

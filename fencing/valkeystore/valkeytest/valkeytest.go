@@ -6,7 +6,9 @@
 // It runs valkey-server (and valkey-cli) when they are on PATH, else
 // redis-server (and redis-cli). When no server binary is found the test is
 // skipped, unless FENCEGATE_REQUIRE_VALKEY=1 or CI=true, where it fails: a
-// CI run must not pass by skipping the store's tests.
+// CI run must not pass by skipping the store's tests. With FENCEGATE_QUICK=1
+// (the quick inner loop of scripts/test.sh) every test that needs a server
+// is skipped.
 package valkeytest
 
 import (
@@ -77,6 +79,10 @@ type Server struct {
 // binaries finds the server and CLI binaries, or skips/fails the test.
 func binaries(t testing.TB) (server, cli string) {
 	t.Helper()
+	if os.Getenv("FENCEGATE_QUICK") == "1" {
+		t.Skip("valkeytest: FENCEGATE_QUICK=1 (scripts/test.sh --quick) skips tests that need a server")
+		return "", ""
+	}
 	for _, pair := range [][2]string{{"valkey-server", "valkey-cli"}, {"redis-server", "redis-cli"}} {
 		if s, err := exec.LookPath(pair[0]); err == nil {
 			c, _ := exec.LookPath(pair[1])

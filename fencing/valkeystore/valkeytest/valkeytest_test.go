@@ -20,6 +20,7 @@ func (r *recorder) Fatalf(f string, a ...any) { r.failed = fmt.Sprintf(f, a...) 
 
 func TestMissingBinarySkipsOrFails(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
+	t.Setenv("FENCEGATE_QUICK", "")
 	for _, c := range []struct {
 		require, ci string
 		wantFail    bool

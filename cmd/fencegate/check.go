@@ -1,0 +1,93 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/fencegate/fencegate/config"
+	"github.com/fencegate/fencegate/proxy"
+)
+
+// check validates the configuration as serve would, without opening the
+// store or a listener: the FENCEGATE_* variables, the route rules
+// (FENCEGATE_RULES or the file FENCEGATE_RULES_FILE names) and the Valkey
+// CA file. It prints the effective configuration, secrets redacted, and
+// returns nil when serve would start with it, else an error that exits 2.
+// A store that is down is not a configuration error: check does not
+// contact it.
+func check(args, environ []string, stdout io.Writer) error {
+	if len(args) > 0 {
+		return withExit(exitUsage, fmt.Errorf("check takes no arguments; it reads the FENCEGATE_* variables"))
+	}
+	cfg, err := config.Load(environ)
+	if err != nil {
+		return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
+	}
+	var rules []proxy.Rule
+	if cfg.Rules != "" || cfg.RulesFile != "" {
+		if rules, err = loadRules(cfg); err != nil {
+			return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
+		}
+	}
+	if _, err := valkeyTLS(cfg.ValkeyCAFile); err != nil {
+		return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
+	}
+
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VARIABLE\tVALUE\tFROM")
+	for _, s := range cfg.Effective(environ) {
+		from := "default"
+		if s.Set {
+			from = "environment"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", s.Name, oneLine(s.Value), from)
+	}
+	for _, v := range config.ClientVars {
+		for _, kv := range environ {
+			if val, ok := strings.CutPrefix(kv, v.Name+"="); ok {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", v.Name, config.RedactURL(val), "environment (client commands only)")
+			}
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case cfg.Upstream == "":
+		fmt.Fprintln(stdout, "\nwrite gate: off (FENCEGATE_UPSTREAM is unset)")
+		if len(rules) > 0 {
+			fmt.Fprintln(stdout, "warning: the route rules are valid but ignored while the write gate is off")
+		}
+	default:
+		fmt.Fprintf(stdout, "\nwrite gate: on, %d route rules\n", len(rules))
+		for _, r := range rules {
+			desc := r.Action.String()
+			if r.Template != "" {
+				desc += " " + r.Template
+			}
+			if r.Strict {
+				desc += " (strict)"
+			}
+			methods := "*"
+			if r.Methods != nil {
+				methods = strings.Join(r.Methods, ",")
+			}
+			fmt.Fprintf(stdout, "  line %d: %s %s -> %s\n", r.Line, methods, r.Pattern, desc)
+		}
+		if len(rules) == 0 && !cfg.ResourceHeaderOn(0) {
+			fmt.Fprintln(stdout, "warning: no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused")
+		}
+	}
+	_, err = fmt.Fprintln(stdout, "configuration ok")
+	return err
+}
+
+// oneLine shows a multi-line value (FENCEGATE_RULES) on one table row.
+func oneLine(s string) string {
+	if strings.ContainsAny(s, "\n\r\t") {
+		return fmt.Sprintf("%q", s)
+	}
+	return s
+}

@@ -1,0 +1,207 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/agnivade/levenshtein"
+)
+
+// ClientVars are FENCEGATE_* variables read by the client commands
+// (fencegate lease, fencegate run), not by the server. Load accepts them so
+// that one environment can serve both, and ignores them.
+var ClientVars = []Var{
+	{Name: Prefix + "API_URL", Default: "http://127.0.0.1:7070", Accepts: "base URL of the lease API for the client commands; the server ignores it"},
+}
+
+// testSwitches are the FENCEGATE_* variables that scripts/test.sh and the
+// tests read (FENCEGATE_REQUIRE_VALKEY, FENCEGATE_REQUIRE_PROMTOOL, ...,
+// FENCEGATE_QUICK, the benchmark and soak switches). Load ignores them, so
+// a shell set up for the tests, or a test that starts the binary with its
+// own environment, can still run fencegate.
+func testSwitch(name string) bool {
+	switch strings.TrimPrefix(name, Prefix) {
+	case "QUICK", "VALKEY_BENCH", "PG_BENCH", "PG_MUTANT", "SOAK", "LINEARIZABILITY_DIR", "REPLAY":
+		return true
+	}
+	return strings.HasPrefix(name, Prefix+"REQUIRE_")
+}
+
+// field is one configuration variable of Config, found by reflection, so
+// every field with an env tag is known without a list to keep in step.
+type field struct {
+	Name    string // the full variable name, Prefix included
+	GoName  string // the struct field's name, as caarlos0/env reports it
+	Default string
+	Help    string
+	Secret  bool // tagged secret:"true": never printed
+	Type    reflect.Type
+	Index   []int // for reflect.Value.FieldByIndex
+}
+
+// fields lists Config's variables in declaration order, descending into
+// nested structs (with their envPrefix) the way caarlos0/env does.
+func fields() []field {
+	var out []field
+	var walk func(t reflect.Type, prefix string, index []int)
+	walk = func(t reflect.Type, prefix string, index []int) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			idx := append(slices.Clone(index), i)
+			name, ok := f.Tag.Lookup("env")
+			if !ok {
+				if f.Type.Kind() == reflect.Struct && f.IsExported() {
+					walk(f.Type, prefix+f.Tag.Get("envPrefix"), idx)
+				}
+				continue
+			}
+			name, _, _ = strings.Cut(name, ",")
+			out = append(out, field{
+				Name: Prefix + prefix + name, GoName: f.Name,
+				Default: f.Tag.Get("envDefault"), Help: f.Tag.Get("help"),
+				Secret: f.Tag.Get("secret") == "true", Type: f.Type, Index: idx,
+			})
+		}
+	}
+	walk(reflect.TypeFor[Config](), "", nil)
+	return out
+}
+
+// fieldByName finds a variable by its Go field name.
+func fieldByName(goName string) (field, bool) {
+	for _, f := range fields() {
+		if f.GoName == goName {
+			return f, true
+		}
+	}
+	return field{}, false
+}
+
+// Known reports whether name is a FENCEGATE_* variable fencegate reads,
+// in the server (Config) or in the client commands (ClientVars).
+func Known(name string) bool {
+	return slices.ContainsFunc(fields(), func(f field) bool { return f.Name == name }) ||
+		slices.ContainsFunc(ClientVars, func(v Var) bool { return v.Name == name })
+}
+
+// checkKnown refuses FENCEGATE_* variables fencegate does not read: a typo
+// such as FENCEGATE_STOR=memory: would otherwise be ignored and the
+// default store used.
+func checkKnown(environ map[string]string) error {
+	var unknown []string
+	for k := range environ {
+		if strings.HasPrefix(k, Prefix) && !Known(k) && !testSwitch(k) {
+			unknown = append(unknown, k)
+		}
+	}
+	slices.Sort(unknown)
+	var errs []error
+	for _, k := range unknown {
+		msg := k + " is not a fencegate variable"
+		if s := suggest(k); s != "" {
+			msg += "; did you mean " + s + "?"
+		}
+		errs = append(errs, errors.New(msg+" ('fencegate env' lists them all)"))
+	}
+	return errors.Join(errs...)
+}
+
+// suggest is the known variable nearest to name by edit distance, or ""
+// when none is near enough to be a likely typo.
+func suggest(name string) string {
+	names := make([]string, 0)
+	for _, f := range fields() {
+		names = append(names, f.Name)
+	}
+	for _, v := range ClientVars {
+		names = append(names, v.Name)
+	}
+	best, bestDist := "", 0
+	for _, n := range names {
+		d := levenshtein.ComputeDistance(name, n)
+		if best == "" || d < bestDist {
+			best, bestDist = n, d
+		}
+	}
+	// A third of the part after the prefix, at least 2: FENCEGATE_STOR
+	// and FENCEGATE_LOGLEVEL are typos, FENCEGATE_COLOR is not one of
+	// FENCEGATE_STORE.
+	if bestDist > max(2, (len(name)-len(Prefix))/3) {
+		return ""
+	}
+	return best
+}
+
+// Setting is one variable of the effective configuration, for display.
+type Setting struct {
+	Name  string
+	Value string // redacted when secret
+	Set   bool   // given in the environment, rather than the default
+}
+
+// Effective lists every variable of c in declaration order with its value
+// for display: secrets (API_TOKEN) are shown only as set or not, and any
+// password in a URL is hidden. environ says which were set.
+func (c Config) Effective(environ []string) []Setting {
+	set := map[string]bool{}
+	for _, kv := range environ {
+		if k, _, ok := strings.Cut(kv, "="); ok {
+			set[k] = true
+		}
+	}
+	v := reflect.ValueOf(c)
+	var out []Setting
+	for _, f := range fields() {
+		s := Setting{Name: f.Name, Set: set[f.Name]}
+		fv := v.FieldByIndex(f.Index).Interface()
+		switch x := fv.(type) {
+		case time.Duration:
+			s.Value = x.String()
+		case *bool: // unset means the default depends on other settings
+			s.Value = "auto"
+			if x != nil {
+				s.Value = fmt.Sprint(*x)
+			}
+		default:
+			s.Value = fmt.Sprint(x)
+		}
+		switch {
+		case f.Secret && s.Value != "":
+			s.Value = "(redacted)"
+		default:
+			s.Value = RedactURL(s.Value)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// RedactURL hides the password of a URL (user:pass@) and the values of
+// query parameters that carry credentials (password, token, secret, ...).
+// Anything that is not a URL with a scheme and host is returned as is.
+func RedactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return s
+	}
+	q := u.Query()
+	changed := false
+	for k := range q {
+		lk := strings.ToLower(k)
+		for _, w := range []string{"pass", "secret", "token", "key", "auth"} {
+			if strings.Contains(lk, w) {
+				q[k] = []string{"xxxxx"}
+				changed = true
+			}
+		}
+	}
+	if changed {
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,190 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/fencing/reqid"
+)
+
+// AuditMessage is the message of the gate's audit log lines: one per
+// unsafe request (write), logged at info when its outcome is final (the
+// moment it is counted in MetricWrites), with these attributes:
+//
+//   - request_id, method, path: the request as received (path truncated
+//     to 256 bytes);
+//   - code: the outcome code of MetricWrites (admitted, stale-token,
+//     barrier-timeout, client-gone, ...);
+//   - resource, token: once the gate has worked them out;
+//   - high_water, issued: the resource's high-water mark and newest
+//     issued token, where the store reported them (on admission, or with
+//     stale-token / token-not-issued);
+//   - upstream_status: the upstream's answer, for forwarded writes that
+//     got one;
+//   - duration_ms: from the gate receiving the request to the outcome.
+const AuditMessage = "gate write"
+
+// CutOffMessage is the message of the warning LogCutOff writes for each
+// write still in flight when the shutdown grace ends.
+const CutOffMessage = "write cut off at shutdown"
+
+// Audit configures the audit log. The zero value logs every write.
+type Audit struct {
+	// Off turns the audit lines off. LogCutOff still lists cut-off writes.
+	Off bool
+	// Sample, when in (0, 1), is the fraction of successful writes
+	// (admitted, unfenced) that are logged, chosen at random, for a busy
+	// gate; 0 or 1 logs them all. Refused and failed writes are always
+	// logged.
+	Sample float64
+}
+
+// auditKey is the context key of a write's *auditRecord.
+type auditKey struct{}
+
+// auditRecord is what the audit line of one write says. Its fields are
+// written on the request's goroutine only (ServeHTTP, and ModifyResponse
+// and ErrorHandler, which run on it); LogCutOff reads them from another
+// goroutine, hence the lock.
+type auditRecord struct {
+	mu                      sync.Mutex
+	start                   time.Time
+	id, method, path        string
+	resource                string
+	token, highWater, issue fencing.Token
+	status                  int
+}
+
+// auditWrites gives every write an audit record in its context and
+// registers it as in flight until next returns, whatever happens to it.
+// It wraps the telemetry handler, so the request serve sees (and sets
+// Pattern on) is the one otelhttp reads back.
+func (g *Gate) auditWrites(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if safeMethod(r.Method) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		p := r.URL.EscapedPath()
+		if len(p) > 256 {
+			p = p[:256]
+		}
+		rec := &auditRecord{start: time.Now(), id: reqid.From(r), method: r.Method, path: p}
+		g.inFlight.Store(rec, struct{}{})
+		defer g.inFlight.Delete(rec)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), auditKey{}, rec)))
+	})
+}
+
+func auditRecordOf(ctx context.Context) *auditRecord {
+	rec, _ := ctx.Value(auditKey{}).(*auditRecord)
+	return rec
+}
+
+// auditWrite records the resource and token a write was checked for.
+func auditWrite(r *http.Request, resource string, token fencing.Token) {
+	if rec := auditRecordOf(r.Context()); rec != nil {
+		rec.mu.Lock()
+		rec.resource, rec.token = resource, token
+		rec.mu.Unlock()
+	}
+}
+
+// auditAdmission records the marks the store reported on admission.
+func auditAdmission(r *http.Request, a fencing.Admission) {
+	if rec := auditRecordOf(r.Context()); rec != nil {
+		rec.mu.Lock()
+		rec.highWater, rec.issue = a.HighWater, a.Issued
+		rec.mu.Unlock()
+	}
+}
+
+// auditProblem records the marks a refusal reports (stale-token carries
+// the high-water mark, token-not-issued the newest issued token).
+func auditProblem(r *http.Request, p *problem.Error) {
+	rec := auditRecordOf(r.Context())
+	if rec == nil {
+		return
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if t, ok := p.Extra["high_water_token"].(fencing.Token); ok {
+		rec.highWater = t
+	}
+	if t, ok := p.Extra["issued_token"].(fencing.Token); ok {
+		rec.issue = t
+	}
+}
+
+// auditUpstream records the upstream's status for a forwarded write.
+func auditUpstream(resp *http.Response) {
+	if rec := auditRecordOf(resp.Request.Context()); rec != nil {
+		rec.mu.Lock()
+		rec.status = resp.StatusCode
+		rec.mu.Unlock()
+	}
+}
+
+// auditEnd logs a write's audit line with its final outcome code. It is
+// called from count, once per write.
+func (g *Gate) auditEnd(r *http.Request, code string) {
+	rec := auditRecordOf(r.Context())
+	if rec == nil || g.audit.Off {
+		return
+	}
+	if s := g.audit.Sample; s > 0 && s < 1 && (code == CodeAdmitted || code == CodeUnfenced) && rand.Float64() >= s {
+		return
+	}
+	ctx := context.WithoutCancel(r.Context())
+	if !g.log.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	g.log.LogAttrs(ctx, slog.LevelInfo, AuditMessage, rec.attrs(code)...)
+}
+
+// attrs are the audit line's attributes.
+func (rec *auditRecord) attrs(code string) []slog.Attr {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	a := make([]slog.Attr, 0, 11)
+	a = append(a, slog.String("request_id", rec.id), slog.String("method", rec.method),
+		slog.String("path", rec.path), slog.String("code", code))
+	if rec.resource != "" {
+		a = append(a, slog.String("resource", rec.resource), slog.Uint64("token", uint64(rec.token)))
+	}
+	if rec.highWater != 0 {
+		a = append(a, slog.Uint64("high_water", uint64(rec.highWater)))
+	}
+	if rec.issue != 0 {
+		a = append(a, slog.Uint64("issued", uint64(rec.issue)))
+	}
+	if rec.status != 0 {
+		a = append(a, slog.Int("upstream_status", rec.status))
+	}
+	ms := float64(time.Since(rec.start).Microseconds()) / 1000
+	return append(a, slog.Float64("duration_ms", ms))
+}
+
+// LogCutOff logs a warning (CutOffMessage, code "cut-off", with the audit
+// line's attributes) for every write still in the gate: waiting for the
+// store or the barrier, or forwarded and not yet answered. The server's
+// shutdown calls it when its grace ends and connections are about to be
+// closed: writes among these that were forwarded may still be applied by
+// the upstream. It returns how many it logged, and logs regardless of
+// Audit.Off.
+func (g *Gate) LogCutOff() int {
+	n := 0
+	g.inFlight.Range(func(k, _ any) bool {
+		rec := k.(*auditRecord)
+		g.log.LogAttrs(context.Background(), slog.LevelWarn, CutOffMessage, rec.attrs("cut-off")...)
+		n++
+		return true
+	})
+	return n
+}

@@ -1,0 +1,80 @@
+// Command testprogress turns `go test -json` output into progress a person
+// can follow on a slow machine: go test's own package lines (ok, FAIL, ?,
+// build errors) pass through unchanged, every top-level test that ends is
+// shown on one line with its package and duration, and a failing test's
+// whole output is shown when it fails. It exits 0; the test result is go
+// test's exit status (scripts/test.sh runs it under pipefail).
+//
+//	go test -json ./... | go run ./scripts/testprogress
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// event is one line of test2json output (go doc test2json).
+type event struct {
+	Action     string
+	Package    string
+	ImportPath string
+	Test       string
+	Elapsed    float64
+	Output     string
+}
+
+func main() {
+	if err := run(os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "testprogress:", err)
+		os.Exit(1)
+	}
+}
+
+func run(in io.Reader, out io.Writer) error {
+	w := bufio.NewWriter(out)
+	defer w.Flush()
+	// Output of tests still running, by package and test, shown only if
+	// the test fails.
+	pending := map[string]*strings.Builder{}
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		var e event
+		if json.Unmarshal(line, &e) != nil || e.Action == "" {
+			fmt.Fprintf(w, "%s\n", line) // not test2json: pass it on
+			w.Flush()
+			continue
+		}
+		key := e.Package + " " + e.Test
+		switch {
+		case e.Action == "build-output":
+			fmt.Fprint(w, e.Output)
+		case e.Test == "" && e.Action == "output":
+			// Package-level: the closing ok/FAIL lines, panics, TestMain.
+			fmt.Fprint(w, e.Output)
+		case e.Test != "" && e.Action == "output":
+			b := pending[key]
+			if b == nil {
+				b = &strings.Builder{}
+				pending[key] = b
+			}
+			b.WriteString(e.Output)
+		case e.Test != "" && (e.Action == "pass" || e.Action == "fail" || e.Action == "skip"):
+			b := pending[key]
+			delete(pending, key)
+			if e.Action == "fail" && b != nil {
+				fmt.Fprint(w, b.String())
+			}
+			if !strings.Contains(e.Test, "/") {
+				fmt.Fprintf(w, "    %-4s %s %s (%.2fs)\n", strings.ToUpper(e.Action), e.Package, e.Test, e.Elapsed)
+			}
+		}
+		w.Flush()
+	}
+	return sc.Err()
+}
