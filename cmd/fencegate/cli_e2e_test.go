@@ -91,10 +91,10 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"completion", "tcsh"},
 		{"lease"},
 		{"lease", "bogus"},
-		{"lease", "acquire", "job:1"},                                // no --owner
-		{"lease", "acquire", "--owner", "a"},                         // no resource
-		{"lease", "acquire", "job:1", "job:2", "--owner", "a"},       // two
-		{"lease", "acquire", "bad name", "--owner", "a"},             // invalid resource
+		{"lease", "acquire", "job:1"},        // no --owner
+		{"lease", "acquire", "--owner", "a"}, // no resource
+		{"lease", "acquire", "job:1", "job:2", "--owner", "a"}, // two
+		{"lease", "acquire", "bad name", "--owner", "a"},       // invalid resource
 		{"lease", "acquire", "job:1", "--owner", "a", "--ttl", "1.5s"},
 		{"lease", "acquire", "job:1", "--owner", "a", "--ttl", "25h"},
 		{"lease", "acquire", "job:1", "--owner", "a", "--wait", "61s"},
@@ -108,8 +108,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"lease", "list", "--limit", "-1"},
 		{"lease", "checkpoint", "job:1", "--owner", "a"}, // saving needs all three
 		{"lease", "checkpoint", "job:1", "--owner", "a", "--token", "1", "--state", "{not json"},
-		{"run", "--resource", "job:1"},              // no command
-		{"run", "--", "true"},                       // no --resource
+		{"run", "--resource", "job:1"}, // no command
+		{"run", "--", "true"},          // no --resource
 		{"run", "--resource", "job:1", "--ttl", "0s", "--", "true"},
 		{"run", "--resource", "job:1", "--wait", "2m", "--", "true"},
 	} {
