@@ -32,6 +32,7 @@ func fg(t *testing.T, env []string, stdin string, args ...string) cliResult {
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	cmd.Dir = t.TempDir()
 	cmd.Stdin = strings.NewReader(stdin)
+	cmd.WaitDelay = 5 * time.Second
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -34,6 +34,9 @@ func startBG(t *testing.T, env []string, args ...string) *bgProc {
 	cmd := exec.Command(binary, args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	cmd.Dir = t.TempDir()
+	// A command left behind by a failed test may hold the output pipes:
+	// do not wait for them long after the process exited.
+	cmd.WaitDelay = 5 * time.Second
 	b := &bgProc{t: t, cmd: cmd, stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = b.stdout, b.stderr
 	if err := cmd.Start(); err != nil {
