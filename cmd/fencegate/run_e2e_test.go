@@ -138,7 +138,7 @@ func TestRunKeepsTheLeaseAndGivesTheCommandItsEnvironment(t *testing.T) {
 	d := t.TempDir()
 	script := `env | grep -E '^(FENCING_[A-Z]+|FENCEGATE_API_URL)=' | sort > "$D/env"; touch "$D/started"
 while [ ! -e "$D/stop" ]; do sleep 0.05; done`
-	r := startBG(t, []string{"FENCEGATE_API_URL=" + api, "D=" + d}, "run", "--resource", "job:keep", "--ttl", "2s", "--finish-on-success", "--", "sh", "-c", script)
+	r := startBG(t, []string{"FENCEGATE_API_URL=" + api, "D=" + d}, "run", "--resource", "job:keep", "--ttl", "3s", "--finish-on-success", "--", "sh", "-c", script)
 	waitFile(t, filepath.Join(d, "started"), 30*time.Second, r)
 
 	st, err := client.Status(ctx, "job:keep")
@@ -222,6 +222,23 @@ func TestRunExitStatuses(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(d, "ran")); err == nil {
 		t.Fatal("the command ran without the lease")
+	}
+
+	// Waiting out another owner's lease uses up part of the local
+	// deadline, which counts from the sending of the acquire request: run
+	// renews before starting the command, and the command runs.
+	if _, err := client.Acquire(ctx, "job:wait", leaseapi.AcquireOptions{Owner: "other", TTL: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	r = fg(t, append(env, "D="+d), "", "run", "--resource", "job:wait", "--ttl", "3s", "--wait", "10s", "--", "sh", "-c", `touch "$D/waited"`)
+	if r.code != 0 {
+		t.Fatalf("run after waiting for the lease: %d %q", r.code, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(d, "waited")); err != nil {
+		t.Fatal("the command did not run after the wait")
+	}
+	if st, err := client.Status(ctx, "job:wait"); err != nil || st.Previous == nil || st.Previous.Token != 2 || st.Previous.Ended != fencing.EndReleased {
+		t.Fatalf("status after waiting for the lease: %+v, %v", st, err)
 	}
 }
 
