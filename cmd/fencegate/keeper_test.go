@@ -165,6 +165,9 @@ func newKeeperRig(t *testing.T) *keeperRig {
 		cancel()
 		<-rig.done
 	})
+	// Advancing the clock before the keeper set its first timer would
+	// move that timer too.
+	rig.parkedUntil(10 * time.Second)
 	return rig
 }
 
