@@ -26,6 +26,9 @@ const DefaultClientTimeout = fencing.MaxWait + 30*time.Second
 // maxResponseBytes bounds how much of a response the client reads.
 const maxResponseBytes = 256 << 20
 
+// maxProblemBytes bounds how much of a refusal the client reads.
+const maxProblemBytes = 1 << 20
+
 // Client calls a fencegate lease API. It is safe for concurrent use.
 //
 // Errors: a refusal by the server is a *ProblemError, which matches the
@@ -233,6 +236,21 @@ func (c *Client) leaseCall(ctx context.Context, method, resource, suffix string,
 	return fromLeaseJSON(out)
 }
 
+// Call sends one request to the API and returns the 2xx answer's body as
+// the server sent it, for tools that pass the JSON on unchanged (the
+// fencegate CLI does). path is relative to the base URL, such as
+// "/v1/leases/job:1/acquire" (escape a resource name with url.PathEscape);
+// query, when not empty, is appended; body, when not nil, is sent as JSON.
+// Nothing is checked locally. A refusal is a *ProblemError (with Body set),
+// a transport failure is classified as for the typed methods.
+func (c *Client) Call(ctx context.Context, method, path string, query url.Values, body any) (json.RawMessage, error) {
+	var out json.RawMessage
+	if err := c.do(ctx, method, path, "", query, body, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // call sends one request about resource to /v1/leases/{resource}+suffix,
 // after checking the name locally, and decodes the answer as do does.
 func (c *Client) call(ctx context.Context, method, resource, suffix string, body, out any) error {
@@ -343,6 +361,9 @@ type ProblemError struct {
 	RetryAfter time.Duration
 	// Resource is the resource the call was about (empty for List).
 	Resource string
+	// Body is the problem document as the server sent it, when the answer
+	// was JSON (nil otherwise).
+	Body json.RawMessage
 }
 
 // Error renders the status, code and detail.
@@ -444,12 +465,17 @@ func readProblem(resp *http.Response, body io.Reader, resource string) error {
 	if mt != "application/problem+json" && mt != "application/json" {
 		return pe
 	}
+	raw, err := io.ReadAll(io.LimitReader(body, maxProblemBytes))
+	if err != nil {
+		return pe
+	}
 	var m map[string]any
-	dec := json.NewDecoder(body)
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	if err := dec.Decode(&m); err != nil {
 		return pe
 	}
+	pe.Body = raw
 	pe.Code, _ = m["code"].(string)
 	pe.Detail, _ = m["detail"].(string)
 	for _, k := range []string{"type", "title", "status", "detail", "code"} {

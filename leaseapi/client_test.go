@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -277,5 +279,37 @@ func TestClientMapsEveryProblem(t *testing.T) {
 		if errors.Is(err, s) {
 			t.Errorf("html 502 matches %v", s)
 		}
+	}
+}
+
+// TestClientCallPassesAnswersOnUnchanged: Call returns the server's JSON
+// as sent, and a refusal keeps its problem document in Body.
+func TestClientCallPassesAnswersOnUnchanged(t *testing.T) {
+	e := newEnv(t, storeKinds[0], nil)
+	ctx := context.Background()
+	c := leaseapi.NewClient(e.srv.URL, leaseapi.WithHTTPClient(e.srv.Client()))
+	raw, err := c.Call(ctx, http.MethodPost, "/v1/leases/job:1/acquire", nil, map[string]any{"owner": "w1", "ttl_seconds": 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l struct {
+		Resource string `json:"resource"`
+		Token    int64  `json:"token"`
+	}
+	if err := json.Unmarshal(raw, &l); err != nil || l.Resource != "job:1" || l.Token != 1 {
+		t.Fatalf("Call(acquire) = %s, %v", raw, err)
+	}
+	_, err = c.Call(ctx, http.MethodPost, "/v1/leases/job:1/acquire", nil, map[string]any{"owner": "w2"})
+	var pe *leaseapi.ProblemError
+	if !errors.As(err, &pe) || !errors.Is(err, fencing.ErrLeaseHeld) {
+		t.Fatalf("Call(acquire) by another owner: %v", err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(pe.Body, &doc); err != nil || doc["code"] != "lease-held" || doc["holder"] != "w1" {
+		t.Fatalf("problem Body = %s, %v", pe.Body, err)
+	}
+	raw, err = c.Call(ctx, http.MethodGet, "/v1/leases", url.Values{"prefix": {"job:"}}, nil)
+	if err != nil || !json.Valid(raw) || !strings.Contains(string(raw), `"job:1"`) {
+		t.Fatalf("Call(list) = %s, %v", raw, err)
 	}
 }

@@ -23,6 +23,7 @@
 #     system user postgres when root, stopped at the end);
 #   - nginx (Debian's has the DAV module): the WebDAV end-to-end test;
 #   - promtool (package prometheus) to check the alert rules and dashboard;
+#   - curl, zsh and fish: the shell worker example and the completion scripts;
 #   - a C compiler, as -race needs cgo.
 # With FENCEGATE_REQUIRE_VALKEY, _POSTGRES, _NGINX and _PROMTOOL set to 1
 # (here, in full mode) tests fail instead of skipping when these are missing.
@@ -58,6 +59,9 @@ if [ "$quick" != 1 ]; then
 			echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.conf
 		fi
 	fi
+	# The CLI's end-to-end tests: curl for the shell worker, every shell
+	# whose completion script is checked.
+	if ! has curl || ! has zsh || ! has fish; then missing+=(curl zsh fish); fi
 fi
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
 	echo "test.sh: installing ${missing[*]} with apt-get" >&2

@@ -1,0 +1,411 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/leaseapi"
+)
+
+// defaultAPIURL is where the client commands find the lease API when
+// FENCEGATE_API_URL is unset: the server's default FENCEGATE_API_ADDR.
+const defaultAPIURL = "http://127.0.0.1:7070"
+
+// callTimeout bounds one lease API call of the CLI beyond its acquire wait,
+// so a server that stopped answering does not hang a script.
+const callTimeout = 30 * time.Second
+
+const leaseHelp = `The lease commands call the lease API at FENCEGATE_API_URL (default
+` + defaultAPIURL + `), with "Authorization: Bearer $FENCEGATE_API_TOKEN" when
+that is set. The API's JSON answer is printed on stdout, on one line, as
+the API sent it; a refusal prints its application/problem+json document on
+stderr.
+
+Exit status:
+  0  success
+  2  usage: bad flags or arguments, or a request the API found invalid (400)
+  3  refused: lease-held, lease-lost, no-checkpoint, unauthorized, payload-too-large, ...
+  4  the server or its store is unavailable: no connection, no answer in time, 5xx`
+
+func newLeaseCmd(c *cli) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "lease",
+		Short: "Acquire, renew, release and inspect leases through the lease API",
+		Long:  "Acquire, renew, release and inspect leases through the lease API.\n\n" + leaseHelp,
+		Example: `  fencegate lease acquire job:42 --owner worker-a --ttl 30s --wait 10s
+  fencegate lease renew job:42 --owner worker-a --token 7
+  fencegate lease checkpoint job:42 --owner worker-a --token 7 --state '{"done":17}'
+  fencegate lease release job:42 --owner worker-a --token 7 --finished
+  fencegate lease status job:42
+  fencegate lease checkpoint job:42
+  fencegate lease list --prefix job: --limit 100`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError(cmd, "lease needs a command: acquire, renew, release, status, list or checkpoint")
+			}
+			return usageError(cmd, "unknown lease command %q", args[0])
+		},
+	}
+	cmd.AddCommand(c.leaseAcquireCmd(), c.leaseRenewCmd(), c.leaseReleaseCmd(), c.leaseStatusCmd(), c.leaseListCmd(), c.leaseCheckpointCmd())
+	return cmd
+}
+
+func (c *cli) leaseAcquireCmd() *cobra.Command {
+	var owner string
+	var ttl, wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "acquire RESOURCE --owner OWNER [--ttl 30s] [--wait 10s]",
+		Short: "Take the lease on RESOURCE and print it with its fencing token",
+		Long: `Take the lease on RESOURCE for OWNER and print the lease (with its fencing
+token). Re-acquiring a live lease as its owner extends it and keeps its
+token. While another owner holds it the API answers lease-held (exit 3),
+after waiting up to --wait for it to end.
+
+` + leaseHelp,
+		Args:              resourceArg,
+		ValidArgsFunction: c.completeResources,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body := map[string]any{"owner": owner}
+			if err := checkOwner(cmd, owner); err != nil {
+				return err
+			}
+			if err := ttlMember(cmd, body, ttl); err != nil {
+				return err
+			}
+			if err := fencing.ValidateWait(wait); err != nil {
+				return usageError(cmd, "--wait: %v", err)
+			}
+			if wait > 0 {
+				body["wait_seconds"] = int64((wait + time.Second - 1) / time.Second)
+			}
+			return c.callAPI(cmd, http.MethodPost, leasePath(args[0], "/acquire"), nil, body, wait)
+		},
+	}
+	cmd.Flags().StringVar(&owner, "owner", "", "the worker taking the lease (required)")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "lease duration, whole seconds from 1s to 24h (default: the server's)")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long (at most 60s) for another owner's lease to end")
+	_ = cmd.MarkFlagRequired("owner")
+	return cmd
+}
+
+func (c *cli) leaseRenewCmd() *cobra.Command {
+	var owner string
+	var token uint64
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "renew RESOURCE --owner OWNER --token TOKEN [--ttl 30s]",
+		Short: "Extend the live lease held by OWNER with TOKEN",
+		Long: `Extend the live lease on RESOURCE held by OWNER with TOKEN, by --ttl or by
+its current TTL, and print it. Not the live holder (including an expired
+lease): lease-lost (exit 3).
+
+` + leaseHelp,
+		Args:              resourceArg,
+		ValidArgsFunction: c.completeResources,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body := map[string]any{"owner": owner, "token": token}
+			if err := checkOwner(cmd, owner); err != nil {
+				return err
+			}
+			if err := ttlMember(cmd, body, ttl); err != nil {
+				return err
+			}
+			return c.callAPI(cmd, http.MethodPost, leasePath(args[0], "/renew"), nil, body, 0)
+		},
+	}
+	cmd.Flags().StringVar(&owner, "owner", "", "the lease's owner (required)")
+	cmd.Flags().Uint64Var(&token, "token", 0, "the lease's fencing token (required)")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "new lease duration, whole seconds from 1s to 24h (default: the lease's)")
+	_ = cmd.MarkFlagRequired("owner")
+	_ = cmd.MarkFlagRequired("token")
+	return cmd
+}
+
+func (c *cli) leaseReleaseCmd() *cobra.Command {
+	var owner string
+	var token uint64
+	var finished bool
+	cmd := &cobra.Command{
+		Use:   "release RESOURCE --owner OWNER --token TOKEN [--finished]",
+		Short: "End the lease held by OWNER with TOKEN",
+		Long: `End the lease on RESOURCE held by OWNER with TOKEN now, and print
+{"released": true}; --finished tells the next holder the work is done.
+A lease that already ended with no newer token issued answers
+{"released": false} (exit 0); a newer token or another owner answers
+lease-lost (exit 3).
+
+` + leaseHelp,
+		Args:              resourceArg,
+		ValidArgsFunction: c.completeResources,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOwner(cmd, owner); err != nil {
+				return err
+			}
+			body := map[string]any{"owner": owner, "token": token}
+			if finished {
+				body["finished"] = true
+			}
+			return c.callAPI(cmd, http.MethodPost, leasePath(args[0], "/release"), nil, body, 0)
+		},
+	}
+	cmd.Flags().StringVar(&owner, "owner", "", "the lease's owner (required)")
+	cmd.Flags().Uint64Var(&token, "token", 0, "the lease's fencing token (required)")
+	cmd.Flags().BoolVar(&finished, "finished", false, "mark the work finished for the next holder")
+	_ = cmd.MarkFlagRequired("owner")
+	_ = cmd.MarkFlagRequired("token")
+	return cmd
+}
+
+func (c *cli) leaseStatusCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "status RESOURCE",
+		Short: "Print RESOURCE's tokens, live lease, previous holder and checkpoint",
+		Long: `Print RESOURCE's issued and high-water tokens, its live lease, how the
+previous holder left and its checkpoint's size. An unknown resource
+answers zeros and nulls (exit 0).
+
+` + leaseHelp,
+		Args:              resourceArg,
+		ValidArgsFunction: c.completeResources,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.callAPI(cmd, http.MethodGet, leasePath(args[0], ""), nil, nil, 0)
+		},
+	}
+}
+
+func (c *cli) leaseListCmd() *cobra.Command {
+	var prefix string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list [--prefix PREFIX] [--limit N]",
+		Short: "Print the live leases, in resource order",
+		Long: `Print the live leases whose resource starts with --prefix, in resource
+order, at most --limit of them (0: the server's maximum).
+
+` + leaseHelp,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if prefix != "" {
+				if err := fencing.ValidateResourcePrefix(prefix); err != nil {
+					return usageError(cmd, "--prefix: %v", err)
+				}
+			}
+			if limit < 0 || limit > fencing.MaxListLimit {
+				return usageError(cmd, "--limit: must be between 0 and %d", fencing.MaxListLimit)
+			}
+			q := url.Values{}
+			if prefix != "" {
+				q.Set("prefix", prefix)
+			}
+			if limit != 0 {
+				q.Set("limit", strconv.Itoa(limit))
+			}
+			return c.callAPI(cmd, http.MethodGet, "/v1/leases", q, nil, 0)
+		},
+	}
+	cmd.Flags().StringVar(&prefix, "prefix", "", "only resources starting with this")
+	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many leases (0: the server's maximum)")
+	return cmd
+}
+
+func (c *cli) leaseCheckpointCmd() *cobra.Command {
+	var owner, state string
+	var token uint64
+	cmd := &cobra.Command{
+		Use:   "checkpoint RESOURCE [--owner OWNER --token TOKEN --state JSON|-]",
+		Short: "Print RESOURCE's last checkpoint, or save one",
+		Long: `Without flags, print RESOURCE's last checkpoint: its state, the token that
+saved it, when, and how the previous holder left; no checkpoint answers
+no-checkpoint (exit 3).
+
+With --owner, --token and --state, save STATE (any JSON value; "-" reads it
+from stdin) as the live holder, which also renews the lease, and print the
+renewed lease. Not the live holder: lease-lost (exit 3).
+
+` + leaseHelp,
+		Args:              resourceArg,
+		ValidArgsFunction: c.completeResources,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := leasePath(args[0], "/checkpoint")
+			set := 0
+			for _, name := range []string{"owner", "token", "state"} {
+				if cmd.Flags().Changed(name) {
+					set++
+				}
+			}
+			switch set {
+			case 0:
+				return c.callAPI(cmd, http.MethodGet, path, nil, nil, 0)
+			case 3:
+			default:
+				return usageError(cmd, "saving a checkpoint needs --owner, --token and --state together")
+			}
+			if err := checkOwner(cmd, owner); err != nil {
+				return err
+			}
+			raw := []byte(state)
+			if state == "-" {
+				var err error
+				if raw, err = io.ReadAll(c.stdin); err != nil {
+					return fmt.Errorf("reading the state from stdin: %w", err)
+				}
+			}
+			raw = bytes.TrimSpace(raw)
+			if !json.Valid(raw) {
+				return usageError(cmd, "--state: not a JSON value")
+			}
+			body := map[string]any{"owner": owner, "token": token, "state": json.RawMessage(raw)}
+			return c.callAPI(cmd, http.MethodPut, path, nil, body, 0)
+		},
+	}
+	cmd.Flags().StringVar(&owner, "owner", "", "the lease's owner (to save)")
+	cmd.Flags().Uint64Var(&token, "token", 0, "the lease's fencing token (to save)")
+	cmd.Flags().StringVar(&state, "state", "", `the state to save, a JSON value, or "-" for stdin`)
+	return cmd
+}
+
+// resourceArg accepts exactly one valid resource name.
+func resourceArg(cmd *cobra.Command, args []string) error {
+	if len(args) != 1 {
+		return usageError(cmd, "%s needs exactly one RESOURCE, got %d arguments", cmd.Name(), len(args))
+	}
+	if err := fencing.ValidateResource(args[0]); err != nil {
+		return usageError(cmd, "RESOURCE %q: %v", args[0], err)
+	}
+	return nil
+}
+
+func checkOwner(cmd *cobra.Command, owner string) error {
+	if err := fencing.ValidateOwner(owner); err != nil {
+		return usageError(cmd, "--owner: %v", err)
+	}
+	return nil
+}
+
+// ttlMember sets body's ttl_seconds from a --ttl flag, unless it is zero.
+func ttlMember(cmd *cobra.Command, body map[string]any, ttl time.Duration) error {
+	if ttl == 0 {
+		return nil
+	}
+	if err := fencing.ValidateTTL(ttl); err != nil {
+		return usageError(cmd, "--ttl %v: %v", ttl, err)
+	}
+	body["ttl_seconds"] = int64(ttl / time.Second)
+	return nil
+}
+
+func leasePath(resource, suffix string) string {
+	return "/v1/leases/" + url.PathEscape(resource) + suffix
+}
+
+// apiURL is the lease API's base URL from FENCEGATE_API_URL.
+func (c *cli) apiURL() (string, error) {
+	raw := c.getenv("FENCEGATE_API_URL")
+	if raw == "" {
+		return defaultAPIURL, nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", withExit(exitUsage, fmt.Errorf("FENCEGATE_API_URL %q: want http://host:port or https://host:port", raw))
+	}
+	return raw, nil
+}
+
+// client is a lease API client configured from the environment.
+func (c *cli) client() (*leaseapi.Client, error) {
+	base, err := c.apiURL()
+	if err != nil {
+		return nil, err
+	}
+	var opts []leaseapi.ClientOption
+	if tok := c.getenv("FENCEGATE_API_TOKEN"); tok != "" {
+		opts = append(opts, leaseapi.WithToken(tok))
+	}
+	return leaseapi.NewClient(base, opts...), nil
+}
+
+// callAPI sends one request and prints the answer: the JSON on stdout on
+// success, the problem on stderr on refusal. wait is how long the server
+// may legitimately take on top of a normal call.
+func (c *cli) callAPI(cmd *cobra.Command, method, path string, query url.Values, body any, wait time.Duration) error {
+	client, err := c.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), wait+callTimeout)
+	defer cancel()
+	raw, err := client.Call(ctx, method, path, query, body)
+	if err != nil {
+		return c.apiFailure(err)
+	}
+	return printJSONLine(c.stdout, raw)
+}
+
+// apiFailure reports a failed API call on stderr and chooses the exit
+// status (see leaseHelp).
+func (c *cli) apiFailure(err error) error {
+	var pe *leaseapi.ProblemError
+	if errors.As(err, &pe) {
+		if pe.Body == nil || printJSONLine(c.stderr, pe.Body) != nil {
+			fmt.Fprintln(c.stderr, pe.Error())
+		}
+		switch {
+		case pe.Status >= http.StatusInternalServerError:
+			return withExit(exitUnavailable, nil)
+		case pe.Status == http.StatusBadRequest:
+			return withExit(exitUsage, nil)
+		default:
+			return withExit(exitRefused, nil)
+		}
+	}
+	if transient(err) {
+		return withExit(exitUnavailable, err)
+	}
+	return err
+}
+
+// printJSONLine writes a JSON document on one line.
+func printJSONLine(w io.Writer, raw []byte) error {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return fmt.Errorf("the API answered with malformed JSON: %w", err)
+	}
+	buf.WriteByte('\n')
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+// completeResources offers the resources of live leases, asking the API
+// with a short timeout; without an answer it offers nothing.
+func (c *cli) completeResources(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	client, err := c.client()
+	if err != nil || fencing.ValidateResourcePrefix(toComplete) != nil && toComplete != "" {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Second)
+	defer cancel()
+	leases, err := client.List(ctx, toComplete, 0)
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	out := make([]cobra.Completion, 0, len(leases))
+	for _, l := range leases {
+		out = append(out, l.Resource)
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}

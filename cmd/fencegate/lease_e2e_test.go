@@ -1,0 +1,171 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/leaseapi"
+)
+
+// TestLeaseCommands drives every lease command through the binary against
+// a real server: success prints the API's JSON on one line of stdout, a
+// refusal its problem on stderr, with exit statuses 0 and 3.
+func TestLeaseCommands(t *testing.T) {
+	p := start(t, t.TempDir(), []string{"FENCEGATE_STORE=memory:"}, "api")
+	env := []string{"FENCEGATE_API_URL=" + p.url("api", "")}
+	lease := func(stdin string, args ...string) cliResult {
+		t.Helper()
+		return fg(t, env, stdin, append([]string{"lease"}, args...)...)
+	}
+	ok := func(r cliResult) map[string]any {
+		t.Helper()
+		if r.code != 0 || r.stderr != "" {
+			t.Fatalf("exit %d, stderr %q, want 0 and nothing", r.code, r.stderr)
+		}
+		return r.jsonLine(t)
+	}
+	refused := func(r cliResult, code string) map[string]any {
+		t.Helper()
+		if r.code != exitRefused || r.stdout != "" {
+			t.Fatalf("exit %d, stdout %q; want 3 and nothing", r.code, r.stdout)
+		}
+		pr := r.problem(t)
+		if pr["code"] != code {
+			t.Fatalf("problem %v, want %s", pr, code)
+		}
+		return pr
+	}
+
+	l := ok(lease("", "acquire", "job:1", "--owner", "worker-a", "--ttl", "20s"))
+	if l["resource"] != "job:1" || l["owner"] != "worker-a" || l["token"] != 1.0 || l["ttl_seconds"] != 20.0 {
+		t.Fatalf("acquire: %v", l)
+	}
+	ok(lease("", "acquire", "job:2", "--owner", "worker-a")) // the server's default TTL
+	pr := refused(lease("", "acquire", "job:1", "--owner", "worker-b", "--wait", "1s"), "lease-held")
+	if pr["holder"] != "worker-a" {
+		t.Fatalf("lease-held names %v", pr["holder"])
+	}
+	if l := ok(lease("", "renew", "job:1", "--owner", "worker-a", "--token", "1", "--ttl", "30s")); l["ttl_seconds"] != 30.0 || l["token"] != 1.0 {
+		t.Fatalf("renew: %v", l)
+	}
+	refused(lease("", "renew", "job:1", "--owner", "worker-b", "--token", "1"), "lease-lost")
+
+	refused(lease("", "checkpoint", "job:1"), "no-checkpoint")
+	if l := ok(lease("", "checkpoint", "job:1", "--owner", "worker-a", "--token", "1", "--state", `{"done": 3}`)); l["token"] != 1.0 {
+		t.Fatalf("checkpoint save: %v", l)
+	}
+	ok(lease(`{"done": 17, "cursor": "k17"}`+"\n", "checkpoint", "job:1", "--owner", "worker-a", "--token", "1", "--state", "-"))
+	refused(lease("", "checkpoint", "job:1", "--owner", "worker-b", "--token", "1", "--state", "1"), "lease-lost")
+	cp := ok(lease("", "checkpoint", "job:1"))
+	if st, _ := cp["state"].(map[string]any); st["done"] != 17.0 || st["cursor"] != "k17" || cp["token"] != 1.0 {
+		t.Fatalf("checkpoint read: %v", cp)
+	}
+
+	st := ok(lease("", "status", "job:1"))
+	if live, _ := st["lease"].(map[string]any); st["issued_token"] != 1.0 || live["owner"] != "worker-a" || st["checkpoint"] == nil {
+		t.Fatalf("status: %v", st)
+	}
+	if st := ok(lease("", "status", "never:used")); st["issued_token"] != 0.0 || st["lease"] != nil {
+		t.Fatalf("status of an unknown resource: %v", st)
+	}
+
+	all := ok(lease("", "list"))
+	if ls, _ := all["leases"].([]any); len(ls) != 2 {
+		t.Fatalf("list: %v", all)
+	}
+	one := ok(lease("", "list", "--prefix", "job:", "--limit", "1"))
+	if ls, _ := one["leases"].([]any); len(ls) != 1 || ls[0].(map[string]any)["resource"] != "job:1" {
+		t.Fatalf("list --prefix job: --limit 1: %v", one)
+	}
+	if none := ok(lease("", "list", "--prefix", "other:")); len(none["leases"].([]any)) != 0 {
+		t.Fatalf("list --prefix other: %v", none)
+	}
+
+	if r := ok(lease("", "release", "job:1", "--owner", "worker-a", "--token", "1", "--finished")); r["released"] != true {
+		t.Fatalf("release: %v", r)
+	}
+	if r := ok(lease("", "release", "job:1", "--owner", "worker-a", "--token", "1")); r["released"] != false {
+		t.Fatalf("repeated release: %v", r)
+	}
+	l = ok(lease("", "acquire", "job:1", "--owner", "worker-b"))
+	if l["token"] != 2.0 {
+		t.Fatalf("the next owner's token: %v", l)
+	}
+	refused(lease("", "release", "job:1", "--owner", "worker-a", "--token", "1"), "lease-lost")
+	cp = ok(lease("", "checkpoint", "job:1"))
+	if prev, _ := cp["previous"].(map[string]any); prev["owner"] != "worker-a" || prev["ended"] != "released" || prev["finished"] != true {
+		t.Fatalf("checkpoint after a handoff: %v", cp)
+	}
+
+	// The API finds the state too large (its default limit is 1 MiB).
+	big := strconv.Quote(strings.Repeat("x", 2<<20))
+	refused(lease(big, "checkpoint", "job:1", "--owner", "worker-b", "--token", "2", "--state", "-"), "payload-too-large")
+}
+
+func TestLeaseCommandsWithAPIToken(t *testing.T) {
+	p := start(t, t.TempDir(), []string{"FENCEGATE_STORE=memory:", "FENCEGATE_API_TOKEN=s3cret"}, "api")
+	url := "FENCEGATE_API_URL=" + p.url("api", "")
+	r := fg(t, []string{url}, "", "lease", "status", "job:1")
+	if r.code != exitRefused || r.problem(t)["code"] != "unauthorized" {
+		t.Fatalf("without the token: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = fg(t, []string{url, "FENCEGATE_API_TOKEN=wrong"}, "", "lease", "status", "job:1")
+	if r.code != exitRefused {
+		t.Fatalf("with a wrong token: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = fg(t, []string{url, "FENCEGATE_API_TOKEN=s3cret"}, "", "lease", "status", "job:1")
+	if r.code != 0 || r.jsonLine(t)["resource"] != "job:1" {
+		t.Fatalf("with the token: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestLeaseCommandsWithoutServerExit4(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	env := []string{"FENCEGATE_API_URL=http://" + addr}
+	for _, args := range [][]string{
+		{"lease", "acquire", "job:1", "--owner", "a"},
+		{"lease", "status", "job:1"},
+		{"lease", "list"},
+		{"run", "--resource", "job:1", "--", "true"},
+	} {
+		r := fg(t, env, "", args...)
+		if r.code != exitUnavailable || r.stdout != "" || r.stderr == "" {
+			t.Errorf("fencegate %v without a server: exit %d, stdout %q, stderr %q; want 4", args, r.code, r.stdout, r.stderr)
+		}
+	}
+}
+
+// TestAPIFailureExitStatus covers the answers a healthy test server does
+// not give: 5xx and store-unavailable exit 4, like a failed connection.
+func TestAPIFailureExitStatus(t *testing.T) {
+	c := &cli{stdout: io.Discard, stderr: io.Discard}
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{&leaseapi.ProblemError{Status: 503, Code: "store-unavailable", Body: []byte(`{"code":"store-unavailable"}`)}, exitUnavailable},
+		{&leaseapi.ProblemError{Status: 502}, exitUnavailable},
+		{&leaseapi.ProblemError{Status: 500, Code: "internal"}, exitUnavailable},
+		{&leaseapi.ProblemError{Status: 400, Code: "invalid-request"}, exitUsage},
+		{&leaseapi.ProblemError{Status: 409, Code: "lease-held"}, exitRefused},
+		{&leaseapi.ProblemError{Status: 401, Code: "unauthorized"}, exitRefused},
+		{fmt.Errorf("dial: %w", fencing.ErrUnavailable), exitUnavailable},
+		{fmt.Errorf("read: %w", fencing.ErrAmbiguous), exitUnavailable},
+		{errors.New("decode answer"), exitFailure},
+	} {
+		if got, _ := exitCode(c.apiFailure(tc.err)); got != tc.want {
+			t.Errorf("apiFailure(%v) exits %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/leaseapi"
+)
+
+// runOptions are the flags of `fencegate run`.
+type runOptions struct {
+	resource        string
+	owner           string
+	ttl             time.Duration
+	wait            time.Duration
+	finishOnSuccess bool
+	killAfter       time.Duration
+}
+
+const runHelp = `Take the lease on RESOURCE (waiting up to --wait while another owner holds
+it), then run CMD with these variables added to its environment:
+
+  FENCING_RESOURCE   the resource
+  FENCING_TOKEN      the fencing token, to send as the Fencing-Token header
+  FENCING_OWNER      the lease's owner
+  FENCEGATE_API_URL  the lease API (FENCEGATE_API_TOKEN is passed on as is)
+
+While CMD runs the lease is renewed every TTL/3, and transient failures are
+retried. SIGINT and SIGTERM are forwarded to CMD. When CMD exits the lease
+is released (marked finished with --finish-on-success if CMD exited 0) and
+fencegate run exits with CMD's status (128+N if a signal N ended it).
+
+If the lease is lost while CMD runs, because a renewal is refused or is not
+confirmed before a conservative local deadline (the time the last confirmed
+acquire or renew request was sent, plus the TTL, minus TTL/10; the server's
+timestamps are never used), CMD is sent SIGTERM at once and SIGKILL after
+--kill-after, and fencegate run exits 76. The lost lease is left to expire.
+
+CMD runs in its own process group, and signals go to the whole group, so
+the children of a shell script are stopped with it. CMD is therefore not in
+the terminal's foreground group: it should not read from the terminal.
+
+Exit status:
+  CMD's   CMD ran and exited (0 on success)
+  2       usage: bad flags or arguments
+  3       refused by the API at acquisition (other than lease-held)
+  4       the lease API or its store is unavailable at acquisition
+  75      the lease was not acquired within --wait
+  76      the lease was lost while CMD ran
+  127     CMD could not be started`
+
+func newRunCmd(c *cli) *cobra.Command {
+	var o runOptions
+	cmd := &cobra.Command{
+		Use:   "run --resource RESOURCE [flags] -- CMD [ARG...]",
+		Short: "Run CMD while holding the lease on RESOURCE, with its fencing token in the environment",
+		Long:  runHelp,
+		Example: `  fencegate run --resource job:42 --ttl 30s -- ./process-job.sh 42
+  fencegate run --resource nightly-report --wait 0s --finish-on-success -- \
+      sh -c 'curl -fsS -X PUT -H "Fencing-Token: $FENCING_TOKEN" --data @report.json http://127.0.0.1:8080/reports/today'`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError(cmd, "run needs a command to run after --")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.check(cmd); err != nil {
+				return err
+			}
+			return c.runUnderLease(cmd.Context(), o, args)
+		},
+	}
+	f := cmd.Flags()
+	// CMD's own flags are CMD's: flag parsing stops at the first argument.
+	f.SetInterspersed(false)
+	f.StringVar(&o.resource, "resource", "", "the resource to lease (required)")
+	f.StringVar(&o.owner, "owner", "", "the lease's owner (default: HOST:PID, unique per process)")
+	f.DurationVar(&o.ttl, "ttl", 30*time.Second, "lease duration, whole seconds from 1s to 24h")
+	f.DurationVar(&o.wait, "wait", fencing.MaxWait, "wait up to this long (at most 60s) for another owner's lease to end")
+	f.BoolVar(&o.finishOnSuccess, "finish-on-success", false, "release with finished=true when CMD exits 0")
+	f.DurationVar(&o.killAfter, "kill-after", 10*time.Second, "after a lost lease's SIGTERM, send SIGKILL this much later")
+	_ = cmd.MarkFlagRequired("resource")
+	return cmd
+}
+
+func (o *runOptions) check(cmd *cobra.Command) error {
+	if err := fencing.ValidateResource(o.resource); err != nil {
+		return usageError(cmd, "--resource %q: %v", o.resource, err)
+	}
+	if o.owner == "" {
+		o.owner = defaultOwner()
+	}
+	if err := checkOwner(cmd, o.owner); err != nil {
+		return err
+	}
+	if err := fencing.ValidateTTL(o.ttl); err != nil {
+		return usageError(cmd, "--ttl %v: %v", o.ttl, err)
+	}
+	if err := fencing.ValidateWait(o.wait); err != nil {
+		return usageError(cmd, "--wait: %v", err)
+	}
+	if o.killAfter < 0 {
+		return usageError(cmd, "--kill-after must not be negative")
+	}
+	return nil
+}
+
+// defaultOwner names this process: HOST:PID, unique among live processes.
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" || fencing.ValidateOwner(host) != nil {
+		host = "localhost"
+	}
+	suffix := ":" + strconv.Itoa(os.Getpid())
+	if len(host)+len(suffix) > fencing.MaxNameBytes {
+		host = host[:fencing.MaxNameBytes-len(suffix)]
+	}
+	return host + suffix
+}
+
+// runUnderLease is `fencegate run`: acquire, start CMD, keep the lease
+// while CMD runs, release, and exit with CMD's status.
+func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) error {
+	client, err := c.client()
+	if err != nil {
+		return err
+	}
+	base, _ := c.apiURL()
+	// Subscribe before CMD starts so no signal meant for it is missed; the
+	// process-wide handler in main cancels ctx, which only matters before
+	// CMD runs (it abandons the acquisition).
+	sigc := make(chan os.Signal, 4)
+	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+
+	sent := time.Now()
+	lease, err := client.Acquire(ctx, o.resource, leaseapi.AcquireOptions{Owner: o.owner, TTL: o.ttl, Wait: o.wait})
+	if errors.Is(err, fencing.ErrLeaseHeld) {
+		_ = c.apiFailure(err) // prints the problem
+		return withExit(exitNotAcquired, nil)
+	}
+	if err != nil {
+		return c.apiFailure(err)
+	}
+	keeper := &leaseKeeper{
+		client: client, clock: realClock{}, resource: o.resource, owner: o.owner, token: lease.Token, ttl: lease.TTL,
+		warn: func(err error) { fmt.Fprintf(c.stderr, "fencegate run: renewal failed, retrying: %v\n", err) },
+	}
+	// Keep the work out of ctx's hands from here on: signals are
+	// forwarded to CMD, and the lease is released after it exits.
+	bg := context.WithoutCancel(ctx)
+	if time.Since(sent) >= keeper.renewEvery() {
+		// A long wait used up part of the lease's local deadline, which
+		// counts from the sending of the acquire request: renew first.
+		sent = time.Now()
+		if _, err := client.Renew(bg, o.resource, o.owner, lease.Token, lease.TTL); err != nil {
+			fmt.Fprintf(c.stderr, "fencegate run: renewing the lease just acquired: %v\n", err)
+			return withExit(exitNotAcquired, nil)
+		}
+	}
+
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(append([]string(nil), c.environ...),
+		"FENCING_RESOURCE="+o.resource,
+		"FENCING_TOKEN="+lease.Token.String(),
+		"FENCING_OWNER="+o.owner,
+		"FENCEGATE_API_URL="+base,
+	)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = c.stdin, c.stdout, c.stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		c.release(bg, client, o, lease.Token, false)
+		return withExit(127, fmt.Errorf("run: %w", err))
+	}
+	waitc := make(chan error, 1)
+	go func() { waitc <- cmd.Wait() }()
+	kctx, stopKeeper := context.WithCancel(bg)
+	defer stopKeeper()
+	keptc := make(chan error, 1)
+	go func() { keptc <- keeper.keep(kctx, sent) }()
+
+	var lost error
+	var killc <-chan time.Time
+	var waitErr error
+	for running := true; running; {
+		select {
+		case sig := <-sigc:
+			signalGroup(cmd.Process.Pid, sig.(syscall.Signal))
+		case lost = <-keptc:
+			keptc = nil
+			fmt.Fprintf(c.stderr, "fencegate run: %v; stopping the command (SIGTERM now, SIGKILL in %v)\n", lost, o.killAfter)
+			signalGroup(cmd.Process.Pid, syscall.SIGTERM)
+			killc = time.After(o.killAfter)
+		case <-killc:
+			signalGroup(cmd.Process.Pid, syscall.SIGKILL)
+		case waitErr = <-waitc:
+			running = false
+		}
+	}
+	stopKeeper()
+	if keptc != nil {
+		// A loss decided while CMD was exiting still counts: the work may
+		// not be complete under the lease.
+		lost = <-keptc
+	}
+	status := childStatus(waitErr)
+	if lost != nil {
+		// Whatever CMD left behind in its group must not write on.
+		signalGroup(cmd.Process.Pid, syscall.SIGKILL)
+		return withExit(exitLeaseLost, nil)
+	}
+	c.release(bg, client, o, lease.Token, o.finishOnSuccess && status == 0)
+	if status != 0 {
+		return withExit(status, nil)
+	}
+	return nil
+}
+
+// release ends the lease after CMD exited; a failure is reported, not
+// fatal: the lease then expires on its own.
+func (c *cli) release(ctx context.Context, client *leaseapi.Client, o runOptions, token fencing.Token, finished bool) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if _, err := client.Release(ctx, o.resource, o.owner, token, finished); err != nil {
+		fmt.Fprintf(c.stderr, "fencegate run: releasing the lease: %v\n", err)
+	}
+}
+
+// signalGroup sends sig to CMD's process group (CMD leads it).
+func signalGroup(pid int, sig syscall.Signal) {
+	_ = syscall.Kill(-pid, sig)
+}
+
+// childStatus is the exit status a shell would report for CMD.
+func childStatus(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	return exitFailure
+}
