@@ -31,10 +31,9 @@ type sessionEnv struct {
 	hang     atomic.Bool // every call blocks until its client gives up
 	fail503  atomic.Bool // renewals answer 503 store-unavailable
 	mu       sync.Mutex
-	calls    map[string]int       // "POST acquire" -> count of calls served
-	afterAcq func(n int)          // run after the n-th acquire was served
-	unhang   chan struct{}        // closed at cleanup, releasing hung calls
-	_        [0]func(*testing.T) // not comparable
+	calls    map[string]int // "POST acquire" -> count of calls served
+	afterAcq func(n int)    // run after the n-th acquire was served
+	unhang   chan struct{}  // closed at cleanup, releasing hung calls
 }
 
 func newSessionEnv(t *testing.T) *sessionEnv {
@@ -497,4 +496,3 @@ func TestTransportConcurrentWithLoss(t *testing.T) {
 		}
 	}
 }
-
