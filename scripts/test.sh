@@ -7,7 +7,8 @@
 # done; this script only makes sure the binaries exist: valkey-server with
 # valkey-cli if present, else Debian's redis-server with redis-cli (package
 # redis-tools, which also brings redis-benchmark for the opt-in
-# FENCEGATE_VALKEY_BENCH comparison). -race needs cgo, so a C compiler too.
+# FENCEGATE_VALKEY_BENCH comparison). -race needs cgo, so a C compiler too,
+# and the example workers' test runs python3.
 # Whatever is missing is installed with apt-get when running as root;
 # otherwise the script stops. With FENCEGATE_REQUIRE_VALKEY=1 (set here)
 # the Valkey tests fail instead of skipping when no server can be started.
@@ -25,6 +26,7 @@ have_cc() { has "$(go env CC)"; }
 missing=()
 if ! have_server || ! have_cli; then missing+=(redis-server redis-tools); fi
 if ! have_cc; then missing+=(gcc libc6-dev); fi
+if ! has python3; then missing+=(python3); fi # examples/python runs in the suite
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
 	echo "test.sh: installing ${missing[*]} with apt-get" >&2
 	export DEBIAN_FRONTEND=noninteractive
