@@ -24,6 +24,7 @@ func (s *Server) routes() *chi.Mux {
 
 	r.Get("/livez", s.handleLivez)
 	r.Get("/readyz", s.handleReadyz)
+	r.Get("/openapi.json", s.handleOpenAPI)
 	if s.metrics != nil {
 		r.Method("GET", "/metrics", s.metrics)
 	}

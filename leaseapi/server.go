@@ -13,7 +13,8 @@
 // leases, limit 1 to 1000, default 1000); GET /livez (always 200); GET
 // /readyz (200 when the store answers a ping within 1 s, 503
 // "store-unavailable" otherwise, 503 "draining" after SetDraining); GET
-// /metrics when Options.Metrics is set. HEAD is served wherever GET is. An
+// /metrics when Options.Metrics is set; GET /openapi.json (the OpenAPI 3.1
+// document of all of these, see OpenAPI). HEAD is served wherever GET is. An
 // unknown path is 404 "not-found"; a known path with another method is 405
 // "method-not-allowed" with an Allow header. With an auth token set, every
 // /v1 request, known path or not, is checked first.
@@ -44,6 +45,11 @@
 //
 // Every response carries Cache-Control: no-store and an X-Request-Id (the
 // client's, when it sent a sane one, otherwise a generated one).
+//
+// For workers, beside the Client: Session keeps a lease alive and decides,
+// conservatively and on its own clock, when it is lost; Session.Transport
+// stamps and guards a worker's writes to the gate; Campaign runs a leader
+// election.
 package leaseapi
 
 import (

@@ -24,6 +24,7 @@
 #   - nginx (Debian's has the DAV module): the WebDAV end-to-end test;
 #   - promtool (package prometheus) to check the alert rules and dashboard;
 #   - curl, zsh and fish: the shell worker example and the completion scripts;
+#   - python3: the Python worker example;
 #   - a C compiler, as -race needs cgo.
 # With FENCEGATE_REQUIRE_VALKEY, _POSTGRES, _NGINX and _PROMTOOL set to 1
 # (here, in full mode) tests fail instead of skipping when these are missing.
@@ -62,6 +63,8 @@ if [ "$quick" != 1 ]; then
 	# The CLI's end-to-end tests: curl for the shell worker, every shell
 	# whose completion script is checked.
 	if ! has curl || ! has zsh || ! has fish; then missing+=(curl zsh fish); fi
+	# The examples' tests run a Python worker (standard library only).
+	if ! has python3; then missing+=(python3); fi
 fi
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
 	echo "test.sh: installing ${missing[*]} with apt-get" >&2

@@ -1,0 +1,403 @@
+// Package examples_test runs the example workers (examples/python and
+// examples/go) against the real fencegate binary and the demo upstream,
+// including a lease lost mid-run.
+package examples_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// bin holds the binaries built once for every test: fencegate and the Go
+// example worker.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fencegate-examples")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = dir
+	for _, pkg := range []string{"github.com/fencegate/fencegate/cmd/fencegate", "github.com/fencegate/fencegate/examples/go/worker"} {
+		build := exec.Command("go", "build", "-o", dir, pkg)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building", pkg+":", err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a process a test started; it is killed at cleanup if still
+// running (and continued first, in case the test stopped it).
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	lines  []string // stdout and stderr lines, in order
+	newLn  chan struct{}
+	exited chan struct{}
+	err    error
+}
+
+func startProc(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{name: name, cmd: cmd, newLn: make(chan struct{}, 1), exited: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.lines = append(p.lines, sc.Text())
+			p.mu.Unlock()
+			select {
+			case p.newLn <- struct{}{}:
+			default:
+			}
+		}
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+			return
+		default:
+		}
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, strings.Join(p.output(), "\n"))
+		}
+	})
+	return p
+}
+
+func (p *proc) output() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.lines)
+}
+
+// event is one JSON line of a worker or of fencegate's logs.
+type event map[string]any
+
+func (e event) str(k string) string {
+	switch v := e[k].(type) {
+	case string:
+		return v
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	}
+	return ""
+}
+
+func (p *proc) events() []event {
+	var evs []event
+	for _, l := range p.output() {
+		var e event
+		if json.Unmarshal([]byte(l), &e) == nil {
+			evs = append(evs, e)
+		}
+	}
+	return evs
+}
+
+// waitFor waits until match holds for the process's events; the bound only
+// keeps a broken test from hanging.
+func (p *proc) waitFor(t *testing.T, what string, match func([]event) bool) []event {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		evs := p.events()
+		if match(evs) {
+			return evs
+		}
+		select {
+		case <-p.newLn:
+		case <-p.exited:
+			if evs := p.events(); match(evs) {
+				return evs
+			}
+			t.Fatalf("%s exited (%v) before %s:\n%s", p.name, p.err, what, strings.Join(p.output(), "\n"))
+		case <-deadline:
+			t.Fatalf("%s: no %s:\n%s", p.name, what, strings.Join(p.output(), "\n"))
+		}
+	}
+}
+
+// count returns how many events match.
+func count(evs []event, match func(event) bool) int {
+	n := 0
+	for _, e := range evs {
+		if match(e) {
+			n++
+		}
+	}
+	return n
+}
+
+func is(kind string, kv ...string) func(event) bool {
+	return func(e event) bool {
+		if e.str("event") != kind {
+			return false
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			if e.str(kv[i]) != kv[i+1] {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// stack is a demo upstream with fencegate in front of it.
+type stack struct {
+	upstream *proc
+	gate     *proc
+	api      string // http://host:port
+	gateURL  string
+}
+
+func startStack(t *testing.T) *stack {
+	t.Helper()
+	up := startProc(t, "demo-upstream", filepath.Join(bin, "fencegate"), "demo-upstream", "127.0.0.1:0")
+	upAddr := up.waitFor(t, "listening", func(evs []event) bool {
+		return slices.ContainsFunc(evs, func(e event) bool { return e.str("msg") == "demo upstream listening" })
+	})
+	var addr string
+	for _, e := range upAddr {
+		if e.str("msg") == "demo upstream listening" {
+			addr = e.str("addr")
+		}
+	}
+	fg := startProc(t, "fencegate", "env", "FENCEGATE_STORE=memory:", "FENCEGATE_API_ADDR=127.0.0.1:0",
+		"FENCEGATE_PROXY_ADDR=127.0.0.1:0", "FENCEGATE_UPSTREAM=http://"+addr, filepath.Join(bin, "fencegate"), "serve")
+	evs := fg.waitFor(t, "listening", func(evs []event) bool {
+		return count(evs, func(e event) bool { return e.str("msg") == "listening" }) >= 2
+	})
+	s := &stack{upstream: up, gate: fg}
+	for _, e := range evs {
+		if e.str("msg") != "listening" {
+			continue
+		}
+		switch e.str("listener") {
+		case "api":
+			s.api = "http://" + e.str("addr")
+		case "gate":
+			s.gateURL = "http://" + e.str("addr")
+		}
+	}
+	if s.api == "" || s.gateURL == "" {
+		t.Fatalf("listeners: %v", evs)
+	}
+	return s
+}
+
+// applied returns the fencing tokens of the writes the upstream applied to
+// path, in the order it applied them.
+func (s *stack) applied(path string) []string {
+	var toks []string
+	for _, e := range s.upstream.events() {
+		if e.str("msg") == "applied" && e.str("path") == path {
+			toks = append(toks, e.str("fencing_token"))
+		}
+	}
+	return toks
+}
+
+// call sends a JSON request and decodes the answer.
+func call(t *testing.T, method, url, body string, hdr ...string) (int, event) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var e event
+	_ = json.NewDecoder(bytes.NewReader(raw)).Decode(&e)
+	return resp.StatusCode, e
+}
+
+// oneHolderAtATime checks the upstream's record: the writes it applied
+// come in runs by token, in increasing token order, never interleaved: no
+// write of an older holder was applied after a newer holder's first write.
+func oneHolderAtATime(t *testing.T, toks []string) {
+	t.Helper()
+	last := int64(0)
+	for i, s := range toks {
+		tok, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || tok < last {
+			t.Fatalf("write %d applied with token %q after token %d; applied: %v", i, s, last, toks)
+		}
+		last = tok
+	}
+}
+
+func pythonWorker(t *testing.T, s *stack, args ...string) *proc {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatal("python3 is required (scripts/test.sh installs it)")
+	}
+	return startProc(t, "python worker", append([]string{py, "python/worker.py", "--api", s.api, "--gate", s.gateURL}, args...)...)
+}
+
+// The Python worker writes every step with its token, checkpoints, and
+// releases as finished.
+func TestPythonWorker(t *testing.T) {
+	s := startStack(t)
+	w := pythonWorker(t, s, "--resource", "job:py", "--owner", "py-1", "--ttl", "5", "--steps", "4", "--interval", "0.05")
+	<-w.exited
+	if w.err != nil {
+		t.Fatalf("worker: %v\n%s", w.err, strings.Join(w.output(), "\n"))
+	}
+	if got := s.applied("/work/job:py"); strings.Join(got, ",") != "1,1,1,1" {
+		t.Fatalf("upstream applied tokens %v, want four writes with token 1", got)
+	}
+	st, status := call(t, "GET", s.api+"/v1/leases/job:py", "")
+	prev, _ := status["previous"].(map[string]any)
+	if st != 200 || status["lease"] != nil || prev["ended"] != "released" || prev["finished"] != true || prev["owner"] != "py-1" {
+		t.Fatalf("status after the worker: %d %v", st, status)
+	}
+	_, cp := call(t, "GET", s.api+"/v1/leases/job:py/checkpoint", "")
+	if state, _ := cp["state"].(map[string]any); state["next"] != float64(4) {
+		t.Fatalf("checkpoint %v", cp)
+	}
+}
+
+// The Python worker is paused past its TTL; another owner takes the lease
+// and writes. When the worker resumes it must stop (exit 76) and none of
+// its writes may be applied after the new owner's.
+func TestPythonWorkerLosesLease(t *testing.T) {
+	s := startStack(t)
+	w := pythonWorker(t, s, "--resource", "job:py", "--owner", "py-1", "--ttl", "2", "--steps", "100000", "--interval", "0.05")
+	w.waitFor(t, "three writes", func(evs []event) bool { return count(evs, is("write")) >= 3 })
+	if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	st, l := call(t, "POST", s.api+"/v1/leases/job:py/acquire", `{"owner":"usurper","ttl_seconds":30,"wait_seconds":30}`)
+	if st != 200 || l.str("token") != "2" {
+		t.Fatalf("usurper acquire: %d %v", st, l)
+	}
+	if st, _ := call(t, "PUT", s.gateURL+"/work/job:py", `{"owner":"usurper"}`, "Fencing-Token", "2", "Fencing-Resource", "job:py"); st != 200 {
+		t.Fatalf("usurper write: %d", st)
+	}
+	if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the worker kept running after losing its lease")
+	}
+	if code := w.cmd.ProcessState.ExitCode(); code != 76 {
+		t.Fatalf("worker exit status %d, want 76\n%s", code, strings.Join(w.output(), "\n"))
+	}
+	if count(w.events(), is("lost")) != 1 {
+		t.Fatalf("no lost event:\n%s", strings.Join(w.output(), "\n"))
+	}
+	toks := s.applied("/work/job:py")
+	oneHolderAtATime(t, toks)
+	if toks[len(toks)-1] != "2" {
+		t.Fatalf("applied %v: the usurper's write is not the last", toks)
+	}
+}
+
+// Two Go example workers campaign for one resource. The leader is paused
+// (SIGSTOP) past its TTL; the other takes over with a newer token; the old
+// leader, resumed, steps down, and none of its writes is applied after the
+// new leader's first. The upstream's record shows exactly one writer at a
+// time, in token order.
+func TestGoWorkersElectOneLeaderAtATime(t *testing.T) {
+	s := startStack(t)
+	worker := func(owner string) *proc {
+		return startProc(t, "go worker "+owner, filepath.Join(bin, "worker"), "-api", s.api, "-gate", s.gateURL,
+			"-resource", "job:go", "-owner", owner, "-ttl", "2s", "-interval", "50ms")
+	}
+	a := worker("a")
+	a.waitFor(t, "a leading and writing", func(evs []event) bool { return count(evs, is("write", "token", "1")) >= 3 })
+	b := worker("b")
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor(t, "b leading and writing", func(evs []event) bool { return count(evs, is("write", "token", "2")) >= 3 })
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	a.waitFor(t, "a stepping down", func(evs []event) bool { return count(evs, is("step-down", "token", "1")) == 1 })
+	b.waitFor(t, "b writing on", func(evs []event) bool { return count(evs, is("write", "token", "2")) >= 6 })
+	// Stop a first (it is waiting for the lease), then b, so b's release
+	// cannot hand the lease to a on its way out.
+	for _, p := range []*proc{a, b} {
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-p.exited:
+			if p.err != nil {
+				t.Fatalf("%s: %v\n%s", p.name, p.err, strings.Join(p.output(), "\n"))
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatalf("%s did not exit on SIGTERM", p.name)
+		}
+	}
+	toks := s.applied("/work/job:go")
+	oneHolderAtATime(t, toks)
+	if !slices.Contains(toks, "1") || !slices.Contains(toks, "2") {
+		t.Fatalf("applied %v, want writes of both leaders", toks)
+	}
+	// Each process led at most once per token, and a never led again while
+	// b held the lease.
+	if n := count(a.events(), is("lead")); n != 1 {
+		t.Fatalf("a led %d times:\n%s", n, strings.Join(a.output(), "\n"))
+	}
+	if n := count(b.events(), is("lead", "token", "2")); n != 1 {
+		t.Fatalf("b led %d times with token 2", n)
+	}
+	// b released when stopped.
+	_, st := call(t, "GET", s.api+"/v1/leases/job:go", "")
+	if prev, _ := st["previous"].(map[string]any); st["lease"] != nil || prev["owner"] != "b" || prev["ended"] != "released" {
+		t.Fatalf("status after both stopped: %v", st)
+	}
+}
