@@ -16,6 +16,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/pgstore"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
 )
 
@@ -30,7 +31,7 @@ type Config struct {
 	APIToken  string `env:"API_TOKEN" help:"when set, every /v1 call needs Authorization: Bearer <token>"`
 	ProxyAddr string `env:"PROXY_ADDR" envDefault:"127.0.0.1:8080" help:"host:port of the write gate listener"`
 	Upstream  string `env:"UPSTREAM" help:"http(s) URL the write gate forwards to; the gate is off when unset"`
-	Store     string `env:"STORE" envDefault:"file:fencegate.db" help:"file:PATH, memory:, valkey://[user:pass@]host:port[/db][?addr=host:port...] or valkeys://..."`
+	Store     string `env:"STORE" envDefault:"file:fencegate.db" help:"file:PATH, memory:, valkey://[user:pass@]host:port[/db][?addr=host:port...], valkeys://..., or postgres://[user[:pass]@]host[:port]/db[?sslmode=...&pool_max_conns=...] (postgresql:// too)"`
 	KeyPrefix string `env:"KEY_PREFIX" envDefault:"fencegate" help:"key prefix in Valkey, 1 to 100 bytes of A-Z a-z 0-9 . _ : -"`
 
 	ValkeyDialTimeout    time.Duration `env:"VALKEY_DIAL_TIMEOUT" envDefault:"5s" help:"Valkey connection attempt timeout, a duration > 0"`
@@ -38,6 +39,9 @@ type Config struct {
 	ValkeyCAFile         string        `env:"VALKEY_CA_FILE" help:"PEM file of CA certificates to verify a valkeys:// server (default: the system roots)"`
 	ValkeyWaitReplicas   int           `env:"VALKEY_WAIT_REPLICAS" envDefault:"0" help:"replicas (>= 0) that must confirm (Valkey WAIT) the high-water mark a write relies on before it is forwarded; 0 never waits"`
 	ValkeyWaitTimeout    time.Duration `env:"VALKEY_WAIT_TIMEOUT" envDefault:"1s" help:"how long a write waits for those replicas before it fails closed with 503, a duration > 0"`
+
+	PGSchema           string        `env:"PG_SCHEMA" envDefault:"fencegate" help:"PostgreSQL schema of the store's tables, 1 to 63 bytes of a-z 0-9 _ (not starting with a digit)"`
+	PGStatementTimeout time.Duration `env:"PG_STATEMENT_TIMEOUT" envDefault:"2s" help:"PostgreSQL per-operation timeout (the server's statement_timeout unless the URL sets one; a write gives up with 503 after it), a duration >= 1ms"`
 
 	DefaultTTL         time.Duration `env:"DEFAULT_TTL" envDefault:"30s" help:"lease TTL when ttl_seconds is absent, whole seconds in [1s, 24h]"`
 	MaxCheckpointBytes int           `env:"MAX_CHECKPOINT_BYTES" envDefault:"1048576" help:"largest checkpoint state in bytes, 1 to 16777216"`
@@ -119,6 +123,10 @@ func (c Config) Validate() error {
 	_, err := ParseStore(c.Store)
 	check("Store", err)
 	check("KeyPrefix", valkeystore.ValidateKeyPrefix(c.KeyPrefix))
+	check("PGSchema", pgstore.ValidateSchema(c.PGSchema))
+	if c.PGStatementTimeout < time.Millisecond {
+		check("PGStatementTimeout", fmt.Errorf("%v is below 1ms", c.PGStatementTimeout))
+	}
 	if fencing.ValidateTTL(c.DefaultTTL) != nil {
 		check("DefaultTTL", fmt.Errorf("%v is out of range", c.DefaultTTL))
 	}
@@ -179,20 +187,21 @@ type StoreKind string
 
 // The store kinds.
 const (
-	StoreFile   StoreKind = "file"
-	StoreMemory StoreKind = "memory"
-	StoreValkey StoreKind = "valkey"
+	StoreFile     StoreKind = "file"
+	StoreMemory   StoreKind = "memory"
+	StoreValkey   StoreKind = "valkey"
+	StorePostgres StoreKind = "postgres"
 )
 
 // StoreSpec is a parsed FENCEGATE_STORE.
 type StoreSpec struct {
 	Kind StoreKind
 	Path string // file: the database path
-	URL  string // valkey: the URL as given (valkey:// or valkeys://)
+	URL  string // valkey, postgres: the URL as given
 }
 
-// ParseStore parses a store URL: file:PATH, memory:, valkey://… or
-// valkeys://….
+// ParseStore parses a store URL: file:PATH, memory:, valkey://…,
+// valkeys://…, postgres://… or postgresql://….
 func ParseStore(raw string) (StoreSpec, error) {
 	switch {
 	case raw == "memory:":
@@ -210,6 +219,13 @@ func ParseStore(raw string) (StoreSpec, error) {
 			return StoreSpec{}, fmt.Errorf("%q is not a valkey URL with a host", redact(raw))
 		}
 		return StoreSpec{Kind: StoreValkey, URL: raw}, nil
+	case strings.HasPrefix(raw, "postgres://"), strings.HasPrefix(raw, "postgresql://"):
+		// The host may come from PGHOST or default to the local socket,
+		// as with libpq; pgx checks the rest when the store opens.
+		if _, err := url.Parse(raw); err != nil {
+			return StoreSpec{}, fmt.Errorf("%q is not a postgres URL", redact(raw))
+		}
+		return StoreSpec{Kind: StorePostgres, URL: raw}, nil
 	}
 	return StoreSpec{}, fmt.Errorf("%q is not a store URL", redact(raw))
 }

@@ -44,7 +44,9 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{"FENCEGATE_MAX_CHECKPOINT_BYTES=-1", "FENCEGATE_MAX_CHECKPOINT_BYTES"},
 		{"FENCEGATE_MAX_CHECKPOINT_BYTES=lots", "FENCEGATE_MAX_CHECKPOINT_BYTES"},
 		{"FENCEGATE_RESOURCE_HEADER=maybe", "FENCEGATE_RESOURCE_HEADER"},
-		{"FENCEGATE_STORE=postgres://x", "FENCEGATE_STORE"},
+		{"FENCEGATE_STORE=mysql://x", "FENCEGATE_STORE"},
+		{"FENCEGATE_STORE=postgres://h:99999999999/%zz", "FENCEGATE_STORE"},
+		{"FENCEGATE_PG_STATEMENT_TIMEOUT=0s", "FENCEGATE_PG_STATEMENT_TIMEOUT"},
 		{"FENCEGATE_STORE=file:", "FENCEGATE_STORE"},
 		{"FENCEGATE_UPSTREAM=ftp://x", "FENCEGATE_UPSTREAM"},
 		{"FENCEGATE_API_ADDR=7070", "FENCEGATE_API_ADDR"},
@@ -86,6 +88,14 @@ func TestStoreURLPasswordIsRedacted(t *testing.T) {
 	if err != nil || s.Kind != StoreValkey || strings.Contains(s.Redacted(), "hunter2") {
 		t.Fatalf("ParseStore: %+v %v redacted %q", s, err, s.Redacted())
 	}
+	s, err = ParseStore("postgres://user:hunter2@host/db?sslmode=require")
+	if err != nil || s.Kind != StorePostgres || strings.Contains(s.Redacted(), "hunter2") {
+		t.Fatalf("ParseStore: %+v %v redacted %q", s, err, s.Redacted())
+	}
+	if _, err := Load([]string{"FENCEGATE_STORE=postgres://u:hunter2@h/db", "FENCEGATE_PG_SCHEMA=Bad-Name"}); err == nil ||
+		strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "FENCEGATE_PG_SCHEMA") {
+		t.Fatalf("a bad schema name: %v", err)
+	}
 }
 
 func TestParseStore(t *testing.T) {
@@ -94,6 +104,8 @@ func TestParseStore(t *testing.T) {
 		"file:fencegate.db": {Kind: StoreFile, Path: "fencegate.db"},
 		"file:///var/f.db":  {Kind: StoreFile, Path: "/var/f.db"},
 		"valkey://h:1":      {Kind: StoreValkey, URL: "valkey://h:1"},
+		"postgres://u@h/db": {Kind: StorePostgres, URL: "postgres://u@h/db"},
+		"postgresql:///db":  {Kind: StorePostgres, URL: "postgresql:///db"},
 	} {
 		got, err := ParseStore(raw)
 		if err != nil || got != want {

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/boltstore"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/fencing/pgstore"
 	"github.com/fencegate/fencegate/fencing/storemetrics"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
 	"github.com/fencegate/fencegate/leaseapi"
@@ -49,7 +51,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	}
 	defer tel.shutdown(log)
 
-	store, err := openStore(ctx, cfg, log)
+	store, err := openStore(ctx, cfg, environ, log)
 	if err != nil {
 		return err
 	}
@@ -193,8 +195,9 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
-// openStore opens the configured store.
-func openStore(ctx context.Context, cfg config.Config, log *slog.Logger) (fencing.Store, error) {
+// openStore opens the configured store. environ is the injected
+// environment: the postgres store takes PGPASSWORD from it.
+func openStore(ctx context.Context, cfg config.Config, environ []string, log *slog.Logger) (fencing.Store, error) {
 	spec, err := config.ParseStore(cfg.Store)
 	if err != nil {
 		return nil, err
@@ -232,6 +235,22 @@ func openStore(ctx context.Context, cfg config.Config, log *slog.Logger) (fencin
 			return nil, fmt.Errorf("opening the valkey store %s: %w", spec.Redacted(), err)
 		}
 		log.Info("store open", "store", spec.Redacted())
+		return s, nil
+	case config.StorePostgres:
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		s, err := pgstore.Open(ctx, pgstore.Options{
+			URL:                spec.URL,
+			Password:           envValue(environ, "PGPASSWORD"),
+			Schema:             cfg.PGSchema,
+			StatementTimeout:   cfg.PGStatementTimeout,
+			MaxCheckpointBytes: cfg.MaxCheckpointBytes,
+			Logger:             log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("opening the postgres store %s: %w", spec.Redacted(), err)
+		}
+		log.Info("store open", "store", spec.Redacted(), "server_version", s.ServerVersion(), "schema", s.Schema())
 		return s, nil
 	}
 	return nil, fmt.Errorf("store kind %q not supported", spec.Kind)
@@ -295,4 +314,14 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, log *sl
 		TracerProvider:  tel.tracerProvider,
 		ServerName:      cfg.ProxyAddr,
 	})
+}
+
+// envValue is the value of name in environ (KEY=VALUE pairs), or "".
+func envValue(environ []string, name string) string {
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v
+		}
+	}
+	return ""
 }

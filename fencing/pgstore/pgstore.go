@@ -1,0 +1,284 @@
+// Package pgstore is the fencing.Store kept in PostgreSQL (13 or newer),
+// shared by many gates, behind FENCEGATE_STORE=postgres://… (pgx, one
+// connection pool per store).
+//
+// Every operation is one short transaction on the resource's row. A write
+// (Acquire, Renew, Release, Checkpoint, and Admit when it raises the mark)
+// locks the row with SELECT … FOR UPDATE, reading the database's
+// clock_timestamp() after the lock is granted; decides in Go with
+// fencing/record, the lease state machine the memory and file stores use;
+// writes the row back; and commits. Keeping the decision in record (rather
+// than re-stating it in SQL or PL/pgSQL) leaves one definition of the lease
+// semantics for every store, at the cost of two more round trips per write
+// than a single UPDATE … RETURNING. Reads (Status, ReadCheckpoint, List, and
+// Admit at the current mark, the gate's common case) are single statements
+// that lock nothing and write nothing.
+//
+// Expiry is judged by the database server's clock, never the gate's, so
+// gates with skewed clocks agree. Times are kept as timestamptz rounded to
+// milliseconds (what the API shows).
+//
+// Durability: a call that issued a token or raised a high-water mark
+// returns only after its COMMIT was acknowledged, so with the server's
+// defaults (fsync on, synchronous_commit on) the new counter is on disk. Open
+// refuses a session whose synchronous_commit is off. With synchronous
+// replication (synchronous_standby_names and synchronous_commit on or
+// remote_apply) it also is on a standby before it is relied on, and a
+// failover to that standby keeps every token.
+//
+// Limits: a database restored from an older backup, or a failover to an
+// asynchronous standby that lagged, rolls the counters back: tokens issued
+// after the backup may be issued again, and a token superseded after it may
+// be admitted again until a newer one is. This store does not detect that;
+// move the marks forward by hand after such a restore (UPDATE … SET issued =
+// issued + N, high_water = …) or use synchronous replication.
+//
+// Layout, under the schema Options.Schema (default "fencegate"), created or
+// migrated by Open under a transaction-scoped advisory lock, so several
+// gates may start at once:
+//
+//	schema_version  one row per applied migration; Open refuses a schema
+//	                newer than it knows.
+//	resources       one row per resource: issued and high-water tokens, the
+//	                most recent lease (live, expired or released), how the
+//	                lease before it ended, checkpoint metadata. Rows are
+//	                never deleted. Primary key on resource in the "C"
+//	                collation, so List's prefix is a range scan in byte order.
+//	checkpoints     the last checkpoint state of each resource, as the bytes
+//	                the holder sent, kept apart so that renewals and
+//	                admissions never rewrite a large state.
+//
+// Faults are classified inside the adapter: a failure before COMMIT was
+// sent (connection refused, a lost connection, a statement timeout, any
+// server error) rolled the transaction back and matches
+// fencing.ErrUnavailable; a COMMIT whose reply did not arrive matches
+// fencing.ErrAmbiguous. An operation that lost its connection before
+// sending COMMIT (a pooled connection a database restart closed), or whose
+// insert of a new resource's row lost the race to another transaction, is
+// tried again (three tries in all, within the statement timeout); so are
+// read-only statements after a serialization failure or deadlock. Nothing
+// that may have committed is retried.
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+// Defaults for Options.
+const (
+	DefaultSchema           = "fencegate"
+	DefaultStatementTimeout = 2 * time.Second
+	// MinServerVersion is the oldest PostgreSQL Open accepts, as
+	// server_version_num.
+	MinServerVersion = 130000
+)
+
+// Options configure a Store.
+type Options struct {
+	// URL is a postgres:// or postgresql:// URL with libpq's parameters
+	// (sslmode, sslrootcert, connect_timeout, application_name, …) and
+	// pgxpool's (pool_max_conns, …). Note that pgx, like libpq, also takes
+	// unset settings from the process's PG* environment variables and
+	// ~/.pgpass.
+	URL string
+	// Password is used when the URL has none (the caller passes
+	// PGPASSWORD from its configuration). It overrides what pgx found in
+	// the process environment.
+	Password string
+	// Schema holds the store's tables; "" means DefaultSchema. 1 to 63
+	// bytes of a-z, 0-9 and _, not starting with a digit.
+	Schema string
+	// StatementTimeout bounds every operation: the client gives up after
+	// it, and the server's statement_timeout (unless the URL sets one) is
+	// the same. 0 means DefaultStatementTimeout.
+	StatementTimeout time.Duration
+	// MaxCheckpointBytes limits checkpoint state; 0 means
+	// fencing.DefaultMaxCheckpointBytes.
+	MaxCheckpointBytes int
+	// Logger receives start-up warnings; nil discards them.
+	Logger *slog.Logger
+}
+
+// Store is the PostgreSQL fencing.Store. Safe for concurrent use, by many
+// processes on one database.
+type Store struct {
+	pool     *pgxpool.Pool
+	schema   string
+	sql      statements
+	timeout  time.Duration
+	maxState int
+	version  string
+	closed   atomic.Bool
+}
+
+var _ fencing.Store = (*Store)(nil)
+
+var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidateSchema checks a schema name (see Options.Schema).
+func ValidateSchema(name string) error {
+	if !schemaName.MatchString(name) {
+		return fmt.Errorf("schema %q: want 1 to 63 bytes of a-z, 0-9 and _, not starting with a digit", name)
+	}
+	return nil
+}
+
+// Open connects, checks the server (version, synchronous_commit), and
+// creates or migrates the schema. An unreachable server is an error
+// matching fencing.ErrUnavailable; a bad URL or option, an unsupported
+// server or a schema written by a newer fencegate are not.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	cfg, err := poolConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	schema := opts.Schema
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if err := ValidateSchema(schema); err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	if opts.MaxCheckpointBytes < 0 {
+		return nil, fmt.Errorf("pgstore: MaxCheckpointBytes %d is negative", opts.MaxCheckpointBytes)
+	}
+	if opts.MaxCheckpointBytes == 0 {
+		opts.MaxCheckpointBytes = fencing.DefaultMaxCheckpointBytes
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	s := &Store{
+		pool:     pool,
+		schema:   schema,
+		sql:      newStatements(pgx.Identifier{schema}.Sanitize()),
+		timeout:  opts.StatementTimeout,
+		maxState: opts.MaxCheckpointBytes,
+	}
+	if err := s.start(ctx, opts.Logger); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// poolConfig parses the URL and applies the options to it.
+func poolConfig(opts Options) (*pgxpool.Config, error) {
+	u, err := url.Parse(opts.URL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return nil, errors.New("pgstore: URL must be postgres://… or postgresql://…")
+	}
+	if opts.StatementTimeout < 0 {
+		return nil, fmt.Errorf("pgstore: StatementTimeout %v is negative", opts.StatementTimeout)
+	}
+	cfg, err := pgxpool.ParseConfig(opts.URL)
+	if err != nil {
+		// pgx's parse errors may quote the URL: never show a password.
+		return nil, fmt.Errorf("pgstore: invalid URL %s: %v", u.Redacted(), redactErr(err, u))
+	}
+	if _, has := u.User.Password(); !has && opts.Password != "" {
+		cfg.ConnConfig.Password = opts.Password
+	}
+	rp := cfg.ConnConfig.RuntimeParams
+	if _, ok := rp["statement_timeout"]; !ok {
+		d := opts.StatementTimeout
+		if d == 0 {
+			d = DefaultStatementTimeout
+		}
+		rp["statement_timeout"] = strconv.FormatInt(d.Milliseconds(), 10)
+	}
+	if _, ok := rp["idle_in_transaction_session_timeout"]; !ok {
+		// A gate that vanished mid-transaction must not hold a row lock
+		// for long: its transaction is ended by the server.
+		rp["idle_in_transaction_session_timeout"] = "10000"
+	}
+	if _, ok := rp["application_name"]; !ok {
+		rp["application_name"] = "fencegate"
+	}
+	return cfg, nil
+}
+
+func redactErr(err error, u *url.URL) string {
+	msg := err.Error()
+	if pw, ok := u.User.Password(); ok && pw != "" {
+		msg = strings.ReplaceAll(msg, pw, "xxxxx")
+		msg = strings.ReplaceAll(msg, url.QueryEscape(pw), "xxxxx")
+	}
+	return msg
+}
+
+// start checks the server and migrates the schema.
+func (s *Store) start(ctx context.Context, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var num, version, syncCommit, fsync, timeout string
+	err := s.pool.QueryRow(ctx, `SELECT current_setting('server_version_num'), current_setting('server_version'),
+		current_setting('synchronous_commit'), current_setting('fsync'), current_setting('statement_timeout')`).
+		Scan(&num, &version, &syncCommit, &fsync, &timeout)
+	if err != nil {
+		return classify("connect", err, false)
+	}
+	n, _ := strconv.Atoi(num)
+	if n < MinServerVersion {
+		return fmt.Errorf("pgstore: PostgreSQL %s is not supported: fencegate needs 13 or newer", version)
+	}
+	if syncCommit == "off" {
+		return errors.New("pgstore: synchronous_commit is off: a token could be handed out before it is durable, and repeat after a crash; turn it on for fencegate's user or database")
+	}
+	if fsync == "off" {
+		log.Warn("postgres store: the server runs with fsync=off: a crash of its host can lose issued tokens and high-water marks, and tokens may then repeat")
+	}
+	s.version = version
+	if s.timeout == 0 {
+		// The URL's statement_timeout (or the default) bounds the client too.
+		s.timeout = DefaultStatementTimeout
+		if d, err := time.ParseDuration(strings.TrimSpace(timeout)); err == nil && d > 0 {
+			s.timeout = d
+		} else if ms, err := strconv.Atoi(timeout); err == nil && ms > 0 {
+			s.timeout = time.Duration(ms) * time.Millisecond
+		}
+	}
+	return s.migrate(ctx)
+}
+
+// ServerVersion is the server's version, as it reported it at Open.
+func (s *Store) ServerVersion() string { return s.version }
+
+// Schema is the schema holding the store's tables.
+func (s *Store) Schema() string { return s.schema }
+
+// Ping implements fencing.Store: one round trip on a pooled connection.
+func (s *Store) Ping(ctx context.Context) error {
+	if s.closed.Load() {
+		return fmt.Errorf("%w: ping: the postgres store is closed", fencing.ErrUnavailable)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	_, err := s.pool.Exec(ctx, ";")
+	return classify("ping", err, false)
+}
+
+// Close implements fencing.Store: it closes the pool, waiting for
+// connections in use to be returned. Calling it again is harmless.
+func (s *Store) Close() error {
+	if s.closed.CompareAndSwap(false, true) {
+		s.pool.Close()
+	}
+	return nil
+}

@@ -1,0 +1,149 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// migrations are applied in order; migrations[i] takes the schema to
+// version i+1. Applied migrations are never edited: a change is a new
+// entry. "{schema}" is replaced by the quoted schema name.
+var migrations = []string{
+	// 1: resources and checkpoints.
+	`CREATE TABLE {schema}.resources (
+		resource       text COLLATE "C" PRIMARY KEY CHECK (octet_length(resource) BETWEEN 1 AND 200),
+		issued         bigint  NOT NULL DEFAULT 0,
+		high_water     bigint  NOT NULL DEFAULT 0,
+		owner          text,
+		token          bigint,
+		ttl_ms         bigint,
+		acquired_at    timestamptz,
+		expires_at     timestamptz,
+		released       boolean NOT NULL DEFAULT false,
+		finished       boolean NOT NULL DEFAULT false,
+		prior_owner    text,
+		prior_token    bigint,
+		prior_ended    text CHECK (prior_ended IN ('released', 'expired')),
+		prior_finished boolean NOT NULL DEFAULT false,
+		cp_token       bigint,
+		cp_updated_at  timestamptz,
+		cp_size        integer,
+		CHECK (0 <= high_water AND high_water <= issued),
+		CHECK (token <= issued)
+	);
+	CREATE TABLE {schema}.checkpoints (
+		resource text COLLATE "C" PRIMARY KEY REFERENCES {schema}.resources (resource),
+		state    bytea NOT NULL
+	);`,
+}
+
+// advisoryClass is the first key of the advisory lock that serializes
+// migrations of one schema across processes (the second is the schema's
+// hash): an arbitrary constant, "fg" in ASCII.
+const advisoryClass = 0x6667
+
+// migrate creates the schema or brings it to the newest version, in one
+// transaction holding an advisory lock, so that gates starting together
+// apply each migration once. It refuses a schema newer than this fencegate.
+func (s *Store) migrate(ctx context.Context) error {
+	q := pgx.Identifier{s.schema}.Sanitize()
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return classify("migrate", err, false)
+	}
+	defer s.rollback(ctx, tx)
+	steps := []string{
+		// Waiting for another gate's migration, or creating tables on a
+		// busy server, may take longer than one operation may.
+		`SET LOCAL statement_timeout = '60s'`,
+		fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d, hashtext(%s))`, advisoryClass, quoteLiteral(s.schema)),
+		`CREATE SCHEMA IF NOT EXISTS ` + q,
+		`CREATE TABLE IF NOT EXISTS ` + q + `.schema_version (
+			version    integer PRIMARY KEY,
+			applied_at timestamptz NOT NULL DEFAULT now())`,
+	}
+	for _, sql := range steps {
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			return migrateErr(err)
+		}
+	}
+	var version int
+	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+q+`.schema_version`).Scan(&version); err != nil {
+		return migrateErr(err)
+	}
+	if version > len(migrations) {
+		return fmt.Errorf("pgstore: schema %s is at version %d, this fencegate knows up to %d: upgrade fencegate", s.schema, version, len(migrations))
+	}
+	for v := version + 1; v <= len(migrations); v++ {
+		if _, err := tx.Exec(ctx, strings.ReplaceAll(migrations[v-1], "{schema}", q)); err != nil {
+			return migrateErr(fmt.Errorf("migration %d: %w", v, err))
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+q+`.schema_version (version) VALUES ($1)`, v); err != nil {
+			return migrateErr(err)
+		}
+	}
+	return migrateErr(tx.Commit(ctx))
+}
+
+// migrateErr keeps a refused migration (permissions, a conflicting table)
+// apart from an unreachable server: only the latter is a store fault.
+func migrateErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return fmt.Errorf("pgstore: creating or migrating the schema: %w", err)
+	}
+	return classify("migrate", err, false)
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// statements are the SQL of the operations, for one schema.
+type statements struct {
+	readLocked, read, readCheckpoint string
+	insert, update, saveState        string
+	list                             string
+}
+
+// recordColumns are the columns read into a record.Record, in scan order
+// (see scanRecord).
+const recordColumns = `issued, high_water, owner, token, ttl_ms, acquired_at, expires_at, released, finished,
+	prior_owner, prior_token, prior_ended, prior_finished, cp_token, cp_updated_at, cp_size`
+
+// nowMillis is the database's clock in Unix milliseconds.
+const nowMillis = `floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint`
+
+func newStatements(schema string) statements {
+	r := schema + ".resources"
+	return statements{
+		// One row always: the clock (read after the row lock is granted:
+		// the join projects once the locking scan has returned), whether
+		// the resource exists, and its record.
+		readLocked: `WITH r AS (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1 FOR UPDATE)
+			SELECT ` + nowMillis + `, r.issued IS NOT NULL, r.* FROM (VALUES (true)) AS one LEFT JOIN r ON true`,
+		read: `SELECT ` + nowMillis + `, r.issued IS NOT NULL, r.* FROM (VALUES (true)) AS one
+			LEFT JOIN (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1) r ON true`,
+		readCheckpoint: `SELECT ` + nowMillis + `, r.issued IS NOT NULL, r.*, c.state FROM (VALUES (true)) AS one
+			LEFT JOIN (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1) r ON true
+			LEFT JOIN ` + schema + `.checkpoints c ON c.resource = $1`,
+		insert: `INSERT INTO ` + r + ` (resource, ` + recordColumns + `)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
+		update: `UPDATE ` + r + ` SET (` + recordColumns + `)
+			= ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) WHERE resource = $1`,
+		saveState: `INSERT INTO ` + schema + `.checkpoints (resource, state) VALUES ($1, $2)
+			ON CONFLICT (resource) DO UPDATE SET state = EXCLUDED.state`,
+		// Live leases in byte order: resource >= prefix and < prefix||0x7f
+		// is exactly "starts with prefix" for names of bytes below 0x7f,
+		// and a range scan of the primary key in the C collation.
+		list: `SELECT resource, owner, token, ttl_ms, acquired_at, expires_at FROM ` + r + `
+			WHERE resource >= $1 AND resource < $2 AND owner IS NOT NULL AND NOT released
+			AND expires_at > clock_timestamp() ORDER BY resource LIMIT $3`,
+	}
+}
