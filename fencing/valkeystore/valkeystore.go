@@ -143,6 +143,7 @@ type Store struct {
 	closed     atomic.Bool
 
 	waitReplicas int           // Options.WaitReplicas
+	shared       subscriptions // the shared barrier's wake-ups (barrier.go)
 	waitTimeout  time.Duration // Options.WaitTimeout
 }
 
@@ -676,6 +677,12 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 			return fencing.Admission{}, err
 		}
 	}
+	return s.admitReply(req, r)
+}
+
+// admitReply decodes admit.lua's reply (shared with the shared barrier's
+// admit_register.lua).
+func (s *Store) admitReply(req fencing.AdmitRequest, r []string) (fencing.Admission, error) {
 	switch {
 	case r[0] == "OK" && (len(r) == 4 || len(r) == 5 && s.waitReplicas > 0):
 		issued, ok1 := parseToken(r[1])
