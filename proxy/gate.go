@@ -22,7 +22,8 @@
 // until the upstream's response headers arrive: an upstream that answers
 // before applying (202 Accepted and a queue) is not ordered by the gate.
 // Several gates sharing one store share the high-water mark but not the
-// barrier: each orders only the writes that pass through it.
+// barrier: each orders only the writes that pass through it, unless they
+// share the store's barrier too (Options.SharedBarrier, shared.go).
 //
 // Telemetry (see Options.MeterProvider and Options.TracerProvider): every
 // unsafe request is counted once in fencegate.gate.writes by its final
@@ -125,6 +126,19 @@ type Options struct {
 	// header, which the client controls: set it where clients are not
 	// trusted, so they cannot create metric series at will.
 	ServerName string
+	// SharedBarrier, when set, orders writes across every gate on one
+	// shared store instead of through this gate only (DESIGN §9): each
+	// write is admitted and registered in one atomic store step and waits
+	// for lower-token writes in flight through any gate. Pass the
+	// concrete store's capability, not a decorator. Entries live for
+	// BarrierTimeout + UpstreamTimeout + TimeoutGrace by the store's
+	// clock; a caller-supplied Transport must not take longer than
+	// UpstreamTimeout to answer, or a write whose outcome was not seen
+	// may outlive its entry.
+	SharedBarrier fencing.SharedBarrier
+	// GateID names this gate in its shared-barrier entries. Required
+	// with SharedBarrier.
+	GateID string
 }
 
 // Gate is the write gate: an http.Handler. Safe for concurrent use.
@@ -138,6 +152,7 @@ type Gate struct {
 	grace          time.Duration
 	rp             *httputil.ReverseProxy
 	barrier        *barrier.Barrier
+	order          orderer // localOrder over barrier, or a *sharedOrder (shared.go)
 	writes         metric.Int64Counter
 	writeOpts      map[writeKey][]metric.AddOption // read-only after New
 	handler        http.Handler                    // serve, wrapped with otelhttp when telemetry is on
@@ -183,6 +198,14 @@ func New(opts Options) (*Gate, error) {
 	if g.grace == 0 {
 		g.grace = DefaultTimeoutGrace
 	}
+	g.order = localOrder{b: g.barrier, store: g.store}
+	if opts.SharedBarrier != nil {
+		o, err := newSharedOrder(opts.SharedBarrier, opts, g.log, g.barrierTimeout, g.grace)
+		if err != nil {
+			return nil, err
+		}
+		g.order = o
+	}
 	rt := opts.Transport
 	if rt == nil {
 		ut := opts.UpstreamTimeout
@@ -214,7 +237,7 @@ type flightKey struct{}
 // forwards it. ModifyResponse and ErrorHandler run on the goroutine of
 // ServeHTTP, so no locking is needed.
 type fencedWrite struct {
-	ticket *barrier.Ticket
+	ticket flight
 	code   string // final outcome for MetricWrites
 }
 
@@ -262,13 +285,12 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 		span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(token)))
 	}
 
-	// Register before the admission check: any write admitted before this
-	// one is already registered, so the wait below cannot miss it.
-	t := g.barrier.Register(resource, token)
+	// Registered before (local) or with (shared) the admission check: any
+	// write admitted before this one is already registered, so the wait
+	// below cannot miss it.
 	ctx := r.Context()
-	_, err = g.store.Admit(ctx, fencing.AdmitRequest{Resource: resource, Token: token, RequireLive: strict})
+	t, err := g.order.admit(ctx, fencing.AdmitRequest{Resource: resource, Token: token, RequireLive: strict})
 	if err != nil {
-		t.Leave()
 		if ctx.Err() != nil {
 			g.count(r, CodeClientGone)
 			return // client gone: nobody to answer
@@ -282,9 +304,13 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 			g.count(r, CodeClientGone)
 			return
 		}
+		if fencing.IsStoreFault(err) { // the shared barrier's store failed
+			g.refuseWrite(w, r, err, resource, token)
+			return
+		}
 		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
-			"a write with a lower token for this resource is still in flight through this gate, or the barrier is held closed after an upstream timeout; this write was admitted but not forwarded: retry it with the same token")
-		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(g.barrier.HeldUntil(resource)))}}
+			"a write with a lower token for this resource is still in flight through this gate (or, with the shared barrier, any gate), or the barrier is held closed after an upstream timeout; this write was admitted but not forwarded: retry it with the same token")
+		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(g.order.heldUntil(resource)))}}
 		g.refuseWrite(w, r, p, resource, token)
 		return
 	}
@@ -295,7 +321,7 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 	g.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, flightKey{}, fw)))
 }
 
-func (g *Gate) wait(ctx context.Context, t *barrier.Ticket) error {
+func (g *Gate) wait(ctx context.Context, t flight) error {
 	if g.barrierOff {
 		return nil
 	}

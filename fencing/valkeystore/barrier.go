@@ -196,8 +196,16 @@ func (s *Store) runInt(ctx context.Context, op string, sc *valkey.Lua, keys, arg
 	return n, classify(op, err)
 }
 
+// subscriptionLinger is how long a channel's subscription outlives its last
+// waiter: a contended resource keeps its subscription instead of
+// subscribing again for every wait.
+const subscriptionLinger = 10 * time.Second
+
 // subscriptions shares one SSUBSCRIBE per channel among the writes of this
-// process waiting on it. The zero value is ready to use.
+// process waiting on it. A subscription ends subscriptionLinger after its
+// last waiter left; a channel is subscribed again only once the previous
+// subscription has ended, so an unsubscription in flight can never cancel
+// the new one. The zero value is ready to use.
 type subscriptions struct {
 	mu     sync.Mutex
 	topics map[string]*topic
@@ -206,8 +214,9 @@ type subscriptions struct {
 // topic is one channel's subscription: wake is closed (and replaced) on
 // every message; done is closed when the subscription ends, with err set.
 type topic struct {
-	name   string
-	refs   int
+	name    string
+	refs    int
+	closing bool // the subscription is ending; join waits for done
 	ready  chan struct{}
 	done   chan struct{}
 	err    error
@@ -238,6 +247,16 @@ func (ss *subscriptions) join(ctx context.Context, client valkey.Client, channel
 		ss.topics = map[string]*topic{}
 	}
 	tp := ss.topics[channel]
+	for tp != nil && tp.closing {
+		ss.mu.Unlock()
+		select {
+		case <-tp.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		ss.mu.Lock()
+		tp = ss.topics[channel]
+	}
 	if tp == nil {
 		tp = &topic{name: channel, ready: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{})}
 		var rctx context.Context
@@ -281,15 +300,21 @@ func (ss *subscriptions) join(ctx context.Context, client valkey.Client, channel
 	}
 }
 
-// leave drops one reference; the last one ends the subscription.
+// leave drops one reference; subscriptionLinger after the last one the
+// subscription ends, unless a waiter joined meanwhile.
 func (ss *subscriptions) leave(tp *topic) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	tp.refs--
-	if tp.refs == 0 {
-		if ss.topics[tp.name] == tp {
-			delete(ss.topics, tp.name)
-		}
-		tp.cancel()
+	if tp.refs > 0 {
+		return
 	}
+	time.AfterFunc(subscriptionLinger, func() {
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		if tp.refs == 0 && !tp.closing {
+			tp.closing = true
+			tp.cancel()
+		}
+	})
 }
