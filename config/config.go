@@ -52,6 +52,8 @@ type Config struct {
 	BarrierTimeout  time.Duration `env:"BARRIER_TIMEOUT" envDefault:"10s" help:"longest wait behind a lower-token write in flight, a duration > 0"`
 	TimeoutGrace    time.Duration `env:"TIMEOUT_GRACE" envDefault:"30s" help:"how long the barrier stays closed after an upstream timeout, a duration >= 0"`
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest wait for the upstream's response headers, a duration > 0"`
+	Barrier         string        `env:"BARRIER" envDefault:"local" help:"local (order writes through this gate) or shared (order writes across every gate on the store; valkey:// only)"`
+	GateID          string        `env:"GATE_ID" help:"this gate's name in shared-barrier entries, 1 to 100 bytes of A-Z a-z 0-9 . _ -; default: host name and process id"`
 
 	DrainDelay    time.Duration `env:"DRAIN_DELAY" envDefault:"0s" help:"after SIGTERM, how long /readyz answers 503 before the listeners close, a duration >= 0"`
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"15s" help:"after the drain delay, how long in-flight requests may take to finish, a duration > 0"`
@@ -156,6 +158,8 @@ func (c Config) Validate() error {
 	if c.TimeoutGrace < 0 {
 		check("TimeoutGrace", fmt.Errorf("%v is negative", c.TimeoutGrace))
 	}
+	check("Barrier", c.validateBarrier())
+	check("GateID", ValidateGateID(c.GateID, true))
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		check("LogFormat", fmt.Errorf("%q is not a log format", c.LogFormat))
 	}
@@ -265,4 +269,57 @@ func Help() []Var {
 // Var describes one configuration variable.
 type Var struct {
 	Name, Default, Accepts string
+}
+
+// Barrier modes (FENCEGATE_BARRIER).
+const (
+	BarrierLocal  = "local"
+	BarrierShared = "shared"
+)
+
+// validateBarrier checks FENCEGATE_BARRIER against the store: the shared
+// barrier needs a store shared by several gates that implements it.
+func (c Config) validateBarrier() error {
+	switch c.Barrier {
+	case BarrierLocal:
+		return nil
+	case BarrierShared:
+	default:
+		return fmt.Errorf("%q is neither local nor shared", c.Barrier)
+	}
+	spec, err := ParseStore(c.Store)
+	if err != nil {
+		return nil // reported for FENCEGATE_STORE
+	}
+	switch spec.Kind {
+	case StoreValkey:
+		if c.ValkeyWaitReplicas > 0 {
+			return errors.New("shared does not combine with FENCEGATE_VALKEY_WAIT_REPLICAS > 0 yet")
+		}
+		return nil
+	case StorePostgres:
+		return errors.New("shared is not available on the postgres store yet")
+	}
+	return fmt.Errorf("shared needs a store shared by several gates (valkey://); the %s store serves one gate", spec.Kind)
+}
+
+// ValidateGateID checks a gate id: 1 to 100 bytes of A-Z a-z 0-9 . _ -
+// (empty allowed when optional).
+func ValidateGateID(id string, optional bool) error {
+	if id == "" {
+		if optional {
+			return nil
+		}
+		return errors.New("must not be empty")
+	}
+	if len(id) > 100 {
+		return errors.New("must be at most 100 bytes")
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%q may contain only A-Z a-z 0-9 . _ -", id)
+		}
+	}
+	return nil
 }

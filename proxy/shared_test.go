@@ -59,7 +59,7 @@ func testSharedBarrierOn(t *testing.T, storeURL string, nodes []*valkeytest.Serv
 
 type handoffResult struct {
 	writes, applied, stale int
-	violations         []string
+	violations             []string
 }
 
 // runHandoffs sends fenced writes through two gates on one store, in
@@ -163,7 +163,10 @@ func runHandoffs(t *testing.T, storeURL string, shared bool, minWrites int) hand
 				var bw sync.WaitGroup
 				for k := range burst { // the old holder keeps writing, through the slow gate
 					bw.Add(1)
-					go func() { defer bw.Done(); write(gates[1], resource, prev.Token, fmt.Sprintf("%s/%d/old/%d", resource, e, k)) }()
+					go func() {
+						defer bw.Done()
+						write(gates[1], resource, prev.Token, fmt.Sprintf("%s/%d/old/%d", resource, e, k))
+					}()
 				}
 				if _, err := leases.Release(ctx, fencing.ReleaseRequest{Resource: resource, Owner: prev.Owner, Token: prev.Token}); err != nil {
 					t.Error(err)
@@ -176,7 +179,10 @@ func runHandoffs(t *testing.T, storeURL string, shared bool, minWrites int) hand
 				}
 				for k := range burst { // the new holder writes through both gates
 					bw.Add(1)
-					go func() { defer bw.Done(); write(gates[k%2], resource, next.Token, fmt.Sprintf("%s/%d/new/%d", resource, e, k)) }()
+					go func() {
+						defer bw.Done()
+						write(gates[k%2], resource, next.Token, fmt.Sprintf("%s/%d/new/%d", resource, e, k))
+					}()
 				}
 				bw.Wait()
 				prev = next
