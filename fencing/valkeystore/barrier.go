@@ -217,10 +217,10 @@ type topic struct {
 	name    string
 	refs    int
 	closing bool // the subscription is ending; join waits for done
-	ready  chan struct{}
-	done   chan struct{}
-	err    error
-	cancel context.CancelFunc
+	ready   chan struct{}
+	done    chan struct{}
+	err     error
+	cancel  context.CancelFunc
 
 	mu   sync.Mutex
 	wake chan struct{}
