@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
 	"github.com/fencegate/fencegate/fencing/valkeystore/valkeytest"
@@ -229,6 +232,8 @@ func testDeadGate(t *testing.T, storeURL string, nodes []*valkeytest.Server) {
 	t.Cleanup(up.Close)
 	t.Cleanup(func() { close(release) })
 	u, _ := url.Parse(up.URL)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	gate := func(id string, barrierTimeout, upstreamTimeout, grace time.Duration) (*valkeystore.Store, string) {
 		st, err := valkeystore.Open(context.Background(), valkeystore.Options{URL: storeURL, KeyPrefix: prefix})
 		if err != nil {
@@ -236,7 +241,7 @@ func testDeadGate(t *testing.T, storeURL string, nodes []*valkeytest.Server) {
 		}
 		t.Cleanup(func() { _ = st.Close() })
 		g, err := New(Options{Upstream: u, Store: st, ResourceHeader: true, SharedBarrier: st, GateID: id,
-			BarrierTimeout: barrierTimeout, UpstreamTimeout: upstreamTimeout, TimeoutGrace: grace})
+			BarrierTimeout: barrierTimeout, UpstreamTimeout: upstreamTimeout, TimeoutGrace: grace, MeterProvider: mp})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -287,6 +292,26 @@ func testDeadGate(t *testing.T, storeURL string, nodes []*valkeytest.Server) {
 	if late := a.server - deadline; late > 5000 {
 		t.Errorf("token %d reached the upstream %d ms after the dead gate's entry's deadline", a.token, late)
 	}
+	if n := sumInt(t, reader, MetricSharedExpired); n != 1 {
+		t.Errorf("%s = %d, want 1 (the dead gate's entry)", MetricSharedExpired, n)
+	}
+	if n := sumInt(t, reader, MetricSharedWaits); n != 1 {
+		t.Errorf("%s = %d, want 1", MetricSharedWaits, n)
+	}
+}
+
+// sumInt is the sum of an Int64 counter's data points.
+func sumInt(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	m, ok := collect(t, r, name)
+	if !ok {
+		return 0
+	}
+	var n int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		n += dp.Value
+	}
+	return n
 }
 
 // storeMillis is the store's TIME in milliseconds.
