@@ -26,6 +26,12 @@ import (
 //
 // The Store interface does not include it: the gate asks for it with a
 // type assertion on the concrete store, before any decorator wraps it.
+//
+// Implemented by valkeystore (single node and cluster). A PostgreSQL
+// implementation would keep entries in a table written in the admission's
+// transaction (the resource's row lock orders it against raises), delete
+// them with pg_notify in the same statement, and wait with LISTEN on one
+// dedicated connection per gate.
 type SharedBarrier interface {
 	// AdmitRegister admits req exactly as Store.Admit does and, only when
 	// it is admitted, registers an entry for the write on behalf of gate,

@@ -351,3 +351,76 @@ func entryDeadline(t *testing.T, nodes []*valkeytest.Server, prefix, resource st
 	t.Fatalf("no node holds the entry: %v", errors.Join(errs...))
 	return 0
 }
+
+func TestSharedBarrierNeedsGateID(t *testing.T) {
+	srv := valkeytest.Start(t)
+	st, err := valkeystore.Open(context.Background(), valkeystore.Options{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	u, _ := url.Parse("http://127.0.0.1:1")
+	if _, err := New(Options{Upstream: u, Store: st, SharedBarrier: st}); err == nil || !strings.Contains(err.Error(), "GateID") {
+		t.Fatalf("New with a shared barrier and no GateID: %v", err)
+	}
+}
+
+// TestSharedBarrierStoreFaultWhileWaiting: a write waiting behind another
+// gate's lower-token entry when the store goes away fails closed: 503
+// store-unavailable, and nothing reaches the upstream.
+func TestSharedBarrierStoreFaultWhileWaiting(t *testing.T) {
+	srv := valkeytest.Start(t)
+	ctx := context.Background()
+	openStore := func() *valkeystore.Store {
+		st, err := valkeystore.Open(ctx, valkeystore.Options{URL: srv.URL(), KeyPrefix: "fault", DialTimeout: time.Second, CommandTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		return st
+	}
+	other, mine := openStore(), openStore()
+	var forwarded atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { forwarded.Add(1) }))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	g, err := New(Options{Upstream: u, Store: mine, ResourceHeader: true, SharedBarrier: mine, GateID: "mine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := httptest.NewServer(g)
+	t.Cleanup(gs.Close)
+
+	old, err := other.Acquire(ctx, fencing.AcquireRequest{Resource: "doc:f", Owner: "old", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := other.AdmitRegister(ctx, fencing.AdmitRequest{Resource: "doc:f", Token: old.Token}, "other", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Release(ctx, fencing.ReleaseRequest{Resource: "doc:f", Owner: "old", Token: old.Token}); err != nil {
+		t.Fatal(err)
+	}
+	next, err := other.Acquire(ctx, fencing.AcquireRequest{Resource: "doc:f", Owner: "next", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan response, 1)
+	go func() {
+		r, err := doReq(http.DefaultClient, gs.URL, "POST", "/w", "x", HeaderResource, "doc:f", HeaderToken, next.Token.String())
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	waitFor(t, "the write to wait on the resource's channel", func() bool {
+		out, err := srv.Do("PUBSUB", "SHARDNUMSUB", "fault:{doc:f}:bar:ch")
+		return err == nil && strings.HasSuffix(out, "\n1")
+	})
+	srv.Kill()
+	r := <-done
+	wantProblem(t, r, http.StatusServiceUnavailable, "store-unavailable")
+	if n := forwarded.Load(); n != 0 {
+		t.Fatalf("%d writes reached the upstream while the store was gone", n)
+	}
+}
