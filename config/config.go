@@ -56,6 +56,8 @@ type Config struct {
 	TimeoutGrace    time.Duration `env:"TIMEOUT_GRACE" envDefault:"30s" help:"how long the barrier stays closed after a write with an unknown outcome (upstream timeout, body cut off, shutdown), also across a restart, a duration >= 0; 0 turns it off"`
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest wait for the upstream's response headers, a duration > 0"`
 	AuditLog        string        `env:"AUDIT_LOG" envDefault:"on" help:"one info line per write through the gate: on, off, or a fraction between 0 and 1 (such as 0.1) of successful writes to log, refusals and faults always logged"`
+	Barrier         string        `env:"BARRIER" envDefault:"local" help:"local (order writes through this gate) or shared (order writes across every gate on the store; valkey:// only)"`
+	GateID          string        `env:"GATE_ID" help:"this gate's name in shared-barrier entries, 1 to 100 bytes of A-Z a-z 0-9 . _ -; default: host name and process id"`
 
 	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"10s" help:"longest time a client may take to send a request's headers, on both listeners, a duration > 0"`
 	BodyTimeout       time.Duration `env:"BODY_TIMEOUT" envDefault:"10s" help:"longest time a client may take to send a request body: on the gate from when the request is forwarded, on the lease API once its headers are read, a duration > 0"`
@@ -198,6 +200,8 @@ func (c Config) Validate() error {
 	if _, _, err := c.Audit(); err != nil {
 		check("AuditLog", err)
 	}
+	check("Barrier", c.validateBarrier())
+	check("GateID", ValidateGateID(c.GateID, true))
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		check("LogFormat", fmt.Errorf("%q is not a log format", c.LogFormat))
 	}
@@ -352,4 +356,57 @@ func Help() []Var {
 // Var describes one configuration variable.
 type Var struct {
 	Name, Default, Accepts string
+}
+
+// Barrier modes (FENCEGATE_BARRIER).
+const (
+	BarrierLocal  = "local"
+	BarrierShared = "shared"
+)
+
+// validateBarrier checks FENCEGATE_BARRIER against the store: the shared
+// barrier needs a store shared by several gates that implements it.
+func (c Config) validateBarrier() error {
+	switch c.Barrier {
+	case BarrierLocal:
+		return nil
+	case BarrierShared:
+	default:
+		return fmt.Errorf("%q is neither local nor shared", c.Barrier)
+	}
+	spec, err := ParseStore(c.Store)
+	if err != nil {
+		return nil // reported for FENCEGATE_STORE
+	}
+	switch spec.Kind {
+	case StoreValkey:
+		if c.ValkeyWaitReplicas > 0 {
+			return errors.New("shared does not combine with FENCEGATE_VALKEY_WAIT_REPLICAS > 0 yet")
+		}
+		return nil
+	case StorePostgres:
+		return errors.New("shared is not available on the postgres store yet")
+	}
+	return fmt.Errorf("shared needs a store shared by several gates (valkey://); the %s store serves one gate", spec.Kind)
+}
+
+// ValidateGateID checks a gate id: 1 to 100 bytes of A-Z a-z 0-9 . _ -
+// (empty allowed when optional).
+func ValidateGateID(id string, optional bool) error {
+	if id == "" {
+		if optional {
+			return nil
+		}
+		return errors.New("must not be empty")
+	}
+	if len(id) > 100 {
+		return errors.New("must be at most 100 bytes")
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%q may contain only A-Z a-z 0-9 . _ -", id)
+		}
+	}
+	return nil
 }

@@ -75,6 +75,9 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{"FENCEGATE_TIMEOUT_GRACE=-1s", "FENCEGATE_TIMEOUT_GRACE"},
 		{"FENCEGATE_DRAIN_DELAY=-1s", "FENCEGATE_DRAIN_DELAY"},
 		{"FENCEGATE_SHUTDOWN_GRACE=0s", "FENCEGATE_SHUTDOWN_GRACE"},
+		{"FENCEGATE_BARRIER=global", "FENCEGATE_BARRIER"},
+		{"FENCEGATE_BARRIER=shared", "FENCEGATE_BARRIER"}, // on the default file store
+		{"FENCEGATE_GATE_ID=a|b", "FENCEGATE_GATE_ID"},
 	}
 	for _, tc := range cases {
 		_, err := Load([]string{tc.env})
@@ -156,5 +159,20 @@ func TestREADMEListsEveryVariable(t *testing.T) {
 		if !strings.Contains(string(readme), row) {
 			t.Errorf("README.md has no configuration row for %s", v.Name)
 		}
+	}
+}
+
+func TestSharedBarrierNeedsASharedStore(t *testing.T) {
+	for _, store := range []string{"memory:", "file:x.db", "postgres://h/db"} {
+		if _, err := Load([]string{"FENCEGATE_BARRIER=shared", "FENCEGATE_STORE=" + store}); err == nil || !strings.Contains(err.Error(), "FENCEGATE_BARRIER") {
+			t.Errorf("shared barrier on %s: error %v, want a refusal naming FENCEGATE_BARRIER", store, err)
+		}
+	}
+	if _, err := Load([]string{"FENCEGATE_BARRIER=shared", "FENCEGATE_STORE=valkey://h:6379", "FENCEGATE_VALKEY_WAIT_REPLICAS=1"}); err == nil {
+		t.Error("shared barrier with FENCEGATE_VALKEY_WAIT_REPLICAS accepted")
+	}
+	c, err := Load([]string{"FENCEGATE_BARRIER=shared", "FENCEGATE_STORE=valkey://h:6379", "FENCEGATE_GATE_ID=gate-1.eu_west"})
+	if err != nil || c.Barrier != BarrierShared || c.GateID != "gate-1.eu_west" {
+		t.Errorf("shared barrier on valkey: %+v, %v", c, err)
 	}
 }

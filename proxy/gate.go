@@ -25,7 +25,8 @@
 // until the upstream's response headers arrive: an upstream that answers
 // before applying (202 Accepted and a queue) is not ordered by the gate.
 // Several gates sharing one store share the high-water mark but not the
-// barrier: each orders only the writes that pass through it.
+// barrier: each orders only the writes that pass through it, unless they
+// share the store's barrier too (Options.SharedBarrier, shared.go).
 //
 // The edge: the gate decides from what the client sent (method, raw
 // request target, headers) alone, and refuses what an upstream could read
@@ -159,6 +160,19 @@ type Options struct {
 	ServerName string
 	// Audit configures the audit log of writes (see AuditMessage).
 	Audit Audit
+	// SharedBarrier, when set, orders writes across every gate on one
+	// shared store instead of through this gate only (DESIGN §9): each
+	// write is admitted and registered in one atomic store step and waits
+	// for lower-token writes in flight through any gate. Pass the
+	// concrete store's capability, not a decorator. Entries live for
+	// BarrierTimeout + BodyTimeout + UpstreamTimeout + TimeoutGrace by the
+	// store's clock; a caller-supplied Transport must not take longer than
+	// UpstreamTimeout to answer, or a write whose outcome was not seen
+	// may outlive its entry.
+	SharedBarrier fencing.SharedBarrier
+	// GateID names this gate in its shared-barrier entries. Required
+	// with SharedBarrier.
+	GateID string
 }
 
 // Gate is the write gate: an http.Handler. Safe for concurrent use.
@@ -174,6 +188,7 @@ type Gate struct {
 	holds          fencing.HoldRecorder
 	rp             *httputil.ReverseProxy
 	barrier        *barrier.Barrier
+	order          orderer // localOrder over barrier, or a *sharedOrder (shared.go)
 	writes         metric.Int64Counter
 	writeOpts      map[writeKey][]metric.AddOption // read-only after New
 	handler        http.Handler                    // serve, wrapped with otelhttp when telemetry is on
@@ -227,6 +242,14 @@ func New(opts Options) (*Gate, error) {
 	if g.bodyTimeout == 0 {
 		g.bodyTimeout = DefaultBodyTimeout
 	}
+	g.order = localOrder{b: g.barrier, store: g.store}
+	if opts.SharedBarrier != nil {
+		o, err := newSharedOrder(opts.SharedBarrier, opts, g.log, g.barrierTimeout+g.bodyTimeout, g.grace)
+		if err != nil {
+			return nil, err
+		}
+		g.order = o
+	}
 	rt := opts.Transport
 	if rt == nil {
 		ut := opts.UpstreamTimeout
@@ -259,7 +282,7 @@ type flightKey struct{}
 // (ticket nil). ModifyResponse and ErrorHandler run on the goroutine of
 // ServeHTTP, so no locking is needed.
 type fencedWrite struct {
-	ticket *flight
+	ticket flight       // nil for an unfenced request
 	body   *bodyReader // nil when the request has no body
 	code   string      // final outcome for MetricWrites
 }
@@ -299,15 +322,14 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 		span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(token)))
 	}
 
-	// Register before the admission check: any write admitted before this
-	// one is already registered, so the wait below cannot miss it. A write
-	// with a Destination registers and is admitted on both resources.
-	t := g.register(d.Targets, token)
+	// Registered before (local barrier) or with (shared barrier) the
+	// admission check: any write admitted before this one is already
+	// registered, so the wait below cannot miss it. A write with a
+	// Destination registers and is admitted on both resources.
 	ctx := r.Context()
-	resource, adm, err := g.admit(ctx, d.Targets, token)
+	t, resource, adm, err := g.order.admit(ctx, d.Targets, token)
 	auditAdmission(r, adm)
 	if err != nil {
-		t.Leave()
 		if ctx.Err() != nil {
 			g.count(r, CodeClientGone)
 			return // client gone: nobody to answer
@@ -328,9 +350,13 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
 			g.refuseWrite(w, r, p, resource, token)
 			return
 		}
+		if fencing.IsStoreFault(err) { // the shared barrier's store failed
+			g.refuseWrite(w, r, err, resource, token)
+			return
+		}
 		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
-			"a write with a lower token for this resource is still in flight through this gate, or the barrier is held closed after a write whose outcome is unknown (upstream timeout, body cut off, restart); this write was admitted but not forwarded: retry it with the same token")
-		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(t.HeldUntil()))}}
+			"a write with a lower token for this resource is still in flight through this gate (or, with the shared barrier, any gate), or the barrier is held closed after a write whose outcome is unknown (upstream timeout, body cut off, restart); this write was admitted but not forwarded: retry it with the same token")
+		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(g.order.heldUntil(d.Targets)))}}
 		g.refuseWrite(w, r, p, resource, token)
 		return
 	}
@@ -364,7 +390,7 @@ func (g *Gate) forward(w http.ResponseWriter, r *http.Request, fw *fencedWrite) 
 	g.rp.ServeHTTP(w, r)
 }
 
-func (g *Gate) wait(ctx context.Context, t *flight) error {
+func (g *Gate) wait(ctx context.Context, t flight) error {
 	if g.barrierOff {
 		return nil
 	}

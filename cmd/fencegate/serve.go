@@ -330,7 +330,13 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		log.Warn("write gate has no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused with resource-required")
 	}
 	auditOff, auditSample, _ := cfg.Audit() // validated by config
+	shared, gateID, err := sharedBarrier(cfg, store, log)
+	if err != nil {
+		return nil, err
+	}
 	return proxy.New(proxy.Options{
+		SharedBarrier:   shared,
+		GateID:          gateID,
 		Upstream:        upstream,
 		Store:           store,
 		Rules:           rules,

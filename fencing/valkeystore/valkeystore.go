@@ -155,6 +155,7 @@ type Store struct {
 	closed     atomic.Bool
 
 	waitReplicas int           // Options.WaitReplicas
+	shared       subscriptions // the shared barrier's wake-ups (barrier.go)
 	waitTimeout  time.Duration // Options.WaitTimeout
 
 	seen *seenMarks // what the server answered: see seen.go
@@ -720,6 +721,13 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 			return fencing.Admission{}, err
 		}
 	}
+	return s.admitReply(ctx, req, r, top, before, known)
+}
+
+// admitReply decodes admit.lua's reply (shared with the shared barrier's
+// admit_register.lua) and checks it against what this Store had seen
+// before sending the call (top, before, known: see checkNotLost).
+func (s *Store) admitReply(ctx context.Context, req fencing.AdmitRequest, r []string, top fencing.Token, before seenRecord, known bool) (fencing.Admission, error) {
 	switch {
 	case r[0] == "OK" && (len(r) == 5 || len(r) == 6 && s.waitReplicas > 0):
 		issued, ok1 := parseToken(r[1])

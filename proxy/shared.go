@@ -1,0 +1,176 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/barrier"
+)
+
+// Metrics of the shared barrier (Options.SharedBarrier), exported to
+// Prometheus as fencegate_gate_shared_barrier_waits_total,
+// fencegate_gate_shared_barrier_wait_duration_seconds and
+// fencegate_gate_shared_barrier_expired_total.
+const (
+	// MetricSharedWaits counts admitted writes that found a lower-token
+	// write in flight (through any gate) and had to wait, by outcome:
+	// passed, timeout, client-gone or store-unavailable.
+	MetricSharedWaits = "fencegate.gate.shared_barrier.waits"
+	// MetricSharedWaitDuration is how long those writes waited.
+	MetricSharedWaitDuration = "fencegate.gate.shared_barrier.wait.duration"
+	// MetricSharedExpired counts entries this gate found past their
+	// deadline and removed: writes of a gate that crashed, or whose
+	// outcome was ambiguous, or whose removal failed.
+	MetricSharedExpired = "fencegate.gate.shared_barrier.expired"
+)
+
+// attrOutcome is the outcome attribute of MetricSharedWaits and
+// MetricSharedWaitDuration.
+var attrOutcome = attribute.Key("outcome")
+
+// sharedOrder orders writes across every gate on one store
+// (Options.SharedBarrier). An entry lives for hold: the longest a write
+// may wait at the barrier, then be forwarded and answered, then (if its
+// outcome was not seen) still be applied by the upstream.
+type sharedOrder struct {
+	sb      fencing.SharedBarrier
+	gateID  string
+	hold    time.Duration
+	log     *slog.Logger
+	waits   metric.Int64Counter
+	waitDur metric.Float64Histogram
+	expired metric.Int64Counter
+}
+
+func newSharedOrder(sb fencing.SharedBarrier, opts Options, log *slog.Logger, barrierTimeout, grace time.Duration) (*sharedOrder, error) {
+	if opts.GateID == "" {
+		return nil, errors.New("proxy: GateID is required with SharedBarrier")
+	}
+	ut := opts.UpstreamTimeout
+	if ut == 0 {
+		ut = DefaultUpstreamTimeout
+	}
+	o := &sharedOrder{sb: sb, gateID: opts.GateID, hold: barrierTimeout + ut + max(grace, 0), log: log}
+	var m metric.Meter = metricnoop.Meter{}
+	if opts.MeterProvider != nil {
+		m = opts.MeterProvider.Meter(ScopeName)
+	}
+	var err1, err2, err3 error
+	o.waits, err1 = m.Int64Counter(MetricSharedWaits, metric.WithUnit("{write}"),
+		metric.WithDescription("Admitted writes that waited behind a lower-token write in flight through any gate, by outcome."))
+	o.waitDur, err2 = m.Float64Histogram(MetricSharedWaitDuration, metric.WithUnit("s"),
+		metric.WithDescription("How long admitted writes waited at the shared barrier."))
+	o.expired, err3 = m.Int64Counter(MetricSharedExpired, metric.WithUnit("{entry}"),
+		metric.WithDescription("Shared-barrier entries removed at their deadline (a gate crashed, an outcome was ambiguous, or a removal failed)."))
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return nil, fmt.Errorf("proxy: creating the shared barrier's metrics: %w", err)
+	}
+	return o, nil
+}
+
+// admit admits and registers the write on each target in turn, in one
+// atomic store step per target; a refusal or fault removes the entries
+// already made.
+func (o *sharedOrder) admit(ctx context.Context, targets []Target, token fencing.Token) (flight, string, fencing.Admission, error) {
+	fs := make(flights, 0, len(targets))
+	var first fencing.Admission
+	for i, t := range targets {
+		adm, e, lower, err := o.sb.AdmitRegister(ctx, fencing.AdmitRequest{Resource: t.Resource, Token: token, RequireLive: t.Strict}, o.gateID, o.hold)
+		if err != nil {
+			fs.Leave()
+			return nil, t.Resource, first, err
+		}
+		if i == 0 {
+			first = adm
+		}
+		o.countExpired(ctx, e.Expired)
+		fs = append(fs, &sharedFlight{o: o, entry: e, lower: lower})
+	}
+	if len(fs) == 1 {
+		return fs[0], targets[0].Resource, first, nil
+	}
+	return fs, targets[0].Resource, first, nil
+}
+
+// heldUntil is unknown to this gate: the entries may be another gate's.
+func (o *sharedOrder) heldUntil([]Target) time.Time { return time.Time{} }
+
+func (o *sharedOrder) countExpired(ctx context.Context, n int) {
+	if n > 0 {
+		o.expired.Add(context.WithoutCancel(ctx), int64(n))
+	}
+}
+
+// sharedFlight is one write's entry in the shared barrier.
+type sharedFlight struct {
+	o     *sharedOrder
+	entry fencing.BarrierEntry
+	lower bool // a lower-token entry existed at admission
+	once  sync.Once
+}
+
+// Wait waits only when the admission saw a lower-token entry. A store
+// fault fails closed: the error matches it and the write is not forwarded.
+func (f *sharedFlight) Wait(ctx context.Context, timeout time.Duration) error {
+	if !f.lower {
+		return nil
+	}
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	expired, err := f.o.sb.WaitLower(wctx, f.entry)
+	f.o.countExpired(ctx, expired)
+	outcome := "passed"
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		outcome, err = CodeClientGone, ctx.Err()
+	case wctx.Err() != nil:
+		outcome, err = "timeout", barrier.ErrTimeout
+	default:
+		outcome = "store-unavailable"
+	}
+	bg := context.WithoutCancel(ctx)
+	attrs := metric.WithAttributes(attrOutcome.String(outcome))
+	f.o.waits.Add(bg, 1, attrs)
+	f.o.waitDur.Record(bg, time.Since(start).Seconds(), attrs)
+	return err
+}
+
+// leaveTimeout bounds a removal sent after the write's response: a removal
+// that fails leaves the entry until its deadline.
+const leaveTimeout = 5 * time.Second
+
+// Leave removes the entry in the background: the response does not wait
+// for it.
+func (f *sharedFlight) Leave() {
+	f.once.Do(func() {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+			defer cancel()
+			if err := f.o.sb.Leave(ctx, f.entry); err != nil {
+				f.o.log.Warn("shared barrier: removing an entry failed; it stays until its deadline",
+					slog.String("resource", f.entry.Resource), slog.String("entry", f.entry.ID), slog.Any("error", err))
+			}
+		}()
+	})
+}
+
+// Hold keeps the entry until its deadline, which covers the grace: the
+// outcome of a forwarded write was not seen. Hold(d <= 0) is Leave.
+func (f *sharedFlight) Hold(d time.Duration) {
+	if d <= 0 {
+		f.Leave()
+		return
+	}
+	f.once.Do(func() {})
+}

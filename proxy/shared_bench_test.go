@@ -1,0 +1,74 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"testing"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/valkeystore"
+	"github.com/fencegate/fencegate/fencing/valkeystore/valkeytest"
+)
+
+// BenchmarkSharedBarrier measures, on one local Valkey-compatible server in
+// one run, uncontended fenced writes (64 resources, each held by one
+// lease, 4 × GOMAXPROCS concurrent clients) through a gate with the local
+// barrier and through a gate with the shared barrier, and reports the
+// shared path's throughput and p50 as ratios of the local path's
+// (shared/local rps, shared/local p50). Run it alone, without -race:
+//
+//	go test -run XXX -bench SharedBarrier -benchtime 3s ./proxy/
+func BenchmarkSharedBarrier(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	srv := valkeytest.Start(b)
+	rules, err := ParseRules("PUT /jobs/{id} fence job:{id}")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var localRPS, localP50 float64
+	for _, mode := range []string{"local", "shared"} {
+		b.Run(mode, func(b *testing.B) {
+			st, err := valkeystore.Open(context.Background(), valkeystore.Options{URL: srv.URL(), KeyPrefix: "bench-" + mode})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			opts := Options{Upstream: u, Store: st, Rules: rules}
+			if mode == "shared" {
+				opts.SharedBarrier, opts.GateID = st, "bench"
+			}
+			g, err := New(opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := httptest.NewServer(g)
+			defer s.Close()
+			toks := make([]fencing.Token, 64)
+			for i := range toks {
+				l, err := st.Acquire(context.Background(), fencing.AcquireRequest{Resource: "job:" + fencing.Token(i).String(), Owner: "bench", TTL: 3600e9})
+				if err != nil {
+					b.Fatal(err)
+				}
+				toks[i] = l.Token
+			}
+			rps, p50, p99 := load(b, s.URL, toks)
+			b.ReportMetric(rps, "req/s")
+			b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
+			b.ReportMetric(float64(p99.Microseconds()), "p99-µs")
+			if mode == "local" {
+				localRPS, localP50 = rps, float64(p50)
+			} else if localRPS > 0 && p50 > 0 {
+				b.ReportMetric(rps/localRPS, "shared/local-rps")
+				b.ReportMetric(float64(p50)/localP50, "shared/local-p50")
+			}
+		})
+	}
+}
