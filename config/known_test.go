@@ -53,6 +53,8 @@ var badValues = map[string][]string{
 	"FENCEGATE_RULES":          nil, // parsed at start-up; cmd/fencegate's check test covers it
 	"FENCEGATE_RULES_FILE":     nil, // read at start-up; cmd/fencegate's check test covers it
 	"FENCEGATE_LOG_FORMAT":     {"xml"},
+	"FENCEGATE_BARRIER":        {"global", "Shared"},
+	"FENCEGATE_GATE_ID":        {"a b", "gate/1"},
 	"FENCEGATE_AUDIT_LOG":      {"sometimes", "0", "1.5", "-0.1", "NaN"},
 	"FENCEGATE_LOG_LEVEL":      {"loud"},
 }

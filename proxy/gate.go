@@ -282,7 +282,7 @@ type flightKey struct{}
 // (ticket nil). ModifyResponse and ErrorHandler run on the goroutine of
 // ServeHTTP, so no locking is needed.
 type fencedWrite struct {
-	ticket flight       // nil for an unfenced request
+	ticket flight      // nil for an unfenced request
 	body   *bodyReader // nil when the request has no body
 	code   string      // final outcome for MetricWrites
 }

@@ -234,14 +234,14 @@ func testDeadGate(t *testing.T, storeURL string, nodes []*valkeytest.Server) {
 	u, _ := url.Parse(up.URL)
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	gate := func(id string, barrierTimeout, upstreamTimeout, grace time.Duration) (*valkeystore.Store, string) {
+	gate := func(id string, barrierTimeout, bodyTimeout, upstreamTimeout, grace time.Duration) (*valkeystore.Store, string) {
 		st, err := valkeystore.Open(context.Background(), valkeystore.Options{URL: storeURL, KeyPrefix: prefix})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = st.Close() })
 		g, err := New(Options{Upstream: u, Store: st, ResourceHeader: true, SharedBarrier: st, GateID: id,
-			BarrierTimeout: barrierTimeout, UpstreamTimeout: upstreamTimeout, TimeoutGrace: grace, MeterProvider: mp})
+			BarrierTimeout: barrierTimeout, BodyTimeout: bodyTimeout, UpstreamTimeout: upstreamTimeout, TimeoutGrace: grace, MeterProvider: mp})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,8 +249,8 @@ func testDeadGate(t *testing.T, storeURL string, nodes []*valkeytest.Server) {
 		t.Cleanup(s.Close)
 		return st, s.URL
 	}
-	deadStore, deadURL := gate("gate-dead", 200*time.Millisecond, 400*time.Millisecond, 400*time.Millisecond) // entries live 1 s
-	_, liveURL := gate("gate-live", 10*time.Second, 10*time.Second, time.Second)
+	deadStore, deadURL := gate("gate-dead", 200*time.Millisecond, 200*time.Millisecond, 400*time.Millisecond, 400*time.Millisecond) // entries live 1.2 s
+	_, liveURL := gate("gate-live", 10*time.Second, time.Second, 10*time.Second, time.Second)
 
 	ctx := context.Background()
 	old, err := deadStore.Acquire(ctx, fencing.AcquireRequest{Resource: resource, Owner: "old", TTL: time.Minute})
