@@ -329,5 +329,6 @@ for t in nginx "${targets[@]:2}"; do
 	fi
 done
 echo
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "errors = non-2xx answers + socket errors (should be 0). Target (DESIGN §8): gate ≥ 1.0× nginx,"
 echo "added p50 ≤ nginx's + one store round trip, ≤ 64 MiB RSS at 1,000 connections."
