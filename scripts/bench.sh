@@ -80,23 +80,35 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# free_port prints a loopback TCP port nothing listens on.
+# free_port prints a loopback TCP port nothing listens on, below the
+# ephemeral range (a port there may be the local end of another program's
+# connection, which a listener cannot take), never the same one twice.
+ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+given=" "
 free_port() {
 	local p
 	while :; do
-		p=$((20000 + RANDOM % 30000))
-		(exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+		p=$((10000 + RANDOM % (ephemeral - 10000)))
+		case $given in *" $p "*) continue ;; esac
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			given+="$p "
+			echo "$p"
+			return
+		fi
 	done
 }
 
-# wait_http URL waits up to 30 s for URL to answer 2xx.
+# wait_http URL PID waits up to 30 s for URL to answer 2xx, as long as the
+# process PID runs.
 wait_http() {
 	local i
 	for i in $(seq 300); do
 		curl -fs -o /dev/null "$1" && return 0
+		kill -0 "$2" 2>/dev/null || break
 		sleep 0.1
 	done
-	say "$1 did not come up"; tail -5 "$tmp"/*.log "$tmp"/nginx/logs/* 2>/dev/null >&2 || true
+	say "$1 did not come up"
+	tail -n 5 "$tmp"/*.log "$tmp"/nginx/logs/* >&2 2>/dev/null || true
 	exit 1
 }
 
@@ -148,8 +160,8 @@ EOF
 } >"$tmp/nginx/nginx.conf"
 nginx -p "$tmp/nginx" -c "$tmp/nginx/nginx.conf" 2>>"$tmp/nginx/logs/stderr" &
 pids+=($!)
-wait_http "http://127.0.0.1:$UP/"
-wait_http "http://127.0.0.1:$NGX/"
+wait_http "http://127.0.0.1:$UP/" "${pids[-1]}"
+wait_http "http://127.0.0.1:$NGX/" "${pids[-1]}"
 
 # --- Valkey ----------------------------------------------------------------
 valkey_url=""
@@ -188,7 +200,7 @@ for store in $STORES; do
 	pids+=($!)
 	gate_port[$store]=$gp
 	gate_api[$store]=$api
-	wait_http "http://127.0.0.1:$api/readyz"
+	wait_http "http://127.0.0.1:$api/readyz" "${gate_pid[$store]}"
 	# One lease per resource; its token goes into this gate's wrk script.
 	{
 		echo "tokens = {"
@@ -316,7 +328,7 @@ for t in nginx "${targets[@]:2}"; do
 	sleep "$(awk -v d="${DURATION%s}" 'BEGIN{print d/2}')"
 	if [ "$t" != nginx ]; then
 		rss=$(kib VmRSS "${gate_pid[$store]}")
-		gor=$(curl -fs "http://127.0.0.1:${gate_api[$store]}/metrics" | awk '/^go_goroutines /{print $2}')
+		gor=$(curl -fs "http://127.0.0.1:${gate_api[$store]}/metrics" | awk '/^go_goroutines /{print $2}' || true)
 	fi
 	wait "$wpid"
 	read -r rps p50 p99 st se <"$tmp/many"
