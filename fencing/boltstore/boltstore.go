@@ -26,7 +26,9 @@
 // Limits: one process at a time. bbolt takes an exclusive file lock; a
 // second opener fails after Options.Timeout with an error naming the file.
 // Writes are serialized (one writer at a time, each paying an fsync);
-// admissions at the current mark only read and run concurrently. The file
+// admissions at the current mark only read and run concurrently, answered
+// from an in-memory copy of each resource's last committed record (see
+// marks.go) without a transaction or an allocation. The file
 // must be on a local file system that honours fsync and flock.
 package boltstore
 
@@ -38,6 +40,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -102,6 +105,12 @@ type Store struct {
 	// read-write transactions, which bbolt runs one at a time.
 	marker  *markerFile
 	lineage lineage
+
+	// marks answers admissions at the mark without a transaction.
+	marks marks
+	// closed is set by Close, before the database closes: admissions then
+	// read the file, which answers that it is closed.
+	closed atomic.Bool
 }
 
 var _ fencing.Store = (*Store)(nil)
@@ -319,6 +328,7 @@ func update[T any](s *Store, ctx context.Context, resource string, op func(tx *b
 		return zero, err
 	}
 	ran := false
+	txid := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		now := s.clock.Now()
 		r, err := s.load(tx, resource, now)
@@ -347,8 +357,13 @@ func update[T any](s *Store, ctx context.Context, resource string, op func(tx *b
 			return err
 		}
 		ran = true
+		txid = tx.ID()
+		s.marks.saving(resource, r, txid)
 		return nil
 	})
+	if ran {
+		s.marks.settled(resource, txid, err == nil)
+	}
 	if errors.Is(err, errNoWrite) {
 		return result, nil
 	}
@@ -510,6 +525,9 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	if err := req.Validate(); err != nil {
 		return fencing.Admission{}, err
 	}
+	if a, ok := s.admitAtMark(ctx, req); ok {
+		return a, nil
+	}
 	var a fencing.Admission
 	err := s.view(ctx, func(tx *bolt.Tx) error {
 		now := s.clock.Now()
@@ -532,6 +550,27 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	})
 }
 
+// admitAtMark answers an admission from the mark cache when the cached
+// committed record admits it without raising the mark: then reading the
+// file would give the same answer. Anything else (a raise, a refusal, a
+// resource not cached, a done context, a closed store) is left to the
+// transaction path, which reports it as before.
+func (s *Store) admitAtMark(ctx context.Context, req fencing.AdmitRequest) (fencing.Admission, bool) {
+	if ctx.Err() != nil || s.closed.Load() {
+		return fencing.Admission{}, false
+	}
+	e, ok := s.marks.get(req.Resource)
+	if !ok {
+		return fencing.Admission{}, false
+	}
+	r := e.rec // a copy: Admit moves the mark on it
+	a, err := r.Admit(req, s.clock.Now())
+	if err != nil || a.Raised {
+		return fencing.Admission{}, false
+	}
+	return a, true
+}
+
 // Ping implements fencing.Store: it fails once the store is closed.
 func (s *Store) Ping(ctx context.Context) error {
 	return s.view(ctx, func(*bolt.Tx) error { return nil })
@@ -540,6 +579,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close implements fencing.Store. It waits for running transactions, then
 // releases the file lock. Calling it again is harmless.
 func (s *Store) Close() error {
+	s.closed.Store(true)
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("boltstore: close %s: %w", s.path, err)
 	}

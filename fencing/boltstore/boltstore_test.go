@@ -315,3 +315,11 @@ func TestStateMachine(t *testing.T) {
 		return st
 	})
 }
+
+// TestAdmitAtTheMarkAllocatesNothing: the gate's common admission costs no
+// heap allocation (and no transaction).
+func TestAdmitAtTheMarkAllocatesNothing(t *testing.T) {
+	st := open(t, filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{})
+	defer st.Close()
+	fencingtest.CheckAdmitAtTheMarkAllocs(t, st)
+}

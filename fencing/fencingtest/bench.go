@@ -17,7 +17,7 @@ const benchResources = 64
 //
 //   - Cycle: Acquire, Renew, Release of one resource (three writes).
 //   - AdmitEqual: Admit at the current high-water mark (no raise; a store
-//     should not write).
+//     should not write), with its allocations reported.
 //   - AdmitRaise: Admit that raises the mark each time (a write);
 //     the tokens are issued beforehand with the timer stopped.
 //   - ParallelCycle, ParallelAdmitEqual: the same from GOMAXPROCS goroutines
@@ -83,7 +83,7 @@ func benchCycle(b *testing.B, h Harness) {
 
 // admitted takes a lease on res and admits its token once, so later
 // admissions at that token raise nothing.
-func admitted(b *testing.B, st fencing.Store, res string) fencing.Token {
+func admitted(b testing.TB, st fencing.Store, res string) fencing.Token {
 	b.Helper()
 	ctx := context.Background()
 	l, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: res, Owner: "bencher", TTL: fencing.MaxTTL})
@@ -101,6 +101,7 @@ func benchAdmitEqual(b *testing.B, h Harness) {
 	ctx := context.Background()
 	const res = "bench:admit:equal"
 	tok := admitted(b, st, res)
+	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
 		a, err := st.Admit(ctx, fencing.AdmitRequest{Resource: res, Token: tok})
@@ -180,6 +181,7 @@ func benchParallelAdmitEqual(b *testing.B, h Harness) {
 		tokens[i] = admitted(b, st, names[i])
 	}
 	var next atomic.Int64
+	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		i := int(next.Add(7))

@@ -83,3 +83,11 @@ func TestStateMachine(t *testing.T) {
 		return memstore.New(memstore.Options{Clock: clock})
 	})
 }
+
+// TestAdmitAtTheMarkAllocatesNothing: the gate's common admission costs no
+// heap allocation.
+func TestAdmitAtTheMarkAllocatesNothing(t *testing.T) {
+	st := memstore.New(memstore.Options{})
+	defer st.Close()
+	fencingtest.CheckAdmitAtTheMarkAllocs(t, st)
+}

@@ -73,12 +73,67 @@ var durationBuckets = []float64{
 	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 }
 
+// refusalOutcomes are the refusal codes a store answers with (see the
+// package doc). With the fault outcomes they are the outcomes whose
+// attribute sets are built once, in Wrap; any other outcome still works,
+// at the cost of building its set per call.
+var refusalOutcomes = []string{
+	"lease-held", "lease-lost", "stale-token", "token-not-issued", "lease-not-held",
+	"no-checkpoint", "payload-too-large", "invalid-request",
+}
+
 // Store is a fencing.Store that records telemetry around another one. Safe
 // for concurrent use when the wrapped store is.
+//
+// Everything a call records that does not depend on the call (span names,
+// span start options, the histogram's attribute sets) is built once in
+// Wrap, so that a call with a no-op tracer records its latency without
+// allocating.
 type Store struct {
 	next     fencing.Store
-	tracer   trace.Tracer
+	tracer   trace.Tracer // nil when the provider is the no-op one: no spans
 	duration metric.Float64Histogram
+
+	acquire, renew, release, checkpoint, readCheckpoint, status, list, admit, ping *op
+}
+
+// op is the precomputed telemetry of one operation. Read-only after Wrap.
+type op struct {
+	name      string
+	spanName  string
+	spanStart []trace.SpanStartOption
+	// record holds the histogram options per outcome.
+	record map[string][]metric.RecordOption
+}
+
+func newOp(name string) *op {
+	o := &op{
+		name:     name,
+		spanName: "store " + name,
+		spanStart: []trace.SpanStartOption{
+			trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.String("fencegate.store.operation", name)),
+		},
+		record: map[string][]metric.RecordOption{},
+	}
+	outcomes := append([]string{OutcomeOK, OutcomeUnavailable, OutcomeAmbiguous, OutcomeStoreLost, OutcomeCanceled, OutcomeError}, refusalOutcomes...)
+	for _, outcome := range outcomes {
+		o.record[outcome] = recordOptions(name, outcome)
+	}
+	return o
+}
+
+func recordOptions(op, outcome string) []metric.RecordOption {
+	return []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(
+		attribute.String("operation", op), attribute.String("outcome", outcome)))}
+}
+
+// recordOptions returns the histogram options of one outcome of o.
+func (o *op) recordOptions(outcome string) []metric.RecordOption {
+	if opts, ok := o.record[outcome]; ok {
+		return opts
+	}
+	return recordOptions(o.name, outcome)
 }
 
 var _ fencing.Store = (*Store)(nil)
@@ -105,7 +160,19 @@ func Wrap(s fencing.Store, mp metric.MeterProvider, tp trace.TracerProvider) *St
 	if err != nil {
 		h, _ = metricnoop.Meter{}.Float64Histogram(MetricDuration)
 	}
-	return &Store{next: s, tracer: tp.Tracer(ScopeName), duration: h}
+	st := &Store{
+		next: s, duration: h,
+		acquire: newOp(OpAcquire), renew: newOp(OpRenew), release: newOp(OpRelease),
+		checkpoint: newOp(OpCheckpoint), readCheckpoint: newOp(OpReadCheckpoint),
+		status: newOp(OpStatus), list: newOp(OpList), admit: newOp(OpAdmit), ping: newOp(OpPing),
+	}
+	// The no-op provider's spans record nothing and are never exported, and
+	// starting one only wraps the caller's context: skipping it changes
+	// nothing but the cost.
+	if _, noop := tp.(tracenoop.TracerProvider); !noop {
+		st.tracer = tp.Tracer(ScopeName)
+	}
+	return st
 }
 
 // Unwrap returns the decorated store.
@@ -135,29 +202,37 @@ func Outcome(err error) string {
 // call is one measured store call.
 type call struct {
 	s     *Store
-	op    string
+	op    *op
 	start time.Time
-	span  trace.Span
+	span  trace.Span // nil without a tracer
 }
 
-func (s *Store) begin(ctx context.Context, op, resource string) (context.Context, call) {
-	var attrs []attribute.KeyValue
-	attrs = append(attrs, attribute.String("fencegate.store.operation", op))
-	if resource != "" {
-		attrs = append(attrs, attribute.String("fencegate.resource", resource))
+func (s *Store) begin(ctx context.Context, o *op, resource string) (context.Context, call) {
+	c := call{s: s, op: o}
+	if s.tracer != nil {
+		opts := o.spanStart
+		if resource != "" {
+			opts = append(opts[:len(opts):len(opts)], trace.WithAttributes(attribute.String("fencegate.resource", resource)))
+		}
+		ctx, c.span = s.tracer.Start(ctx, o.spanName, opts...)
 	}
-	ctx, span := s.tracer.Start(ctx, "store "+op,
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
-	return ctx, call{s: s, op: op, start: time.Now(), span: span}
+	c.start = time.Now()
+	return ctx, c
 }
 
-// end records the call. It uses a background-derived context for the
-// histogram so that a canceled caller still gets its latency counted.
+// end records the call. A canceled caller still gets its latency counted:
+// the histogram is given a context without the cancellation (derived only
+// when the caller's context is done, as deriving allocates).
 func (c call) end(ctx context.Context, err error) {
 	elapsed := time.Since(c.start).Seconds()
 	outcome := Outcome(err)
-	c.s.duration.Record(context.WithoutCancel(ctx), elapsed, metric.WithAttributes(
-		attribute.String("operation", c.op), attribute.String("outcome", outcome)))
+	if ctx.Err() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	c.s.duration.Record(ctx, elapsed, c.op.recordOptions(outcome)...)
+	if c.span == nil {
+		return
+	}
 	c.span.SetAttributes(attribute.String("fencegate.store.outcome", outcome))
 	switch outcome {
 	case OutcomeOK:
@@ -172,7 +247,7 @@ func (c call) end(ctx context.Context, err error) {
 
 // Acquire times and traces the wrapped store's Acquire.
 func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencing.Lease, error) {
-	ctx, c := s.begin(ctx, OpAcquire, req.Resource)
+	ctx, c := s.begin(ctx, s.acquire, req.Resource)
 	l, err := s.next.Acquire(ctx, req)
 	c.end(ctx, err)
 	return l, err
@@ -180,7 +255,7 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 
 // Renew times and traces the wrapped store's Renew.
 func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest) (fencing.Lease, error) {
-	ctx, c := s.begin(ctx, OpRenew, req.Resource)
+	ctx, c := s.begin(ctx, s.renew, req.Resource)
 	l, err := s.next.Renew(ctx, req)
 	c.end(ctx, err)
 	return l, err
@@ -188,7 +263,7 @@ func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest) (fencing.Le
 
 // Release times and traces the wrapped store's Release.
 func (s *Store) Release(ctx context.Context, req fencing.ReleaseRequest) (bool, error) {
-	ctx, c := s.begin(ctx, OpRelease, req.Resource)
+	ctx, c := s.begin(ctx, s.release, req.Resource)
 	ok, err := s.next.Release(ctx, req)
 	c.end(ctx, err)
 	return ok, err
@@ -196,7 +271,7 @@ func (s *Store) Release(ctx context.Context, req fencing.ReleaseRequest) (bool, 
 
 // Checkpoint times and traces the wrapped store's Checkpoint.
 func (s *Store) Checkpoint(ctx context.Context, req fencing.CheckpointRequest) (fencing.Lease, error) {
-	ctx, c := s.begin(ctx, OpCheckpoint, req.Resource)
+	ctx, c := s.begin(ctx, s.checkpoint, req.Resource)
 	l, err := s.next.Checkpoint(ctx, req)
 	c.end(ctx, err)
 	return l, err
@@ -204,7 +279,7 @@ func (s *Store) Checkpoint(ctx context.Context, req fencing.CheckpointRequest) (
 
 // ReadCheckpoint times and traces the wrapped store's ReadCheckpoint.
 func (s *Store) ReadCheckpoint(ctx context.Context, resource string) (fencing.Checkpoint, error) {
-	ctx, c := s.begin(ctx, OpReadCheckpoint, resource)
+	ctx, c := s.begin(ctx, s.readCheckpoint, resource)
 	cp, err := s.next.ReadCheckpoint(ctx, resource)
 	c.end(ctx, err)
 	return cp, err
@@ -212,7 +287,7 @@ func (s *Store) ReadCheckpoint(ctx context.Context, resource string) (fencing.Ch
 
 // Status times and traces the wrapped store's Status.
 func (s *Store) Status(ctx context.Context, resource string) (fencing.Status, error) {
-	ctx, c := s.begin(ctx, OpStatus, resource)
+	ctx, c := s.begin(ctx, s.status, resource)
 	st, err := s.next.Status(ctx, resource)
 	c.end(ctx, err)
 	return st, err
@@ -220,7 +295,7 @@ func (s *Store) Status(ctx context.Context, resource string) (fencing.Status, er
 
 // List times and traces the wrapped store's List.
 func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Lease, error) {
-	ctx, c := s.begin(ctx, OpList, "")
+	ctx, c := s.begin(ctx, s.list, "")
 	ls, err := s.next.List(ctx, req)
 	c.end(ctx, err)
 	return ls, err
@@ -228,7 +303,7 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 
 // Admit times and traces the wrapped store's Admit.
 func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Admission, error) {
-	ctx, c := s.begin(ctx, OpAdmit, req.Resource)
+	ctx, c := s.begin(ctx, s.admit, req.Resource)
 	a, err := s.next.Admit(ctx, req)
 	c.end(ctx, err)
 	return a, err
@@ -236,7 +311,7 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 
 // Ping times and traces the wrapped store's Ping.
 func (s *Store) Ping(ctx context.Context) error {
-	ctx, c := s.begin(ctx, OpPing, "")
+	ctx, c := s.begin(ctx, s.ping, "")
 	err := s.next.Ping(ctx)
 	c.end(ctx, err)
 	return err

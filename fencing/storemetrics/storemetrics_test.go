@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/fencingtest"
@@ -219,4 +220,57 @@ func TestConformance(t *testing.T) {
 			return fencingtest.Instance{Store: st, Advance: clock.Advance}
 		},
 	})
+}
+
+// TestAdmitAtTheMarkAllocatesNothing: with the SDK's histogram recording
+// and no tracer (how fencegate runs without an OTLP endpoint), the decorator
+// adds no allocation to the memory store's admission at the mark.
+func TestAdmitAtTheMarkAllocatesNothing(t *testing.T) {
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	st := storemetrics.Wrap(memstore.New(memstore.Options{}), mp, tracenoop.NewTracerProvider())
+	defer st.Close()
+	fencingtest.CheckAdmitAtTheMarkAllocs(t, st)
+}
+
+// BenchmarkAdmitAtTheMark measures the decorator around the memory store's
+// admission at the mark: bare, with no-op providers, with the SDK's
+// histogram and no tracer (fencegate without OTLP), and with every call
+// traced and sampled.
+func BenchmarkAdmitAtTheMark(b *testing.B) {
+	sdkMeter := func() *sdkmetric.MeterProvider {
+		return sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	}
+	cases := []struct {
+		name string
+		wrap func(fencing.Store) fencing.Store
+	}{
+		{"bare", func(s fencing.Store) fencing.Store { return s }},
+		{"noop", func(s fencing.Store) fencing.Store { return storemetrics.Wrap(s, nil, nil) }},
+		{"metrics", func(s fencing.Store) fencing.Store {
+			return storemetrics.Wrap(s, sdkMeter(), tracenoop.NewTracerProvider())
+		}},
+		{"metrics+traced", func(s fencing.Store) fencing.Store {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder()))
+			return storemetrics.Wrap(s, sdkMeter(), tp)
+		}},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			st := c.wrap(memstore.New(memstore.Options{}))
+			defer st.Close()
+			ctx := context.Background()
+			l, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "a", TTL: time.Hour})
+			if err != nil {
+				b.Fatal(err)
+			}
+			req := fencing.AdmitRequest{Resource: "job:1", Token: l.Token}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := st.Admit(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
