@@ -23,6 +23,9 @@ import (
 // not installed, unless FENCEGATE_REQUIRE_NGINX=1.
 func startNginx(t *testing.T) (string, string) {
 	t.Helper()
+	if os.Getenv("FENCEGATE_QUICK") == "1" {
+		t.Skip("FENCEGATE_QUICK=1 (scripts/test.sh --quick) skips tests that need a server")
+	}
 	bin, err := exec.LookPath("nginx")
 	if err != nil {
 		bin = "/usr/sbin/nginx" // Debian's, often outside a user's PATH

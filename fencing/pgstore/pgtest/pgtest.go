@@ -62,6 +62,12 @@ type Cluster struct {
 var errMissing = errors.New("pgtest: no PostgreSQL server binaries (initdb on PATH or in /usr/lib/postgresql/*/bin; install Debian's postgresql)")
 
 // required reports whether a missing PostgreSQL must fail the run.
+// quick reports FENCEGATE_QUICK=1 (scripts/test.sh --quick): tests that
+// need a server skip.
+func quick() bool { return os.Getenv("FENCEGATE_QUICK") == "1" }
+
+var errQuick = errors.New("pgtest: FENCEGATE_QUICK=1 (scripts/test.sh --quick) skips tests that need a server")
+
 func required() bool {
 	return os.Getenv("FENCEGATE_REQUIRE_POSTGRES") == "1" || os.Getenv("CI") == "true"
 }
@@ -321,6 +327,9 @@ func (c *Cluster) Remove() {
 // doc). Prefer one cluster per package (Main) where tests can share it.
 func Start(t testing.TB) *Cluster {
 	t.Helper()
+	if quick() {
+		t.Skip(errQuick)
+	}
 	c, err := New()
 	if errors.Is(err, errMissing) && !required() {
 		t.Skip(err)
@@ -336,6 +345,10 @@ func Start(t testing.TB) *Cluster {
 // (nil when PostgreSQL is missing and not required: tests then call Need,
 // which skips). It returns the exit code for os.Exit.
 func Main(m *testing.M, shared **Cluster) int {
+	if quick() {
+		fmt.Fprintln(os.Stderr, errQuick)
+		return m.Run() // tests call Need, which skips
+	}
 	c, err := New()
 	switch {
 	case errors.Is(err, errMissing) && !required():
