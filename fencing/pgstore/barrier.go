@@ -64,7 +64,10 @@ var errRaise = errors.New("pgstore: the admission raises the mark")
 // One clock reading per statement, so an entry is either expired (and
 // deleted) or counted.
 func barrierStatements(b string) (register, check, leave string) {
-	lower := `del AS (DELETE FROM ` + b + ` WHERE resource = $1 AND token < $2 AND deadline <= (SELECT t FROM now) RETURNING 1)`
+	// Expired entries another statement is deleting are skipped, not
+	// waited for: no lock waits, no deadlocks between cleanups.
+	lower := `del AS (DELETE FROM ` + b + ` WHERE id IN (SELECT id FROM ` + b + `
+			WHERE resource = $1 AND token < $2 AND deadline <= (SELECT t FROM now) FOR UPDATE SKIP LOCKED) RETURNING 1)`
 	counts := `(SELECT count(*) FROM del)::int, count(*)::int,
 		coalesce(ceil(extract(epoch FROM min(deadline) - (SELECT t FROM now)) * 1000), 0)::bigint
 		FROM ` + b + ` WHERE resource = $1 AND token < $2 AND deadline > (SELECT t FROM now)`
