@@ -59,7 +59,8 @@ var errRaise = errors.New("pgstore: the admission raises the mark")
 //	          token; returns how many, how many unexpired ones remain and
 //	          the milliseconds until the earliest of their deadlines.
 //	leave     $1 resource, $2 id, $3 payload: deletes the entry and
-//	          notifies when there was one.
+//	          notifies when there was one, without waiting for the
+//	          commit's flush.
 //
 // One clock reading per statement, so an entry is either expired (and
 // deleted) or counted.
@@ -77,8 +78,11 @@ func barrierStatements(b string) (register, check, leave string) {
 		` + lower + `
 		SELECT (SELECT id FROM ins), ` + counts
 	check = `WITH now AS (SELECT clock_timestamp() AS t), ` + lower + ` SELECT ` + counts
+	// A removal need not be durable: one lost to a crash of the database
+	// leaves the entry until its deadline, which delays writes and never
+	// reorders them. So it does not wait for the commit's flush.
 	leave = `WITH d AS (DELETE FROM ` + b + ` WHERE resource = $1 AND id = $2 RETURNING 1)
-		SELECT pg_notify('` + barrierChannel + `', $3::text) FROM d`
+		SELECT pg_notify('` + barrierChannel + `', $3::text), set_config('synchronous_commit', 'off', true) FROM d`
 	return register, check, leave
 }
 
