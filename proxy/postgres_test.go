@@ -20,7 +20,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &pgCluster)) }
 
 // postgresKit reaches pgstore on the package's cluster, one schema per
 // namespace; it skips the test when PostgreSQL is missing.
-func postgresKit(t *testing.T) storeKit {
+func postgresKit(t testing.TB) storeKit {
 	c := pgtest.Need(t, pgCluster)
 	url := c.SocketURL("postgres") + "&pool_max_conns=16"
 	admin, err := pgxpool.New(context.Background(), url)
@@ -28,7 +28,7 @@ func postgresKit(t *testing.T) storeKit {
 		t.Fatal(err)
 	}
 	t.Cleanup(admin.Close)
-	millis := func(t *testing.T, sql string, args ...any) int64 {
+	millis := func(t testing.TB, sql string, args ...any) int64 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		var ms int64
@@ -38,7 +38,7 @@ func postgresKit(t *testing.T) storeKit {
 		return ms
 	}
 	return storeKit{
-		open: func(t *testing.T, ns string) sharedStore {
+		open: func(t testing.TB, ns string) sharedStore {
 			st, err := pgstore.Open(context.Background(), pgstore.Options{URL: url, Schema: ns, StatementTimeout: 10 * time.Second})
 			if err != nil {
 				t.Fatal(err)
@@ -46,10 +46,10 @@ func postgresKit(t *testing.T) storeKit {
 			t.Cleanup(func() { _ = st.Close() })
 			return st
 		},
-		now: func(t *testing.T) int64 {
+		now: func(t testing.TB) int64 {
 			return millis(t, `SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint`)
 		},
-		deadline: func(t *testing.T, ns, resource string) int64 {
+		deadline: func(t testing.TB, ns, resource string) int64 {
 			t.Helper()
 			var n int
 			if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM `+ns+`.barrier WHERE resource = $1`, resource).Scan(&n); err != nil || n != 1 {

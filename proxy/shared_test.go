@@ -51,14 +51,14 @@ type sharedStore interface {
 // and digits), the store's clock in Unix ms, and the deadline (by that
 // clock) of the one barrier entry of a resource.
 type storeKit struct {
-	open     func(t *testing.T, ns string) sharedStore
-	now      func(t *testing.T) int64
-	deadline func(t *testing.T, ns, resource string) int64
+	open     func(t testing.TB, ns string) sharedStore
+	now      func(t testing.TB) int64
+	deadline func(t testing.TB, ns, resource string) int64
 }
 
 func valkeyKit(storeURL string, nodes []*valkeytest.Server) storeKit {
 	return storeKit{
-		open: func(t *testing.T, ns string) sharedStore {
+		open: func(t testing.TB, ns string) sharedStore {
 			st, err := valkeystore.Open(context.Background(), valkeystore.Options{URL: storeURL, KeyPrefix: ns})
 			if err != nil {
 				t.Fatal(err)
@@ -66,8 +66,8 @@ func valkeyKit(storeURL string, nodes []*valkeytest.Server) storeKit {
 			t.Cleanup(func() { _ = st.Close() })
 			return st
 		},
-		now: func(t *testing.T) int64 { return storeMillis(t, nodes[0]) },
-		deadline: func(t *testing.T, ns, resource string) int64 {
+		now: func(t testing.TB) int64 { return storeMillis(t, nodes[0]) },
+		deadline: func(t testing.TB, ns, resource string) int64 {
 			return entryDeadline(t, nodes, ns, resource)
 		},
 	}
@@ -338,7 +338,7 @@ func sumInt(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
 }
 
 // storeMillis is the store's TIME in milliseconds.
-func storeMillis(t *testing.T, srv *valkeytest.Server) int64 {
+func storeMillis(t testing.TB, srv *valkeytest.Server) int64 {
 	out, err := srv.Do("TIME")
 	if err != nil {
 		t.Error(err)
@@ -352,7 +352,7 @@ func storeMillis(t *testing.T, srv *valkeytest.Server) int64 {
 
 // entryDeadline reads the deadline of the one shared-barrier entry of
 // resource (valkeystore's layout: P:{R}:bar, members "<deadline ms>|...").
-func entryDeadline(t *testing.T, nodes []*valkeytest.Server, prefix, resource string) int64 {
+func entryDeadline(t testing.TB, nodes []*valkeytest.Server, prefix, resource string) int64 {
 	t.Helper()
 	var errs []error
 	for _, n := range nodes {
