@@ -197,7 +197,10 @@ func TestSharedBarrierFailsClosed(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { _, err := g2.WaitLower(ctx, eb); done <- err }()
 	var pid uint32
-	for pid == 0 {
+	for give := time.Now().Add(30 * time.Second); pid == 0; {
+		if time.Now().After(give) {
+			t.Fatal("the wait never listened")
+		}
 		time.Sleep(10 * time.Millisecond)
 		g2.listen.mu.Lock()
 		if g := g2.listen.gen; g != nil && isDone(g.ready) {
