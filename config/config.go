@@ -56,7 +56,7 @@ type Config struct {
 	TimeoutGrace    time.Duration `env:"TIMEOUT_GRACE" envDefault:"30s" help:"how long the barrier stays closed after a write with an unknown outcome (upstream timeout, body cut off, shutdown), also across a restart, a duration >= 0; 0 turns it off"`
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest wait for the upstream's response headers, a duration > 0"`
 	AuditLog        string        `env:"AUDIT_LOG" envDefault:"on" help:"one info line per write through the gate: on, off, or a fraction between 0 and 1 (such as 0.1) of successful writes to log, refusals and faults always logged"`
-	Barrier         string        `env:"BARRIER" envDefault:"local" help:"local (order writes through this gate) or shared (order writes across every gate on the store; valkey:// only)"`
+	Barrier         string        `env:"BARRIER" envDefault:"local" help:"local (order writes through this gate) or shared (order writes across every gate on the store; valkey:// or postgres:// only)"`
 	GateID          string        `env:"GATE_ID" help:"this gate's name in shared-barrier entries, 1 to 100 bytes of A-Z a-z 0-9 . _ -; default: host name and process id"`
 
 	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"10s" help:"longest time a client may take to send a request's headers, on both listeners, a duration > 0"`
@@ -385,9 +385,9 @@ func (c Config) validateBarrier() error {
 		}
 		return nil
 	case StorePostgres:
-		return errors.New("shared is not available on the postgres store yet")
+		return nil
 	}
-	return fmt.Errorf("shared needs a store shared by several gates (valkey://); the %s store serves one gate", spec.Kind)
+	return fmt.Errorf("shared needs a store shared by several gates (valkey:// or postgres://); the %s store serves one gate", spec.Kind)
 }
 
 // ValidateGateID checks a gate id: 1 to 100 bytes of A-Z a-z 0-9 . _ -

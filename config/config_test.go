@@ -163,7 +163,7 @@ func TestREADMEListsEveryVariable(t *testing.T) {
 }
 
 func TestSharedBarrierNeedsASharedStore(t *testing.T) {
-	for _, store := range []string{"memory:", "file:x.db", "postgres://h/db"} {
+	for _, store := range []string{"memory:", "file:x.db"} {
 		if _, err := Load([]string{"FENCEGATE_BARRIER=shared", "FENCEGATE_STORE=" + store}); err == nil || !strings.Contains(err.Error(), "FENCEGATE_BARRIER") {
 			t.Errorf("shared barrier on %s: error %v, want a refusal naming FENCEGATE_BARRIER", store, err)
 		}
@@ -174,5 +174,8 @@ func TestSharedBarrierNeedsASharedStore(t *testing.T) {
 	c, err := Load([]string{"FENCEGATE_BARRIER=shared", "FENCEGATE_STORE=valkey://h:6379", "FENCEGATE_GATE_ID=gate-1.eu_west"})
 	if err != nil || c.Barrier != BarrierShared || c.GateID != "gate-1.eu_west" {
 		t.Errorf("shared barrier on valkey: %+v, %v", c, err)
+	}
+	if c, err := Load([]string{"FENCEGATE_BARRIER=shared", "FENCEGATE_STORE=postgres://h/db"}); err != nil || c.Barrier != BarrierShared {
+		t.Errorf("shared barrier on postgres: %+v, %v", c, err)
 	}
 }

@@ -6,7 +6,7 @@ import (
 )
 
 // SharedBarrier is an optional capability of a Store shared by several
-// gates (Valkey, Valkey Cluster): the in-flight barrier of DESIGN §1.3
+// gates (Valkey, Valkey Cluster, PostgreSQL): the in-flight barrier of DESIGN §1.3
 // kept in the store, so that no gate forwards a write for a resource while
 // a write for it with a lower token is in flight through any gate.
 //
@@ -27,11 +27,10 @@ import (
 // The Store interface does not include it: the gate asks for it with a
 // type assertion on the concrete store, before any decorator wraps it.
 //
-// Implemented by valkeystore (single node and cluster). A PostgreSQL
-// implementation would keep entries in a table written in the admission's
-// transaction (the resource's row lock orders it against raises), delete
-// them with pg_notify in the same statement, and wait with LISTEN on one
-// dedicated connection per gate.
+// Implemented by valkeystore (single node and cluster) and pgstore (entries
+// in a table written in the admission's transaction, under the resource's
+// row lock that orders it against raises; deleted with pg_notify in the
+// same statement; waits LISTEN on one dedicated connection per gate).
 type SharedBarrier interface {
 	// AdmitRegister admits req exactly as Store.Admit does and, only when
 	// it is admitted, registers an entry for the write on behalf of gate,

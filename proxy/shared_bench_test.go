@@ -2,19 +2,20 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/fencegate/fencegate/fencing"
-	"github.com/fencegate/fencegate/fencing/valkeystore"
 	"github.com/fencegate/fencegate/fencing/valkeystore/valkeytest"
 )
 
-// BenchmarkSharedBarrier measures, on one local Valkey-compatible server in
-// one run, uncontended fenced writes (64 resources, each held by one
+// BenchmarkSharedBarrier measures, on one local Valkey-compatible server
+// (and BenchmarkSharedBarrierPostgres on one local PostgreSQL) in one run, uncontended fenced writes (64 resources, each held by one
 // lease, 4 × GOMAXPROCS concurrent clients) through a gate with the local
 // barrier and through a gate with the shared barrier, and reports the
 // shared path's throughput and p50 as ratios of the local path's
@@ -22,13 +23,24 @@ import (
 //
 //	go test -run XXX -bench SharedBarrier -benchtime 3s ./proxy/
 func BenchmarkSharedBarrier(b *testing.B) {
+	srv := valkeytest.Start(b)
+	benchSharedBarrier(b, valkeyKit(srv.URL(), []*valkeytest.Server{srv}))
+}
+
+// BenchmarkSharedBarrierPostgres is BenchmarkSharedBarrier on PostgreSQL:
+//
+//	go test -run XXX -bench SharedBarrierPostgres -benchtime 3s ./proxy/
+func BenchmarkSharedBarrierPostgres(b *testing.B) {
+	benchSharedBarrier(b, postgresKit(b))
+}
+
+func benchSharedBarrier(b *testing.B, kit storeKit) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	srv := valkeytest.Start(b)
 	rules, err := ParseRules("PUT /jobs/{id} fence job:{id}")
 	if err != nil {
 		b.Fatal(err)
@@ -36,11 +48,7 @@ func BenchmarkSharedBarrier(b *testing.B) {
 	var localRPS, localP50 float64
 	for _, mode := range []string{"local", "shared"} {
 		b.Run(mode, func(b *testing.B) {
-			st, err := valkeystore.Open(context.Background(), valkeystore.Options{URL: srv.URL(), KeyPrefix: "bench-" + mode})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer st.Close()
+			st := kit.open(b, fmt.Sprintf("bench%s%d", mode, time.Now().UnixNano()))
 			opts := Options{Upstream: u, Store: st, Rules: rules}
 			if mode == "shared" {
 				opts.SharedBarrier, opts.GateID = st, "bench"

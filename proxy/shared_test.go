@@ -24,22 +24,60 @@ import (
 )
 
 // TestSharedBarrier runs gates that share one Valkey (a single node, then a
-// 3-node cluster), each gate with its own store client, as separate
-// replicas of a service would.
+// 3-node cluster) or one PostgreSQL database, each gate with its own store
+// client, as separate replicas of a service would.
 func TestSharedBarrier(t *testing.T) {
 	t.Run("single", func(t *testing.T) {
 		srv := valkeytest.Start(t)
-		testSharedBarrierOn(t, srv.URL(), []*valkeytest.Server{srv})
+		testSharedBarrierOn(t, valkeyKit(srv.URL(), []*valkeytest.Server{srv}))
 	})
 	t.Run("cluster", func(t *testing.T) {
 		cl := valkeytest.StartCluster(t, 3)
-		testSharedBarrierOn(t, cl.URL(), cl.Nodes)
+		testSharedBarrierOn(t, valkeyKit(cl.URL(), cl.Nodes))
+	})
+	t.Run("postgres", func(t *testing.T) {
+		testSharedBarrierOn(t, postgresKit(t))
 	})
 }
 
-func testSharedBarrierOn(t *testing.T, storeURL string, nodes []*valkeytest.Server) {
+// sharedStore is a store with a shared barrier.
+type sharedStore interface {
+	fencing.Store
+	fencing.SharedBarrier
+}
+
+// storeKit is how the shared-barrier tests reach one kind of store: open
+// a client in namespace ns (a key prefix or a schema: lower-case letters
+// and digits), the store's clock in Unix ms, and the deadline (by that
+// clock) of the one barrier entry of a resource.
+type storeKit struct {
+	open     func(t testing.TB, ns string) sharedStore
+	now      func(t testing.TB) int64
+	deadline func(t testing.TB, ns, resource string) int64
+}
+
+func valkeyKit(storeURL string, nodes []*valkeytest.Server) storeKit {
+	return storeKit{
+		open: func(t testing.TB, ns string) sharedStore {
+			st, err := valkeystore.Open(context.Background(), valkeystore.Options{URL: storeURL, KeyPrefix: ns})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = st.Close() })
+			return st
+		},
+		now: func(t testing.TB) int64 { return storeMillis(t, nodes[0]) },
+		deadline: func(t testing.TB, ns, resource string) int64 {
+			return entryDeadline(t, nodes, ns, resource)
+		},
+	}
+}
+
+func testSharedBarrierOn(t *testing.T, kit storeKit) {
 	t.Run("handoffs/shared", func(t *testing.T) {
-		r := runHandoffs(t, storeURL, true, 10_000)
+		start := time.Now()
+		r := runHandoffs(t, kit, true, 10_000)
+		t.Logf("%d writes in %v", r.writes, time.Since(start).Round(time.Millisecond))
 		if r.writes < 10_000 || r.applied < r.writes/4 || r.stale == 0 {
 			t.Errorf("the run did not exercise the barrier: %+v", r)
 		}
@@ -51,13 +89,13 @@ func testSharedBarrierOn(t *testing.T, storeURL string, nodes []*valkeytest.Serv
 	t.Run("handoffs/local", func(t *testing.T) {
 		// The same harness with each gate ordering only its own writes:
 		// it must catch the reordering the shared barrier prevents.
-		r := runHandoffs(t, storeURL, false, 10_000)
+		r := runHandoffs(t, kit, false, 10_000)
 		if len(r.violations) == 0 {
 			t.Errorf("no order violation with local barriers in %d writes: the harness cannot tell", r.writes)
 		}
 		t.Logf("local: %d violations in %+v", len(r.violations), r)
 	})
-	t.Run("dead-gate", func(t *testing.T) { testDeadGate(t, storeURL, nodes) })
+	t.Run("dead-gate", func(t *testing.T) { testDeadGate(t, kit) })
 }
 
 type handoffResult struct {
@@ -71,21 +109,14 @@ type handoffResult struct {
 // while the next holder takes the lease and writes through both gates. An
 // upstream checks that each resource's tokens never go down. It stops
 // after at least minWrites writes (local: at the first violation).
-func runHandoffs(t *testing.T, storeURL string, shared bool, minWrites int) handoffResult {
+func runHandoffs(t *testing.T, kit storeKit, shared bool, minWrites int) handoffResult {
 	t.Helper()
 	up := &orderChecker{last: map[string]fencing.Token{}, applied: map[string]int{}}
 	upSrv := httptest.NewServer(up)
 	t.Cleanup(upSrv.Close)
 	u, _ := url.Parse(upSrv.URL)
 	prefix := fmt.Sprintf("handoff%d", time.Now().UnixNano())
-	openStore := func() *valkeystore.Store {
-		st, err := valkeystore.Open(context.Background(), valkeystore.Options{URL: storeURL, KeyPrefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = st.Close() })
-		return st
-	}
+	openStore := func() sharedStore { return kit.open(t, prefix) }
 	var gates [2]string
 	for i := range gates {
 		st := openStore()
@@ -207,7 +238,7 @@ func runHandoffs(t *testing.T, storeURL string, shared bool, minWrites int) hand
 // write through another gate must not reach the upstream before the dead
 // gate's entry's deadline by the store's clock, and must reach it soon
 // after (within the wait's bounded re-check, with a loose margin).
-func testDeadGate(t *testing.T, storeURL string, nodes []*valkeytest.Server) {
+func testDeadGate(t *testing.T, kit storeKit) {
 	prefix := fmt.Sprintf("dead%d", time.Now().UnixNano())
 	const resource = "doc:dead"
 	type arrival struct {
@@ -219,7 +250,7 @@ func testDeadGate(t *testing.T, storeURL string, nodes []*valkeytest.Server) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		tk, _ := fencing.ParseToken(r.Header.Get(HeaderToken))
-		arrivals <- arrival{tk, storeMillis(t, nodes[0])}
+		arrivals <- arrival{tk, kit.now(t)}
 		if r.Header.Get("X-Hang") != "" {
 			select { // the dead gate's write: the upstream never answers it
 			case <-release:
@@ -234,12 +265,8 @@ func testDeadGate(t *testing.T, storeURL string, nodes []*valkeytest.Server) {
 	u, _ := url.Parse(up.URL)
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	gate := func(id string, barrierTimeout, bodyTimeout, upstreamTimeout, grace time.Duration) (*valkeystore.Store, string) {
-		st, err := valkeystore.Open(context.Background(), valkeystore.Options{URL: storeURL, KeyPrefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = st.Close() })
+	gate := func(id string, barrierTimeout, bodyTimeout, upstreamTimeout, grace time.Duration) (sharedStore, string) {
+		st := kit.open(t, prefix)
 		g, err := New(Options{Upstream: u, Store: st, ResourceHeader: true, SharedBarrier: st, GateID: id,
 			BarrierTimeout: barrierTimeout, BodyTimeout: bodyTimeout, UpstreamTimeout: upstreamTimeout, TimeoutGrace: grace, MeterProvider: mp})
 		if err != nil {
@@ -263,14 +290,10 @@ func testDeadGate(t *testing.T, storeURL string, nodes []*valkeytest.Server) {
 	if a := <-arrivals; a.token != old.Token {
 		t.Fatalf("upstream got token %d first, want %d", a.token, old.Token)
 	}
-	deadline := entryDeadline(t, nodes, prefix, resource)
+	deadline := kit.deadline(t, prefix, resource)
 	deadStore.Close() // the gate dies: its entry can only expire
 
-	client, err := valkeystore.Open(ctx, valkeystore.Options{URL: storeURL, KeyPrefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	client := kit.open(t, prefix)
 	if _, err := client.Release(ctx, fencing.ReleaseRequest{Resource: resource, Owner: "old", Token: old.Token}); err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +338,7 @@ func sumInt(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
 }
 
 // storeMillis is the store's TIME in milliseconds.
-func storeMillis(t *testing.T, srv *valkeytest.Server) int64 {
+func storeMillis(t testing.TB, srv *valkeytest.Server) int64 {
 	out, err := srv.Do("TIME")
 	if err != nil {
 		t.Error(err)
@@ -329,7 +352,7 @@ func storeMillis(t *testing.T, srv *valkeytest.Server) int64 {
 
 // entryDeadline reads the deadline of the one shared-barrier entry of
 // resource (valkeystore's layout: P:{R}:bar, members "<deadline ms>|...").
-func entryDeadline(t *testing.T, nodes []*valkeytest.Server, prefix, resource string) int64 {
+func entryDeadline(t testing.TB, nodes []*valkeytest.Server, prefix, resource string) int64 {
 	t.Helper()
 	var errs []error
 	for _, n := range nodes {

@@ -36,6 +36,20 @@ func (s *Store) begin(ctx context.Context, op string) (context.Context, context.
 // commit: the connection was lost before COMMIT was sent, or a concurrent
 // transaction created the resource's row first.
 func write[T any](ctx context.Context, s *Store, op, resource string, decide decision[T], state []byte) (T, error) {
+	return transact(ctx, s, op, resource, s.sql.readLocked, decide, state, nil)
+}
+
+// then is a step that runs in the transaction of transact after decide
+// accepted (refusals skip it), before COMMIT, on v and the transaction; its
+// error rolls everything back.
+type then[T any] func(ctx context.Context, tx pgx.Tx, v T) (T, error)
+
+// transact is write with the row read by lockSQL (readLocked, or
+// readShared: a lock that orders the transaction against writes of the
+// row but not against other shared readers) and an optional step after
+// the decision. With a step the transaction always commits (unless decide
+// or the step refused or failed), even when the record did not change.
+func transact[T any](ctx context.Context, s *Store, op, resource, lockSQL string, decide decision[T], state []byte, step then[T]) (T, error) {
 	ctx, cancel, err := s.begin(ctx, op)
 	defer cancel()
 	if err != nil {
@@ -43,40 +57,48 @@ func write[T any](ctx context.Context, s *Store, op, resource string, decide dec
 		return zero, err
 	}
 	for try := 1; ; try++ {
-		v, err, again := tryWrite(ctx, s, op, resource, decide, state)
+		v, err, again := tryWrite(ctx, s, op, resource, lockSQL, decide, state, step)
 		if !again || try == attempts || ctx.Err() != nil {
 			return v, err
 		}
 	}
 }
 
-func tryWrite[T any](ctx context.Context, s *Store, op, resource string, decide decision[T], state []byte) (v T, err error, again bool) {
+func tryWrite[T any](ctx context.Context, s *Store, op, resource, lockSQL string, decide decision[T], state []byte, step then[T]) (v T, err error, again bool) {
 	var zero T
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return zero, classify(op, err, false), connectionLost(err)
 	}
 	defer s.rollback(ctx, tx)
-	w, err := scanRow(tx.QueryRow(ctx, s.sql.readLocked, resource))
+	w, err := scanRow(tx.QueryRow(ctx, lockSQL, resource))
 	if err != nil {
 		return zero, classify(op, err, false), connectionLost(err)
 	}
 	r := w.record()
 	v, changed, err := decide(r, w.now())
-	if err != nil || !changed {
+	if err != nil || (!changed && step == nil) {
 		return v, err, false // a refusal, or nothing to write: roll back
 	}
-	save := s.sql.update
-	if !w.found {
-		save = s.sql.insert
-	}
-	if _, err := tx.Exec(ctx, save, args(resource, r)...); err != nil {
-		// A unique violation: another transaction created the row after
-		// our read; this one is rolled back, so trying again is safe.
-		return zero, classify(op, err, false), connectionLost(err) || isUniqueViolation(err)
+	if changed {
+		save := s.sql.update
+		if !w.found {
+			save = s.sql.insert
+		}
+		if _, err := tx.Exec(ctx, save, args(resource, r)...); err != nil {
+			// A unique violation: another transaction created the row
+			// after our read; this one is rolled back, so trying again is
+			// safe.
+			return zero, classify(op, err, false), connectionLost(err) || isUniqueViolation(err)
+		}
 	}
 	if state != nil {
 		if _, err := tx.Exec(ctx, s.sql.saveState, resource, state); err != nil {
+			return zero, classify(op, err, false), connectionLost(err)
+		}
+	}
+	if step != nil {
+		if v, err = step(ctx, tx, v); err != nil {
 			return zero, classify(op, err, false), connectionLost(err)
 		}
 	}

@@ -47,6 +47,8 @@
 //	checkpoints     the last checkpoint state of each resource, as the bytes
 //	                the holder sent, kept apart so that renewals and
 //	                admissions never rewrite a large state.
+//	barrier         the shared barrier's entries: writes in flight through
+//	                any gate (barrier.go).
 //
 // Faults are classified inside the adapter: a failure before COMMIT was
 // sent (connection refused, a lost connection, a statement timeout, any
@@ -123,6 +125,7 @@ type Store struct {
 	maxState int
 	version  string
 	closed   atomic.Bool
+	listen   listener // the shared barrier's LISTEN connection
 }
 
 var _ fencing.Store = (*Store)(nil)
@@ -274,10 +277,12 @@ func (s *Store) Ping(ctx context.Context) error {
 	return classify("ping", err, false)
 }
 
-// Close implements fencing.Store: it closes the pool, waiting for
-// connections in use to be returned. Calling it again is harmless.
+// Close implements fencing.Store: it closes the shared barrier's listening
+// connection (its waits fail closed) and the pool, waiting for connections
+// in use to be returned. Calling it again is harmless.
 func (s *Store) Close() error {
 	if s.closed.CompareAndSwap(false, true) {
+		s.listen.stop()
 		s.pool.Close()
 	}
 	return nil

@@ -40,6 +40,15 @@ var migrations = []string{
 		resource text COLLATE "C" PRIMARY KEY REFERENCES {schema}.resources (resource),
 		state    bytea NOT NULL
 	);`,
+	// 2: the shared barrier's entries (barrier.go).
+	`CREATE TABLE {schema}.barrier (
+		id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		resource text COLLATE "C" NOT NULL,
+		token    bigint NOT NULL,
+		gate     text NOT NULL,
+		deadline timestamptz NOT NULL
+	);
+	CREATE INDEX barrier_resource_token ON {schema}.barrier (resource, token);`,
 }
 
 // advisoryClass is the first key of the advisory lock that serializes
@@ -107,9 +116,10 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 
 // statements are the SQL of the operations, for one schema.
 type statements struct {
-	readLocked, read, readCheckpoint string
-	insert, update, saveState        string
-	list                             string
+	readLocked, readShared, read, readCheckpoint string
+	insert, update, saveState                    string
+	list                                         string
+	register, check, leave                       string
 }
 
 // recordColumns are the columns read into a record.Record, in scan order
@@ -122,12 +132,16 @@ const nowMillis = `floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint`
 
 func newStatements(schema string) statements {
 	r := schema + ".resources"
-	return statements{
-		// One row always: the clock (read after the row lock is granted:
-		// the join projects once the locking scan has returned), whether
-		// the resource exists, and its record.
-		readLocked: `WITH r AS (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1 FOR UPDATE)
-			SELECT ` + nowMillis + `, r.issued IS NOT NULL, r.* FROM (VALUES (true)) AS one LEFT JOIN r ON true`,
+	// One row always: the clock (read after the row lock is granted: the
+	// join projects once the locking scan has returned), whether the
+	// resource exists, and its record.
+	locked := func(mode string) string {
+		return `WITH r AS (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1 FOR ` + mode + `)
+			SELECT ` + nowMillis + `, r.issued IS NOT NULL, r.* FROM (VALUES (true)) AS one LEFT JOIN r ON true`
+	}
+	st := statements{
+		readLocked: locked("UPDATE"),
+		readShared: locked("SHARE"),
 		read: `SELECT ` + nowMillis + `, r.issued IS NOT NULL, r.* FROM (VALUES (true)) AS one
 			LEFT JOIN (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1) r ON true`,
 		readCheckpoint: `SELECT ` + nowMillis + `, r.issued IS NOT NULL, r.*, c.state FROM (VALUES (true)) AS one
@@ -146,4 +160,6 @@ func newStatements(schema string) statements {
 			WHERE resource >= $1 AND resource < $2 AND owner IS NOT NULL AND NOT released
 			AND expires_at > clock_timestamp() ORDER BY resource LIMIT $3`,
 	}
+	st.register, st.check, st.leave = barrierStatements(schema + ".barrier")
+	return st
 }

@@ -43,8 +43,14 @@ func open(t testing.TB, schema string) *Store {
 //
 //	nolock    the write path reads the row without FOR UPDATE
 //	noexpiry  the write path's clock is frozen at the epoch: no lease expires
+//	noshare   the shared barrier's admissions at the mark lock nothing
+//	nonotify  the shared barrier's Leave notifies nobody
 func mutate(s *Store) {
 	switch os.Getenv("FENCEGATE_PG_MUTANT") {
+	case "noshare":
+		s.sql.readShared = strings.Replace(s.sql.readShared, "FOR SHARE", "", 1)
+	case "nonotify":
+		s.sql.leave = strings.Replace(s.sql.leave, "pg_notify('"+barrierChannel+"', $3::text)", "$3::text", 1)
 	case "nolock":
 		s.sql.readLocked = strings.Replace(s.sql.readLocked, "FOR UPDATE", "", 1)
 	case "noexpiry":

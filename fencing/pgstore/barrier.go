@@ -1,0 +1,393 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/record"
+)
+
+// The shared barrier (fencing.SharedBarrier) in PostgreSQL.
+//
+// Entries are rows of the barrier table (resource, token, id, gate,
+// deadline), the deadline being the database's clock_timestamp() plus the
+// hold. AdmitRegister admits and registers in one transaction that holds
+// the resource's row lock: FOR SHARE for an admission at the current mark
+// (admissions of equal tokens do not wait for each other), FOR UPDATE for
+// one that raises it. A raise thus waits for every admission in flight at
+// the old mark to commit its entry, and reads the entries only after that,
+// in a later statement (a new snapshot under READ COMMITTED): a lower entry
+// admitted before the raise is always seen, and one after it is refused.
+//
+// Leave deletes the entry and, in the same statement, announces it with
+// pg_notify on the channel barrierChannel, the payload naming the schema
+// and the resource. Every gate LISTENs on one dedicated connection per
+// Store and wakes the writes waiting on that resource. Notifications are
+// delivered at most once (a listener that reconnects misses those sent
+// meanwhile), so waiting writes also check again at the earliest deadline
+// of the entries they wait for and at least every barrierRecheck.
+
+// barrierChannel is the channel Leave notifies and WaitLower listens on,
+// for every schema: the payload is "<schema> <resource>" (neither contains
+// a space).
+const barrierChannel = "fencegate_barrier"
+
+// barrierRecheck bounds the time between two checks of a waiting write
+// when no notification arrives (a variable for tests).
+var barrierRecheck = 250 * time.Millisecond
+
+var _ fencing.SharedBarrier = (*Store)(nil)
+
+// errRaise makes AdmitRegister's first try, under the shared row lock, give
+// way to a second under the exclusive one.
+var errRaise = errors.New("pgstore: the admission raises the mark")
+
+// barrierStatements are the barrier's SQL for table b:
+//
+//	register  $1 resource, $2 token, $3 gate, $4 hold ms: inserts the entry,
+//	          deletes the expired lower ones; returns the entry's id and
+//	          check's columns.
+//	check     $1 resource, $2 token: deletes the expired entries below the
+//	          token; returns how many, how many unexpired ones remain and
+//	          the milliseconds until the earliest of their deadlines.
+//	leave     $1 resource, $2 id, $3 payload: deletes the entry and
+//	          notifies when there was one, without waiting for the
+//	          commit's flush.
+//
+// One clock reading per statement, so an entry is either expired (and
+// deleted) or counted.
+func barrierStatements(b string) (register, check, leave string) {
+	// Expired entries another statement is deleting are skipped, not
+	// waited for: no lock waits, no deadlocks between cleanups.
+	lower := `del AS (DELETE FROM ` + b + ` WHERE id IN (SELECT id FROM ` + b + `
+			WHERE resource = $1 AND token < $2 AND deadline <= (SELECT t FROM now) FOR UPDATE SKIP LOCKED) RETURNING 1)`
+	counts := `(SELECT count(*) FROM del)::int, count(*)::int,
+		coalesce(ceil(extract(epoch FROM min(deadline) - (SELECT t FROM now)) * 1000), 0)::bigint
+		FROM ` + b + ` WHERE resource = $1 AND token < $2 AND deadline > (SELECT t FROM now)`
+	register = `WITH now AS (SELECT clock_timestamp() AS t),
+		ins AS (INSERT INTO ` + b + ` (resource, token, gate, deadline)
+			SELECT $1::text, $2::bigint, $3::text, t + $4::bigint * interval '1 millisecond' FROM now RETURNING id),
+		` + lower + `
+		SELECT (SELECT id FROM ins), ` + counts
+	check = `WITH now AS (SELECT clock_timestamp() AS t), ` + lower + ` SELECT ` + counts
+	// A removal need not be durable: one lost to a crash of the database
+	// leaves the entry until its deadline, which delays writes and never
+	// reorders them. So it does not wait for the commit's flush.
+	leave = `WITH d AS (DELETE FROM ` + b + ` WHERE resource = $1 AND id = $2 RETURNING 1)
+		SELECT pg_notify('` + barrierChannel + `', $3::text), set_config('synchronous_commit', 'off', true) FROM d`
+	return register, check, leave
+}
+
+// registered is AdmitRegister's result inside its transaction.
+type registered struct {
+	adm     fencing.Admission
+	id      int64
+	lower   int
+	expired int
+}
+
+// AdmitRegister implements fencing.SharedBarrier: Admit's decision and the
+// registration in one transaction (see the top of this file). Unlike Admit
+// it always writes (the entry), so every admission waits for its COMMIT.
+// Faults are classified as Admit's: a COMMIT without a reply is
+// fencing.ErrAmbiguous, and its entry may then exist until its deadline.
+func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gate string, hold time.Duration) (fencing.Admission, fencing.BarrierEntry, bool, error) {
+	var none fencing.BarrierEntry
+	if err := req.Validate(); err != nil {
+		return fencing.Admission{}, none, false, err
+	}
+	if hold < time.Millisecond {
+		return fencing.Admission{}, none, false, errors.New("pgstore: shared barrier hold must be at least 1ms")
+	}
+	if gate == "" || strings.ContainsRune(gate, ':') {
+		return fencing.Admission{}, none, false, fmt.Errorf("pgstore: gate id %q: want a non-empty name without ':'", gate)
+	}
+	register := func(ctx context.Context, tx pgx.Tx, v registered) (registered, error) {
+		err := tx.QueryRow(ctx, s.sql.register, req.Resource, int64(req.Token), gate, hold.Milliseconds()).
+			Scan(&v.id, &v.expired, &v.lower, new(int64))
+		return v, err
+	}
+	admit := func(raise bool) decision[registered] {
+		return func(r *record.Record, now time.Time) (registered, bool, error) {
+			a, err := r.Admit(req, now)
+			if err == nil && a.Raised && !raise {
+				err = errRaise
+			}
+			return registered{adm: a}, a.Raised, err
+		}
+	}
+	v, err := transact(ctx, s, "admit", req.Resource, s.sql.readShared, admit(false), nil, register)
+	if errors.Is(err, errRaise) {
+		v, err = transact(ctx, s, "admit", req.Resource, s.sql.readLocked, admit(true), nil, register)
+	}
+	if err != nil {
+		return fencing.Admission{}, none, false, err
+	}
+	e := fencing.BarrierEntry{Resource: req.Resource, Token: req.Token, ID: gate + ":" + strconv.FormatInt(v.id, 10), Expired: v.expired}
+	return v.adm, e, v.lower > 0, nil
+}
+
+// entryID is the table's id of an entry named "<gate>:<id>".
+func entryID(e fencing.BarrierEntry) (int64, error) {
+	i := strings.LastIndexByte(e.ID, ':')
+	id, err := strconv.ParseInt(e.ID[i+1:], 10, 64)
+	if i < 0 || err != nil {
+		return 0, fmt.Errorf("pgstore: %q is not a barrier entry of this store", e.ID)
+	}
+	return id, nil
+}
+
+// Leave implements fencing.SharedBarrier: one statement deletes the entry
+// and notifies the waiting gates. It is tried again after a lost
+// connection (leaving twice is harmless).
+func (s *Store) Leave(ctx context.Context, e fencing.BarrierEntry) error {
+	id, err := entryID(e)
+	if err != nil {
+		return err
+	}
+	return s.barrierExec(ctx, "barrier leave", func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, s.sql.leave, e.Resource, id, s.schema+" "+e.Resource)
+		return err
+	})
+}
+
+// barrierExec runs f, bounded by the statement timeout, trying again after
+// a lost connection or a retryable failure: the barrier's statements may
+// be repeated.
+func (s *Store) barrierExec(ctx context.Context, op string, f func(context.Context) error) error {
+	ctx, cancel, err := s.begin(ctx, op)
+	defer cancel()
+	if err != nil {
+		return err
+	}
+	for try := 1; ; try++ {
+		err := f(ctx)
+		if err == nil {
+			return nil
+		}
+		if !(connectionLost(err) || retryableRead(err)) || try == attempts || ctx.Err() != nil {
+			return classify(op, err, false)
+		}
+	}
+}
+
+// WaitLower implements fencing.SharedBarrier: register with the store's
+// listener, then check, then sleep until a notification for the resource,
+// the earliest deadline of the lower entries or barrierRecheck, whichever
+// comes first. Registering before the check means a Leave between the check
+// and the sleep is not missed. A listener that fails fails the wait closed.
+func (s *Store) WaitLower(ctx context.Context, e fencing.BarrierEntry) (int, error) {
+	if s.closed.Load() {
+		return 0, fmt.Errorf("%w: barrier wait: the postgres store is closed", fencing.ErrUnavailable)
+	}
+	w, err := s.listen.join(ctx, s, e.Resource)
+	if err != nil {
+		return 0, err
+	}
+	defer s.listen.leave(w)
+	expired := 0
+	for {
+		wake := s.listen.wakeChan(w)
+		var lower, exp int
+		var waitMs int64
+		err := s.barrierExec(ctx, "barrier check", func(ctx context.Context) error {
+			return s.pool.QueryRow(ctx, s.sql.check, e.Resource, int64(e.Token)).Scan(&exp, &lower, &waitMs)
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return expired, ctx.Err()
+			}
+			return expired, err
+		}
+		expired += exp
+		if lower == 0 {
+			return expired, nil
+		}
+		wait := time.Duration(waitMs) * time.Millisecond
+		if wait <= 0 || wait > barrierRecheck {
+			wait = barrierRecheck
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-wake:
+		case <-timer.C:
+		case <-w.gen.done:
+			timer.Stop()
+			return expired, w.gen.err
+		case <-ctx.Done():
+			timer.Stop()
+			return expired, ctx.Err()
+		}
+		timer.Stop()
+	}
+}
+
+// listener is a Store's one LISTEN connection and the writes waiting on
+// it, by resource. The connection is opened by the first wait and kept
+// until Close; when it fails, the waits on it fail closed and the next
+// wait opens a new one. The zero value is ready to use.
+type listener struct {
+	mu      sync.Mutex
+	gen     *listenGen
+	waits   map[string]*resourceWait
+	stopped bool
+}
+
+// listenGen is one listening connection: ready is closed once LISTEN
+// succeeded, done when the connection ended, with err (matching
+// fencing.ErrUnavailable) set before.
+type listenGen struct {
+	ready, done chan struct{}
+	err         error
+	cancel      context.CancelFunc
+	pid         uint32 // the connection's server process, set before ready
+}
+
+// resourceWait is the waits of this Store on one resource: wake is closed
+// (and replaced) on every notification for it.
+type resourceWait struct {
+	resource string
+	refs     int
+	wake     chan struct{}
+	gen      *listenGen
+}
+
+// join registers a wait on resource, opening the listening connection if
+// none runs, and returns once it listens; or fails closed.
+func (l *listener) join(ctx context.Context, s *Store, resource string) (*resourceWait, error) {
+	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("%w: barrier wait: the postgres store is closed", fencing.ErrUnavailable)
+	}
+	if l.gen == nil || isDone(l.gen.done) {
+		l.gen = l.start(s)
+	}
+	if l.waits == nil {
+		l.waits = map[string]*resourceWait{}
+	}
+	w := l.waits[resource]
+	if w == nil || w.gen != l.gen {
+		w = &resourceWait{resource: resource, wake: make(chan struct{}), gen: l.gen}
+		l.waits[resource] = w
+	}
+	w.refs++
+	gen := l.gen
+	l.mu.Unlock()
+	select {
+	case <-gen.ready:
+		return w, nil
+	case <-gen.done:
+		l.leave(w)
+		return nil, gen.err
+	case <-ctx.Done():
+		l.leave(w)
+		return nil, ctx.Err()
+	}
+}
+
+func isDone(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// leave drops one reference to w.
+func (l *listener) leave(w *resourceWait) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w.refs--
+	if w.refs == 0 && l.waits[w.resource] == w {
+		delete(l.waits, w.resource)
+	}
+}
+
+func (l *listener) wakeChan(w *resourceWait) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return w.wake
+}
+
+// notify wakes the waits on resource.
+func (l *listener) notify(resource string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w := l.waits[resource]; w != nil {
+		close(w.wake)
+		w.wake = make(chan struct{})
+	}
+}
+
+// start opens a listening connection in a new goroutine. Called with l.mu
+// held.
+func (l *listener) start(s *Store) *listenGen {
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &listenGen{ready: make(chan struct{}), done: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(g.done)
+		err := l.run(ctx, s, g)
+		if ctx.Err() != nil {
+			g.err = fmt.Errorf("%w: barrier wait: the postgres store is closed", fencing.ErrUnavailable)
+		} else {
+			g.err = classify("barrier wait: listening connection", err, false)
+		}
+	}()
+	return g
+}
+
+// run connects, listens and routes notifications until the connection
+// fails or ctx ends.
+func (l *listener) run(ctx context.Context, s *Store, g *listenGen) error {
+	cfg := s.pool.Config().ConnConfig
+	cctx, cancel := context.WithTimeout(ctx, s.timeout)
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	if err == nil {
+		_, err = conn.Exec(cctx, "LISTEN "+barrierChannel)
+	}
+	cancel()
+	if conn != nil {
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			conn.Close(cctx)
+		}()
+	}
+	if err != nil {
+		return err
+	}
+	g.pid = conn.PgConn().PID()
+	close(g.ready)
+	prefix := s.schema + " "
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		if res, ok := strings.CutPrefix(n.Payload, prefix); ok {
+			l.notify(res)
+		}
+	}
+}
+
+// stop ends the listening connection for good and waits for it.
+func (l *listener) stop() {
+	l.mu.Lock()
+	l.stopped = true
+	g := l.gen
+	l.mu.Unlock()
+	if g != nil {
+		g.cancel()
+		<-g.done
+	}
+}

@@ -1,0 +1,308 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/pgstore/pgtest"
+)
+
+// newHolder hands res to a new owner and returns its token.
+func newHolder(t *testing.T, s *Store, res, owner string) fencing.Token {
+	t.Helper()
+	ctx := context.Background()
+	st, err := s.Status(ctx, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Lease != nil {
+		if _, err := s.Release(ctx, fencing.ReleaseRequest{Resource: res, Owner: st.Lease.Owner, Token: st.Lease.Token}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: res, Owner: owner, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Token
+}
+
+// barrierRows counts the barrier table's rows for res.
+func barrierRows(t *testing.T, s *Store, res string) int {
+	t.Helper()
+	var n int
+	if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+s.schema+`.barrier WHERE resource = $1`, res).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func registerEntry(t *testing.T, s *Store, res, gate string, tok fencing.Token, hold time.Duration) (fencing.BarrierEntry, bool) {
+	t.Helper()
+	_, e, lower, err := s.AdmitRegister(context.Background(), fencing.AdmitRequest{Resource: res, Token: tok}, gate, hold)
+	if err != nil {
+		t.Fatalf("AdmitRegister(%d): %v", tok, err)
+	}
+	if id, err := entryID(e); err != nil || e.ID != gate+":"+strconv.FormatInt(id, 10) {
+		t.Fatalf("entry id %q does not name gate %s (%v)", e.ID, gate, err)
+	}
+	return e, lower
+}
+
+// TestSharedBarrier runs the shared barrier's contract with two stores (two
+// gates) on one schema: lower entries seen across gates, equal tokens never
+// waiting, refusals registering nothing, wake-ups on Leave, expiry by the
+// database's clock.
+func TestSharedBarrier(t *testing.T) {
+	ctx := context.Background()
+	schema := freshSchema()
+	g1, g2 := open(t, schema), open(t, schema)
+	const res = "job:7"
+
+	a := newHolder(t, g1, res, "a")
+	ea, lower := registerEntry(t, g1, res, "g1", a, time.Minute)
+	if lower {
+		t.Fatal("first write reports a lower entry")
+	}
+	ea2, lower := registerEntry(t, g2, res, "g2", a, time.Minute)
+	if lower {
+		t.Fatal("an equal token waits for an equal one")
+	}
+	b := newHolder(t, g2, res, "b")
+	eb, lower := registerEntry(t, g2, res, "g2", b, time.Minute)
+	if !lower {
+		t.Fatal("a higher token does not see the lower entries in flight through the other gate")
+	}
+
+	// A refused admission registers nothing.
+	before := barrierRows(t, g1, res)
+	if _, _, _, err := g1.AdmitRegister(ctx, fencing.AdmitRequest{Resource: res, Token: a}, "g1", time.Minute); !errors.Is(err, fencing.ErrStaleToken) {
+		t.Fatalf("stale AdmitRegister: %v, want ErrStaleToken", err)
+	}
+	if _, _, _, err := g1.AdmitRegister(ctx, fencing.AdmitRequest{Resource: res, Token: b + 1000}, "g1", time.Minute); !errors.Is(err, fencing.ErrTokenNotIssued) {
+		t.Fatalf("unissued AdmitRegister: %v, want ErrTokenNotIssued", err)
+	}
+	if _, _, _, err := g1.AdmitRegister(ctx, fencing.AdmitRequest{Resource: "never:acquired", Token: 1}, "g1", time.Minute); !errors.Is(err, fencing.ErrTokenNotIssued) {
+		t.Fatalf("AdmitRegister on an unknown resource: %v, want ErrTokenNotIssued", err)
+	}
+	if after := barrierRows(t, g1, res); after != before {
+		t.Fatalf("refused admissions changed the entries: %d -> %d", before, after)
+	}
+
+	// b waits while a lower entry remains, on either gate. The periodic
+	// re-check is turned off: only a notification can wake the wait.
+	recheck := barrierRecheck
+	barrierRecheck = time.Hour
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	if _, err := g2.WaitLower(short, eb); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitLower with two lower entries: %v, want it to block until its context ends", err)
+	}
+	cancel()
+	done := make(chan error, 1)
+	go func() { _, err := g2.WaitLower(ctx, eb); done <- err }()
+	if err := g1.Leave(ctx, ea); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("WaitLower returned (%v) while a lower entry of gate g2 remains", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := g1.Leave(ctx, ea2); err != nil { // through the other gate
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("WaitLower after every lower entry left: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("WaitLower was not woken by the Leave of the last lower entry")
+	}
+	barrierRecheck = recheck
+	if err := g2.Leave(ctx, eb); err != nil || g2.Leave(ctx, eb) != nil {
+		t.Fatalf("Leave (twice): %v", err)
+	}
+	if n := barrierRows(t, g1, res); n != 0 {
+		t.Fatalf("%d entries left after every write left", n)
+	}
+
+	// A gate that dies with an entry registered: the entry blocks higher
+	// tokens until its deadline (by the database's clock), then expires.
+	c := newHolder(t, g1, res, "c")
+	ec, _ := registerEntry(t, g1, res, "dead", c, 700*time.Millisecond)
+	id, _ := entryID(ec)
+	var deadline time.Time
+	if err := g1.pool.QueryRow(ctx, `SELECT deadline FROM `+schema+`.barrier WHERE id = $1`, id).Scan(&deadline); err != nil {
+		t.Fatal(err)
+	}
+	d := newHolder(t, g2, res, "d")
+	ed, lower := registerEntry(t, g2, res, "g2", d, time.Minute)
+	if !lower {
+		t.Fatal("the dead gate's entry is not seen")
+	}
+	expired, err := g2.WaitLower(ctx, ed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var now time.Time
+	if err := g1.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	if now.Before(deadline) {
+		t.Fatalf("WaitLower passed at database time %v, before the dead gate's entry's deadline %v", now, deadline)
+	}
+	if expired != 1 {
+		t.Fatalf("expired = %d, want 1", expired)
+	}
+	if err := g2.Leave(ctx, ed); err != nil {
+		t.Fatal(err)
+	}
+	if n := barrierRows(t, g1, res); n != 0 {
+		t.Fatalf("%d entries left", n)
+	}
+
+	// A registration removes the expired lower entries and counts them.
+	e1 := newHolder(t, g1, res, "e")
+	registerEntry(t, g1, res, "dead", e1, time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	e2 := newHolder(t, g1, res, "f")
+	ef, lower := registerEntry(t, g2, res, "g2", e2, time.Minute)
+	if lower || ef.Expired != 1 {
+		t.Fatalf("registration behind an expired entry: lower %v, expired %d; want false, 1", lower, ef.Expired)
+	}
+	if err := g2.Leave(ctx, ef); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSharedBarrierFailsClosed: a wait whose store closes, or whose
+// listening connection the server ends, returns a store fault.
+func TestSharedBarrierFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	schema := freshSchema()
+	g1, g2 := open(t, schema), open(t, schema)
+	const res = "closing"
+	a := newHolder(t, g1, res, "a")
+	ea, _ := registerEntry(t, g1, res, "g1", a, time.Minute)
+	b := newHolder(t, g1, res, "b")
+	eb, _ := registerEntry(t, g2, res, "g2", b, time.Minute)
+
+	// The server ends the listening connection.
+	done := make(chan error, 1)
+	go func() { _, err := g2.WaitLower(ctx, eb); done <- err }()
+	var pid uint32
+	for give := time.Now().Add(30 * time.Second); pid == 0; {
+		if time.Now().After(give) {
+			t.Fatal("the wait never listened")
+		}
+		time.Sleep(10 * time.Millisecond)
+		g2.listen.mu.Lock()
+		if g := g2.listen.gen; g != nil && isDone(g.ready) {
+			pid = g.pid
+		}
+		g2.listen.mu.Unlock()
+	}
+	if _, err := g1.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, int32(pid)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, fencing.ErrUnavailable) {
+		t.Fatalf("WaitLower whose listening connection was ended: %v, want ErrUnavailable", err)
+	}
+
+	// The next wait listens again; closing the store ends it.
+	go func() { _, err := g2.WaitLower(ctx, eb); done <- err }()
+	time.Sleep(100 * time.Millisecond)
+	g2.Close()
+	if err := <-done; !errors.Is(err, fencing.ErrUnavailable) {
+		t.Fatalf("WaitLower on a closed store: %v, want ErrUnavailable", err)
+	}
+	if _, err := g2.WaitLower(ctx, eb); !errors.Is(err, fencing.ErrUnavailable) {
+		t.Fatalf("WaitLower after Close: %v, want ErrUnavailable", err)
+	}
+	if _, _, _, err := g2.AdmitRegister(ctx, fencing.AdmitRequest{Resource: res, Token: b}, "g2", time.Minute); !errors.Is(err, fencing.ErrUnavailable) {
+		t.Fatalf("AdmitRegister after Close: %v, want ErrUnavailable", err)
+	}
+	_ = g1.Leave(ctx, ea)
+}
+
+// TestAdmitRegisterLostCommitIsAmbiguous: a registration whose COMMIT
+// reply is lost is ErrAmbiguous, as Admit's would be.
+func TestAdmitRegisterLostCommitIsAmbiguous(t *testing.T) {
+	c := pgtest.Need(t, cluster)
+	schema := freshSchema()
+	p := newFaultProxy(t, "127.0.0.1:"+strconv.Itoa(c.Port()))
+	s := openVia(t, p.addr(), schema, 5*time.Second)
+	tok := newHolder(t, s, "amb", "a")
+	p.dropNext.Store(true)
+	_, _, _, err := s.AdmitRegister(context.Background(), fencing.AdmitRequest{Resource: "amb", Token: tok}, "g1", time.Minute)
+	if !errors.Is(err, fencing.ErrAmbiguous) || errors.Is(err, fencing.ErrUnavailable) {
+		t.Fatalf("AdmitRegister with its COMMIT reply lost: %v, want ErrAmbiguous", err)
+	}
+	if n := barrierRows(t, open(t, schema), "amb"); n != 1 {
+		t.Fatalf("%d entries after the lost reply, want the committed one", n)
+	}
+}
+
+// TestAdmitRegisterOrdersRaises: many gates admit writes at a holder's
+// mark while the next holder's first write raises it. Every write admitted
+// at the old mark must have registered before the raise read the entries:
+// no old entry may be inserted after the raising one (the shared row lock
+// of admissions at the mark against the raise's exclusive one).
+func TestAdmitRegisterOrdersRaises(t *testing.T) {
+	ctx := context.Background()
+	schema := freshSchema()
+	gates := []*Store{open(t, schema), open(t, schema), open(t, schema)}
+	const res = "race"
+	for round := 0; round < 5; round++ {
+		a := newHolder(t, gates[0], res, "a")
+		b := newHolder(t, gates[0], res, "b") // issued; a's writes still pass until b's first
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		for i := 0; i < 12; i++ {
+			wg.Add(1)
+			go func(s *Store) {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					_, _, _, err := s.AdmitRegister(ctx, fencing.AdmitRequest{Resource: res, Token: a}, "old", time.Minute)
+					if errors.Is(err, fencing.ErrStaleToken) {
+						return
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}(gates[i%len(gates)])
+		}
+		time.Sleep(50 * time.Millisecond)
+		eb, lower := registerEntry(t, gates[1], res, "new", b, time.Minute)
+		close(stop)
+		wg.Wait()
+		if !lower {
+			t.Fatal("the raising write saw no entry of the writes admitted at the old mark")
+		}
+		id, _ := entryID(eb)
+		var late int
+		if err := gates[0].pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.barrier o, `+schema+`.barrier n
+			WHERE n.id = $1 AND o.resource = n.resource AND o.token < n.token AND o.deadline > n.deadline`, id).Scan(&late); err != nil {
+			t.Fatal(err)
+		}
+		if late > 0 {
+			t.Fatalf("round %d: %d writes at the old mark registered after the raise", round, late)
+		}
+		if _, err := gates[0].pool.Exec(ctx, `DELETE FROM `+schema+`.barrier`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
