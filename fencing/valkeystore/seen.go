@@ -106,7 +106,15 @@ func (before seenRecord) lost(known bool, issued, floor fencing.Token) bool {
 // observe remembers an answer for res: it replaces what was seen unless
 // what was seen is newer (a higher issued counter; answers may arrive out
 // of order).
+//
+// An answer with issued 0 is a record that does not exist (never used, or
+// lost whole): there is nothing to remember of it. Remembering it would
+// make the record's creation by the next acquisition (with a floor of its
+// own) look like a loss, and the lift would end that live lease.
 func (m *seenMarks) observe(res string, issued, floor fencing.Token) {
+	if issued == 0 {
+		return
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if seen, ok := m.byRes[res]; !ok || issued >= seen.issued {

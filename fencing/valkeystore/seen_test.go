@@ -1,11 +1,15 @@
 package valkeystore
 
 import (
+	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/valkeystore/valkeytest"
 )
 
 func TestSeenRecordLost(t *testing.T) {
@@ -42,6 +46,47 @@ func TestSeenMarksObserveKeepsNewest(t *testing.T) {
 	}
 	if m.floor() != 20 {
 		t.Fatalf("top %d, want 20", m.floor())
+	}
+}
+
+// A record that does not exist (issued 0) is not remembered: its creation
+// by the next acquisition is not a loss.
+func TestSeenMarksIgnoreAbsentRecords(t *testing.T) {
+	m := newSeenMarks()
+	m.observe("r", 0, 0)
+	if rec, known := m.resource("r"); known {
+		t.Fatalf("an absent record was remembered: %+v", rec)
+	}
+}
+
+// Regression: a gate that had seen a resource absent (an admission refused
+// with token-not-issued, issued 0) took the record another gate then
+// created (with a floor of its own) for a re-created one: its next
+// acquisition lifted the record, ending the live lease and handing the
+// resource to a second owner. Found by the linearizability check, where
+// the two calls raced through one gate.
+func TestAbsentRecordThenAcquireKeepsTheLease(t *testing.T) {
+	srv := valkeytest.Start(t)
+	prefix := freshPrefix()
+	g1, g2 := open(t, srv.URL(), prefix), open(t, srv.URL(), prefix)
+	ctx := context.Background()
+	if _, err := g1.Admit(ctx, fencing.AdmitRequest{Resource: "r", Token: 1 << 60}); !errors.Is(err, fencing.ErrTokenNotIssued) {
+		t.Fatalf("forged admission: %v, want token-not-issued", err)
+	}
+	a, err := g2.Acquire(ctx, fencing.AcquireRequest{Resource: "r", Owner: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// g1 sees a later token on another resource (tokens follow the
+	// server's clock), as a busy gate does.
+	if _, err := g1.Acquire(ctx, fencing.AcquireRequest{Resource: "other", Owner: "c", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := g1.Acquire(ctx, fencing.AcquireRequest{Resource: "r", Owner: "b", TTL: time.Minute}); !errors.Is(err, fencing.ErrLeaseHeld) {
+		t.Fatalf("second owner while %v is live: %v, %v; want lease-held", a, b, err)
+	}
+	if _, err := g2.Admit(ctx, fencing.AdmitRequest{Resource: "r", Token: a.Token}); err != nil {
+		t.Fatalf("the holder's write: %v", err)
 	}
 }
 
