@@ -50,6 +50,11 @@ type SessionOptions struct {
 	// server or store did not answer, or answered 5xx); zero means TTL/15,
 	// at least 100 ms.
 	RetryInterval time.Duration
+	// OnRetry, if set, is called with each failed renewal attempt that
+	// was not a refusal (a refusal ends the session); such a failure is
+	// retried every RetryInterval until the local deadline. It runs on the
+	// keep-alive goroutine, so it must return quickly: it is for logging.
+	OnRetry func(err error)
 	// Clock is the session's time source; nil means SystemClock. Tests
 	// pass a fake one.
 	Clock Clock
@@ -87,6 +92,7 @@ type Session struct {
 	interval time.Duration // between renewals: TTL/3
 	margin   time.Duration
 	retry    time.Duration
+	onRetry  func(error)
 
 	mu       sync.Mutex
 	lease    fencing.Lease
@@ -142,6 +148,7 @@ func NewSession(ctx context.Context, client *Client, resource string, opts Sessi
 		interval: lease.TTL / 3,
 		margin:   opts.Margin,
 		retry:    opts.RetryInterval,
+		onRetry:  opts.OnRetry,
 		done:     make(chan struct{}),
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
@@ -334,6 +341,9 @@ func (s *Session) keepAlive(first time.Time) {
 			next = s.clock.Now().Add(s.retry)
 			if err != ErrRenewDeadline {
 				last = err
+				if s.onRetry != nil {
+					s.onRetry(err)
+				}
 			}
 		}
 	}

@@ -28,12 +28,15 @@ type sessionEnv struct {
 	client *leaseapi.Client
 	start  time.Time
 
-	hang     atomic.Bool // every call blocks until its client gives up
-	fail503  atomic.Bool // renewals answer 503 store-unavailable
-	mu       sync.Mutex
-	calls    map[string]int // "POST acquire" -> count of calls served
-	afterAcq func(n int)    // run after the n-th acquire was served
-	unhang   chan struct{}  // closed at cleanup, releasing hung calls
+	hang      atomic.Bool  // every call blocks until its client gives up
+	hung      atomic.Int64 // calls that reached the server while it hangs
+	abandoned atomic.Int64 // hung calls whose client gave up (cancelled the request)
+	fail503   atomic.Bool  // renewals answer 503 store-unavailable
+	slowRenew atomic.Int64 // the fake clock moves this far while a renewal is served
+	mu        sync.Mutex
+	calls     map[string]int // "POST acquire" -> count of calls served
+	afterAcq  func(n int)    // run after the n-th acquire was served
+	unhang    chan struct{}  // closed at cleanup, releasing hung calls
 }
 
 func newSessionEnv(t *testing.T) *sessionEnv {
@@ -45,8 +48,13 @@ func newSessionEnv(t *testing.T) *sessionEnv {
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		op := r.Method + " " + r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]
 		if e.hang.Load() {
+			// The server notices a client going away only once it has
+			// read the request body.
+			_, _ = io.Copy(io.Discard, r.Body)
+			e.hung.Add(1)
 			select {
 			case <-r.Context().Done():
+				e.abandoned.Add(1)
 			case <-e.unhang:
 			}
 			return
@@ -57,6 +65,9 @@ func newSessionEnv(t *testing.T) *sessionEnv {
 			io.WriteString(w, `{"type":"urn:fencegate:problem:store-unavailable","title":"Service Unavailable","status":503,"detail":"x","code":"store-unavailable"}`)
 			e.count(op)
 			return
+		}
+		if d := time.Duration(e.slowRenew.Load()); d > 0 && op == "POST renew" {
+			e.clock.Advance(d)
 		}
 		api.ServeHTTP(w, r)
 		n := e.count(op)
@@ -203,6 +214,7 @@ func TestSessionLostAtLocalDeadline(t *testing.T) {
 	e.clock.waitTimer(t, e.at(10*time.Second))
 	e.clock.Advance(10 * time.Second)
 	e.clock.waitTimer(t, e.at(27*time.Second)) // the renewal is in flight, bounded by the deadline
+	eventually(t, "the renewal reached the server", func() bool { return e.hung.Load() == 1 })
 	e.clock.Advance(16*time.Second + 999*time.Millisecond)
 	if s.Err() != nil {
 		t.Fatalf("lost before the deadline: %v", s.Err())
@@ -215,6 +227,107 @@ func TestSessionLostAtLocalDeadline(t *testing.T) {
 	}
 	if st := e.status(t); st.Lease == nil || st.Lease.Owner != "w1" {
 		t.Fatalf("the server no longer holds the lease when the session gives up: %+v", st.Lease)
+	}
+	// The renewal still out at the deadline was abandoned: its request is
+	// cancelled, not left hanging on the connection.
+	eventually(t, "the renewal abandoned at the deadline was cancelled", func() bool { return e.abandoned.Load() == 1 })
+}
+
+// eventually waits until cond holds: for what another goroutine does in
+// real time (an HTTP exchange). The bound only keeps a broken test from
+// hanging.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for giveUp := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(giveUp) {
+			t.Fatalf("not so after 20 s: %s", what)
+		}
+	}
+}
+
+// A renewal's deadline, and the next renewal, count from when its request
+// was sent, not from when its answer came: the server started the TTL
+// somewhere in between.
+func TestSessionDeadlineCountsFromTheRenewalsSendTime(t *testing.T) {
+	e := newSessionEnv(t)
+	s := e.session(t, "w1")
+	e.clock.waitTimer(t, e.at(10*time.Second))
+	e.slowRenew.Store(int64(2 * time.Second)) // sent at 10 s, answered at 12 s
+	e.clock.Advance(10 * time.Second)
+	e.clock.waitTimer(t, e.at(20*time.Second)) // 10 s after the send, not the answer
+	if st := e.status(t); st.Lease == nil || !st.Lease.ExpiresAt.Equal(e.at(42*time.Second)) {
+		t.Fatalf("the server's lease after the slow renewal: %+v", st.Lease)
+	}
+	e.slowRenew.Store(0)
+	e.hang.Store(true)
+	e.clock.Advance(8 * time.Second)
+	e.clock.waitTimer(t, e.at(37*time.Second)) // 10 s + 30 s - 3 s, not 39 s
+	e.clock.Advance(17*time.Second - time.Millisecond)
+	if s.Err() != nil {
+		t.Fatalf("lost before the deadline: %v", s.Err())
+	}
+	e.clock.Advance(time.Millisecond)
+	waitDone(t, s)
+	if err := s.Err(); !errors.Is(err, leaseapi.ErrRenewDeadline) {
+		t.Fatalf("Err = %v, want the local deadline", err)
+	}
+}
+
+// Renewals that keep failing are retried every RetryInterval, each failure
+// reported to OnRetry, until the local deadline ends the session; the loss
+// names the last failure.
+func TestSessionRetriesUntilTheDeadline(t *testing.T) {
+	e := newSessionEnv(t)
+	var mu sync.Mutex
+	var retried []error
+	s, err := leaseapi.NewSession(context.Background(), e.client, "job:1", leaseapi.SessionOptions{
+		Owner: "w1", TTL: 30 * time.Second, RetryInterval: 3 * time.Second, Clock: e.clock,
+		OnRetry: func(err error) {
+			mu.Lock()
+			retried = append(retried, err)
+			mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = s.Release(context.Background(), false) })
+	e.fail503.Store(true)
+	e.clock.waitTimer(t, e.at(10*time.Second))
+	e.clock.Advance(10 * time.Second)
+	// Retried at 13, 16, ..., 25 s; the retry due at 28 s is past the
+	// deadline (27 s), so the session wakes at the deadline and gives up.
+	for at := 13 * time.Second; at <= 25*time.Second; at += 3 * time.Second {
+		e.clock.waitTimer(t, e.at(at))
+		e.clock.Advance(3 * time.Second)
+	}
+	// The sixth failure must be in before the clock moves: until then the
+	// pending timer at 27 s may be the deadline of the renewal in flight.
+	eventually(t, "six failures reported to OnRetry", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(retried) == 6
+	})
+	e.clock.waitTimer(t, e.at(27*time.Second))
+	if s.Err() != nil {
+		t.Fatalf("lost before the deadline: %v", s.Err())
+	}
+	e.clock.Advance(2 * time.Second)
+	waitDone(t, s)
+	err = s.Err()
+	var pe *leaseapi.ProblemError
+	if !errors.Is(err, leaseapi.ErrSessionLost) || !errors.Is(err, leaseapi.ErrRenewDeadline) || !errors.As(err, &pe) || pe.Status != 503 {
+		t.Fatalf("Err = %v, want lost at the deadline, naming the last 503", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := e.served("POST renew"); n != 6 || len(retried) != 6 {
+		t.Fatalf("%d renewals served, %d reported to OnRetry; want 6 and 6", n, len(retried))
+	}
+	for _, r := range retried {
+		if !errors.As(r, &pe) || pe.Status != 503 {
+			t.Fatalf("OnRetry got %v", r)
+		}
 	}
 }
 

@@ -376,6 +376,17 @@ func (c *cli) apiFailure(err error) error {
 	return err
 }
 
+// transient reports whether a failed call may succeed if tried again: the
+// server or its store could not answer, or the outcome is unknown. A
+// refusal (4xx) is final.
+func transient(err error) bool {
+	var pe *leaseapi.ProblemError
+	if errors.As(err, &pe) {
+		return pe.Status >= http.StatusInternalServerError
+	}
+	return errors.Is(err, fencing.ErrUnavailable) || errors.Is(err, fencing.ErrAmbiguous) || errors.Is(err, context.DeadlineExceeded)
+}
+
 // printJSONLine writes a JSON document on one line.
 func printJSONLine(w io.Writer, raw []byte) error {
 	var buf bytes.Buffer

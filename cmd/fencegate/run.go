@@ -144,62 +144,57 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigc)
 
-	sent := time.Now()
-	lease, err := client.Acquire(ctx, o.resource, leaseapi.AcquireOptions{Owner: o.owner, TTL: o.ttl, Wait: o.wait})
-	if errors.Is(err, fencing.ErrLeaseHeld) {
+	sess, err := leaseapi.NewSession(ctx, client, o.resource, leaseapi.SessionOptions{
+		Owner: o.owner, TTL: o.ttl, Wait: o.wait,
+		// The session's default margin is TTL/10 already; run retries a
+		// failed renewal every TTL/10, as its help says.
+		RetryInterval: o.ttl / 10,
+		OnRetry: func(err error) {
+			fmt.Fprintf(c.stderr, "fencegate run: renewal failed, retrying: %v\n", err)
+		},
+	})
+	switch {
+	case errors.Is(err, fencing.ErrLeaseHeld):
 		_ = c.apiFailure(err) // prints the problem
 		return withExit(exitNotAcquired, nil)
-	}
-	if err != nil {
+	case errors.Is(err, leaseapi.ErrSessionLost):
+		// A long wait used up the lease's local deadline before it could
+		// be confirmed: it was never safely held.
+		fmt.Fprintf(c.stderr, "fencegate run: %v\n", err)
+		return withExit(exitNotAcquired, nil)
+	case err != nil:
 		return c.apiFailure(err)
-	}
-	keeper := &leaseKeeper{
-		client: client, clock: realClock{}, resource: o.resource, owner: o.owner, token: lease.Token, ttl: lease.TTL,
-		warn: func(err error) { fmt.Fprintf(c.stderr, "fencegate run: renewal failed, retrying: %v\n", err) },
 	}
 	// Keep the work out of ctx's hands from here on: signals are
 	// forwarded to CMD, and the lease is released after it exits.
 	bg := context.WithoutCancel(ctx)
-	if time.Since(sent) >= keeper.renewEvery() {
-		// A long wait used up part of the lease's local deadline, which
-		// counts from the sending of the acquire request: renew first.
-		sent = time.Now()
-		if _, err := client.Renew(bg, o.resource, o.owner, lease.Token, lease.TTL); err != nil {
-			fmt.Fprintf(c.stderr, "fencegate run: renewing the lease just acquired: %v\n", err)
-			return withExit(exitNotAcquired, nil)
-		}
-	}
 
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(append([]string(nil), c.environ...),
 		"FENCING_RESOURCE="+o.resource,
-		"FENCING_TOKEN="+lease.Token.String(),
+		"FENCING_TOKEN="+sess.Token().String(),
 		"FENCING_OWNER="+o.owner,
 		"FENCEGATE_API_URL="+base,
 	)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = c.stdin, c.stdout, c.stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		c.release(bg, client, o, lease.Token, false)
+		c.release(bg, sess, false)
 		return withExit(127, fmt.Errorf("run: %w", err))
 	}
 	waitc := make(chan error, 1)
 	go func() { waitc <- cmd.Wait() }()
-	kctx, stopKeeper := context.WithCancel(bg)
-	defer stopKeeper()
-	keptc := make(chan error, 1)
-	go func() { keptc <- keeper.keep(kctx, sent) }()
 
-	var lost error
+	lostc := sess.Done() // only a loss ends the session while CMD runs
 	var killc <-chan time.Time
 	var waitErr error
 	for running := true; running; {
 		select {
 		case sig := <-sigc:
 			signalGroup(cmd.Process.Pid, sig.(syscall.Signal))
-		case lost = <-keptc:
-			keptc = nil
-			fmt.Fprintf(c.stderr, "fencegate run: %v; stopping the command (SIGTERM now, SIGKILL in %v)\n", lost, o.killAfter)
+		case <-lostc:
+			lostc = nil
+			fmt.Fprintf(c.stderr, "fencegate run: %v; stopping the command (SIGTERM now, SIGKILL in %v)\n", sess.Err(), o.killAfter)
 			signalGroup(cmd.Process.Pid, syscall.SIGTERM)
 			killc = time.After(o.killAfter)
 		case <-killc:
@@ -208,31 +203,33 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 			running = false
 		}
 	}
-	stopKeeper()
-	if keptc != nil {
-		// A loss decided while CMD was exiting still counts: the work may
-		// not be complete under the lease.
-		lost = <-keptc
-	}
 	status := childStatus(waitErr)
-	if lost != nil {
+	// A loss decided while CMD was exiting still counts (Err also checks
+	// the local deadline): the work may not be complete under the lease,
+	// and a lost lease is not released.
+	if sess.Err() == nil {
+		c.release(bg, sess, o.finishOnSuccess && status == 0)
+	}
+	if err := sess.Err(); errors.Is(err, leaseapi.ErrSessionLost) {
+		if lostc != nil {
+			fmt.Fprintf(c.stderr, "fencegate run: %v while the command was exiting\n", err)
+		}
 		// Whatever CMD left behind in its group must not write on.
 		signalGroup(cmd.Process.Pid, syscall.SIGKILL)
 		return withExit(exitLeaseLost, nil)
 	}
-	c.release(bg, client, o, lease.Token, o.finishOnSuccess && status == 0)
 	if status != 0 {
 		return withExit(status, nil)
 	}
 	return nil
 }
 
-// release ends the lease after CMD exited; a failure is reported, not
-// fatal: the lease then expires on its own.
-func (c *cli) release(ctx context.Context, client *leaseapi.Client, o runOptions, token fencing.Token, finished bool) {
+// release ends the session and its lease after CMD exited; a failure is
+// reported, not fatal: the lease then expires on its own.
+func (c *cli) release(ctx context.Context, sess *leaseapi.Session, finished bool) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	if _, err := client.Release(ctx, o.resource, o.owner, token, finished); err != nil {
+	if _, err := sess.Release(ctx, finished); err != nil {
 		fmt.Fprintf(c.stderr, "fencegate run: releasing the lease: %v\n", err)
 	}
 }
