@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -100,23 +99,7 @@ func TestAuditLineAdmittedAndStale(t *testing.T) {
 func TestAuditLineBarrierTimeoutAndCutOff(t *testing.T) {
 	logs := &auditLog{}
 	e := newEnv(t, testRules, withLog(logs), func(o *Options) { o.BarrierTimeout = 20 * time.Millisecond })
-	arrived, release := make(chan struct{}), make(chan struct{})
-	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
-		if rec.Token == "1" {
-			close(arrived)
-			<-release
-		}
-		return false
-	}
-	a := e.acquire("job:5", "a", 10*time.Second)
-	e.clock.Advance(11 * time.Second)
-	b := e.acquire("job:5", "b", 10*time.Second)
-	res1 := make(chan response, 1)
-	go func() {
-		r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "one", HeaderToken, tok(a.Token), "X-Request-Id", "req-slow")
-		res1 <- r
-	}()
-	<-arrived
+	a, b, res1, release := e.slowHandoff("X-Request-Id", "req-slow")
 	wantProblem(t, e.do("PUT", "/jobs/5", "two", HeaderToken, tok(b.Token), "X-Request-Id", "req-barrier"), 503, "barrier-timeout")
 
 	// The slow write is in flight: a shutdown now would cut it off.

@@ -100,23 +100,7 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 // barrier longer than the deadline, with its body complete, goes through.
 func TestBodyTimeoutCountsFromForwarding(t *testing.T) {
 	e := newEnv(t, testRules, func(o *Options) { o.BodyTimeout = 50 * time.Millisecond })
-	arrived, release := make(chan struct{}), make(chan struct{})
-	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
-		if rec.Body == "one" {
-			close(arrived)
-			<-release
-		}
-		return false
-	}
-	a := e.acquire("job:5", "a", 10*time.Second)
-	e.clock.Advance(11 * time.Second)
-	b := e.acquire("job:5", "b", 10*time.Second)
-	res1 := make(chan response, 1)
-	go func() {
-		r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "one", HeaderToken, tok(a.Token))
-		res1 <- r
-	}()
-	<-arrived
+	_, b, res1, release := e.slowHandoff()
 	res2 := make(chan response, 1)
 	go func() {
 		r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "two", HeaderToken, tok(b.Token))

@@ -313,23 +313,7 @@ func TestEqualTokensOverlap(t *testing.T) {
 // refused with 503 and never forwarded; the slow write still completes.
 func TestBarrierTimeout(t *testing.T) {
 	e := newEnv(t, testRules, func(o *Options) { o.BarrierTimeout = 20 * time.Millisecond })
-	arrived, release := make(chan struct{}), make(chan struct{})
-	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
-		if rec.Token == "1" {
-			close(arrived)
-			<-release
-		}
-		return false
-	}
-	a := e.acquire("job:5", "a", 10*time.Second)
-	e.clock.Advance(11 * time.Second)
-	b := e.acquire("job:5", "b", 10*time.Second)
-	res1 := make(chan response, 1)
-	go func() {
-		r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "one", HeaderToken, tok(a.Token))
-		res1 <- r
-	}()
-	<-arrived
+	_, b, res1, release := e.slowHandoff()
 	r := e.do("PUT", "/jobs/5", "two", HeaderToken, tok(b.Token))
 	wantProblem(t, r, 503, "barrier-timeout")
 	if r.Header.Get("Retry-After") == "" {
@@ -454,23 +438,7 @@ func testStoreFailingNeverForwards(t *testing.T, e *env) {
 // the barrier is deregistered and never forwarded.
 func TestClientGoneWhileWaiting(t *testing.T) {
 	e := newEnv(t, testRules)
-	arrived, release := make(chan struct{}), make(chan struct{})
-	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
-		if rec.Token == "1" {
-			close(arrived)
-			<-release
-		}
-		return false
-	}
-	a := e.acquire("job:5", "a", 10*time.Second)
-	e.clock.Advance(11 * time.Second)
-	b := e.acquire("job:5", "b", 10*time.Second)
-	res1 := make(chan response, 1)
-	go func() {
-		r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "one", HeaderToken, tok(a.Token))
-		res1 <- r
-	}()
-	<-arrived
+	_, b, res1, release := e.slowHandoff()
 	ctx, cancel := context.WithCancel(context.Background())
 	// No body: net/http notices a client leaving only once the request
 	// body has been consumed (a waiting write with a body is bounded by

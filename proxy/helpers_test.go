@@ -204,3 +204,29 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func (g *Gate) registered(resource string, tk fencing.Token) int {
 	return g.barrier.Registered(resource, tk)
 }
+
+// slowHandoff sets up the handoff most barrier tests play on job:5: the
+// upstream holds the first write (body "one") until release is closed;
+// owner a takes the lease, it expires, owner b takes it; a's write (with
+// the extra headers hdr) is sent and has reached the upstream when
+// slowHandoff returns. res receives its response.
+func (e *env) slowHandoff(hdr ...string) (a, b fencing.Lease, res <-chan response, release chan struct{}) {
+	arrived, release := make(chan struct{}), make(chan struct{})
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+		if rec.Body == "one" {
+			close(arrived)
+			<-release
+		}
+		return false
+	}
+	a = e.acquire("job:5", "a", 10*time.Second)
+	e.clock.Advance(11 * time.Second)
+	b = e.acquire("job:5", "b", 10*time.Second)
+	res1 := make(chan response, 1)
+	go func() {
+		r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/jobs/5", "one", append([]string{HeaderToken, tok(a.Token)}, hdr...)...)
+		res1 <- r
+	}()
+	<-arrived
+	return a, b, res1, release
+}
