@@ -54,13 +54,15 @@ type Config struct {
 	ResourceHeader  *bool         `env:"RESOURCE_HEADER" help:"true or false: take the resource from the Fencing-Resource header when no rule matches; unset: true without rules, false with rules"`
 	BarrierTimeout  time.Duration `env:"BARRIER_TIMEOUT" envDefault:"10s" help:"longest wait behind a lower-token write in flight, a duration > 0"`
 	TimeoutGrace    time.Duration `env:"TIMEOUT_GRACE" envDefault:"30s" help:"how long the barrier stays closed after a write with an unknown outcome (upstream timeout, body cut off, shutdown), also across a restart, a duration >= 0; 0 turns it off"`
-	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest wait for the upstream's response headers, a duration > 0"`
+	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest exchange with the upstream, from sending the request to the end of its response, a duration > 0"`
+	UpstreamConns   int           `env:"UPSTREAM_CONNS" envDefault:"1024" help:"most connections from the gate to the upstream (> 0); a request that finds them all busy waits for one"`
+	BodyBuffer      int           `env:"BODY_BUFFER" envDefault:"16384" help:"largest request body in bytes (by its Content-Length) the gate reads in full before admitting a write; larger and chunked bodies stream through; 0 streams every body"`
 	AuditLog        string        `env:"AUDIT_LOG" envDefault:"on" help:"one info line per write through the gate: on, off, or a fraction between 0 and 1 (such as 0.1) of successful writes to log, refusals and faults always logged"`
 	Barrier         string        `env:"BARRIER" envDefault:"local" help:"local (order writes through this gate) or shared (order writes across every gate on the store; valkey:// or postgres:// only)"`
 	GateID          string        `env:"GATE_ID" help:"this gate's name in shared-barrier entries, 1 to 100 bytes of A-Z a-z 0-9 . _ -; default: host name and process id"`
 
 	ReadHeaderTimeout time.Duration `env:"READ_HEADER_TIMEOUT" envDefault:"10s" help:"longest time a client may take to send a request's headers, on both listeners, a duration > 0"`
-	BodyTimeout       time.Duration `env:"BODY_TIMEOUT" envDefault:"10s" help:"longest time a client may take to send a request body: on the gate from when the request is forwarded, on the lease API once its headers are read, a duration > 0"`
+	BodyTimeout       time.Duration `env:"BODY_TIMEOUT" envDefault:"10s" help:"longest time a client may take to send a request body: on the gate, a buffered body before admission and a streamed one from when the request is forwarded; on the lease API once its headers are read; a duration > 0"`
 	IdleTimeout       time.Duration `env:"IDLE_TIMEOUT" envDefault:"2m" help:"how long an idle keep-alive connection stays open, a duration > 0"`
 	MaxConns          int           `env:"MAX_CONNS" envDefault:"4096" help:"most concurrent client connections per listener (> 0); beyond it a connection is answered 503 too-many-connections and closed, while a small reserve keeps /livez and /readyz answering"`
 
@@ -181,6 +183,12 @@ func (c Config) Validate() error {
 	positive("ReadHeaderTimeout", c.ReadHeaderTimeout)
 	positive("BodyTimeout", c.BodyTimeout)
 	positive("IdleTimeout", c.IdleTimeout)
+	if c.UpstreamConns < 1 {
+		check("UpstreamConns", fmt.Errorf("%d is not positive", c.UpstreamConns))
+	}
+	if c.BodyBuffer < 0 {
+		check("BodyBuffer", fmt.Errorf("%d is negative", c.BodyBuffer))
+	}
 	if c.MaxConns < 1 {
 		check("MaxConns", fmt.Errorf("%d is not positive", c.MaxConns))
 	}

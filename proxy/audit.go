@@ -4,13 +4,11 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
-	"net/http"
 	"sync"
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/problem"
-	"github.com/fencegate/fencegate/fencing/reqid"
 )
 
 // AuditMessage is the message of the gate's audit log lines: one per
@@ -45,13 +43,9 @@ type Audit struct {
 	Sample float64
 }
 
-// auditKey is the context key of a write's *auditRecord.
-type auditKey struct{}
-
 // auditRecord is what the audit line of one write says. Its fields are
-// written on the request's goroutine only (ServeHTTP, and ModifyResponse
-// and ErrorHandler, which run on it); LogCutOff reads them from another
-// goroutine, hence the lock.
+// written by the request's handler only; LogCutOff reads them from another
+// goroutine, hence the lock. A nil *auditRecord (a read) records nothing.
 type auditRecord struct {
 	mu                      sync.Mutex
 	start                   time.Time
@@ -61,54 +55,45 @@ type auditRecord struct {
 	status                  int
 }
 
-// auditWrites gives every write an audit record in its context and
-// registers it as in flight until next returns, whatever happens to it.
-// It wraps the telemetry handler, so the request serve sees (and sets
-// Pattern on) is the one otelhttp reads back.
-func (g *Gate) auditWrites(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if safeMethod(r.Method) {
-			next.ServeHTTP(w, r)
-			return
-		}
-		p := r.URL.EscapedPath()
-		if len(p) > 256 {
-			p = p[:256]
-		}
-		rec := &auditRecord{start: time.Now(), id: reqid.From(r), method: r.Method, path: p}
-		g.inFlight.Store(rec, struct{}{})
-		defer g.inFlight.Delete(rec)
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), auditKey{}, rec)))
-	})
+// openAudit gives a write an audit record and registers it as in flight
+// until closeAudit.
+func (g *Gate) openAudit(x *exchange) {
+	p := x.path
+	if len(p) > 256 {
+		p = p[:256]
+	}
+	x.audit = &auditRecord{start: x.start, id: x.id, method: x.method, path: p}
+	g.inFlight.Store(x.audit, struct{}{})
 }
 
-func auditRecordOf(ctx context.Context) *auditRecord {
-	rec, _ := ctx.Value(auditKey{}).(*auditRecord)
-	return rec
+// closeAudit ends a write's registration as in flight.
+func (g *Gate) closeAudit(x *exchange) {
+	if x.audit != nil {
+		g.inFlight.Delete(x.audit)
+	}
 }
 
-// auditWrite records the resource and token a write was checked for.
-func auditWrite(r *http.Request, resource string, token fencing.Token) {
-	if rec := auditRecordOf(r.Context()); rec != nil {
+// checked records the resource and token a write was checked for.
+func (rec *auditRecord) checked(resource string, token fencing.Token) {
+	if rec != nil {
 		rec.mu.Lock()
 		rec.resource, rec.token = resource, token
 		rec.mu.Unlock()
 	}
 }
 
-// auditAdmission records the marks the store reported on admission.
-func auditAdmission(r *http.Request, a fencing.Admission) {
-	if rec := auditRecordOf(r.Context()); rec != nil {
+// admitted records the marks the store reported on admission.
+func (rec *auditRecord) admitted(a fencing.Admission) {
+	if rec != nil {
 		rec.mu.Lock()
 		rec.highWater, rec.issue = a.HighWater, a.Issued
 		rec.mu.Unlock()
 	}
 }
 
-// auditProblem records the marks a refusal reports (stale-token carries
-// the high-water mark, token-not-issued the newest issued token).
-func auditProblem(r *http.Request, p *problem.Error) {
-	rec := auditRecordOf(r.Context())
+// problem records the marks a refusal reports (stale-token carries the
+// high-water mark, token-not-issued the newest issued token).
+func (rec *auditRecord) problem(p *problem.Error) {
 	if rec == nil {
 		return
 	}
@@ -122,30 +107,28 @@ func auditProblem(r *http.Request, p *problem.Error) {
 	}
 }
 
-// auditUpstream records the upstream's status for a forwarded write.
-func auditUpstream(resp *http.Response) {
-	if rec := auditRecordOf(resp.Request.Context()); rec != nil {
+// answered records the upstream's status for a forwarded write.
+func (rec *auditRecord) answered(status int) {
+	if rec != nil {
 		rec.mu.Lock()
-		rec.status = resp.StatusCode
+		rec.status = status
 		rec.mu.Unlock()
 	}
 }
 
 // auditEnd logs a write's audit line with its final outcome code. It is
 // called from count, once per write.
-func (g *Gate) auditEnd(r *http.Request, code string) {
-	rec := auditRecordOf(r.Context())
-	if rec == nil || g.audit.Off {
+func (g *Gate) auditEnd(x *exchange, code string) {
+	if x.audit == nil || g.audit.Off {
 		return
 	}
 	if s := g.audit.Sample; s > 0 && s < 1 && (code == CodeAdmitted || code == CodeUnfenced) && rand.Float64() >= s {
 		return
 	}
-	ctx := context.WithoutCancel(r.Context())
-	if !g.log.Enabled(ctx, slog.LevelInfo) {
+	if !g.log.Enabled(x.ctx, slog.LevelInfo) {
 		return
 	}
-	g.log.LogAttrs(ctx, slog.LevelInfo, AuditMessage, rec.attrs(code)...)
+	g.log.LogAttrs(x.ctx, slog.LevelInfo, AuditMessage, x.audit.attrs(code)...)
 }
 
 // attrs are the audit line's attributes.

@@ -63,7 +63,7 @@ func BenchmarkGate(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	gate := func(b *testing.B, st fencing.Store) http.Handler {
+	gate := func(b *testing.B, st fencing.Store) *Gate {
 		g, err := New(Options{Upstream: u, Store: st, Rules: rules})
 		if err != nil {
 			b.Fatal(err)
@@ -97,14 +97,14 @@ func BenchmarkGate(b *testing.B) {
 	run("reverseproxy", func(b *testing.B) (string, []fencing.Token, func()) {
 		rp := &httputil.ReverseProxy{
 			Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.SetXForwarded() },
-			Transport: NewTransport(30 * time.Second),
+			Transport: &http.Transport{MaxIdleConnsPerHost: 256},
 		}
 		s := httptest.NewServer(rp)
 		return s.URL, noToks, s.Close
 	})
 	run("gate-memory", func(b *testing.B) (string, []fencing.Token, func()) {
 		st := memstore.New(memstore.Options{})
-		s := httptest.NewServer(gate(b, st))
+		s := serveGate(b, gate(b, st))
 		return s.URL, hold(b, st), s.Close
 	})
 	// gate-memory-telemetry is gate-memory as fencegate serve runs it
@@ -117,7 +117,7 @@ func BenchmarkGate(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		s := httptest.NewServer(g)
+		s := serveGate(b, g)
 		return s.URL, hold(b, st), s.Close
 	})
 	run("gate-file", func(b *testing.B) (string, []fencing.Token, func()) {
@@ -125,7 +125,7 @@ func BenchmarkGate(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		s := httptest.NewServer(gate(b, st))
+		s := serveGate(b, gate(b, st))
 		return s.URL, hold(b, st), func() { s.Close(); _ = st.Close() }
 	})
 	// gate-valkey admits in a throwaway Valkey-compatible server on
@@ -136,7 +136,7 @@ func BenchmarkGate(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		s := httptest.NewServer(gate(b, st))
+		s := serveGate(b, gate(b, st))
 		return s.URL, hold(b, st), func() { s.Close(); _ = st.Close() }
 	})
 }

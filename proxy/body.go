@@ -9,19 +9,26 @@ import (
 	"github.com/fencegate/fencegate/fencing/problem"
 )
 
-// bodyReader is a forwarded request's body as the transport reads it. It
-// remembers the first error reading from the client, so a failed round trip
-// can be told apart: the client's body (stalled, malformed, cut short) or
-// the upstream. httputil.ReverseProxy hands both to ErrorHandler, and the
-// transport reads the body on another goroutine, hence the mutex.
+// bodyReader is a streamed request body as the upstream client reads it.
+// It remembers the first error reading from the client, so a failed
+// exchange can be told apart: the client's body (stalled, malformed, cut
+// short) or the upstream. The lock is for the reads of failure from
+// another goroutine (a shutdown's cut-off log).
 type bodyReader struct {
-	io.ReadCloser
-	mu  sync.Mutex
-	err error
+	r    io.Reader
+	left int // bytes still due by the Content-Length; negative: chunked
+	mu   sync.Mutex
+	err  error
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
+	n, err := b.r.Read(p)
+	if b.left >= 0 {
+		b.left -= n
+		if err == io.EOF && b.left > 0 {
+			err = io.ErrUnexpectedEOF // the client's stream ended early
+		}
+	}
 	if err != nil && err != io.EOF {
 		b.mu.Lock()
 		if b.err == nil {
@@ -43,29 +50,32 @@ func (b *bodyReader) failure() error {
 	return b.err
 }
 
-// bodyProblem is the answer to a request whose body failed with err while it
-// was forwarded (nil for a nil err): 408 body-timeout when it stalled past
-// the body deadline, 400 invalid-body when it was malformed or ended early.
-// Either way the gate stopped forwarding it mid-way, so the upstream got an
-// incomplete request; fenced says whether the barrier is now held.
-func bodyProblem(err error, fenced bool) *problem.Error {
+// bodyProblem is the answer to a request whose body failed with err (nil
+// for a nil err): 408 body-timeout when it stalled past the body deadline,
+// 400 invalid-body when it was malformed or ended early. sent says whether
+// the gate had started forwarding it (the upstream then got an incomplete
+// request), held whether the barrier is now held for it.
+func bodyProblem(err error, sent, held bool) *problem.Error {
 	if err == nil {
 		return nil
 	}
 	var p *problem.Error
 	if isTimeout(err) {
 		p = problem.New(http.StatusRequestTimeout, "body-timeout",
-			"the request body did not arrive within the gate's body deadline, so the gate cut the request off")
+			"the request body did not arrive within the gate's body deadline")
 	} else {
 		what := "it is malformed, or its connection failed"
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			what = "it ended before its declared length"
 		}
-		p = problem.New(http.StatusBadRequest, "invalid-body",
-			"the request body could not be read ("+what+"), so the gate cut the request off")
+		p = problem.New(http.StatusBadRequest, "invalid-body", "the request body could not be read ("+what+")")
 	}
-	p.Detail += "; the upstream received an incomplete request, which it should not apply"
-	if fenced {
+	if !sent {
+		p.Detail += "; nothing was forwarded"
+	} else {
+		p.Detail += ", so the gate cut the request off; the upstream received an incomplete request, which it should not apply"
+	}
+	if held {
 		p.Detail += ", but one that acts before reading the body may have: the barrier stays closed for this resource for the grace period"
 	}
 	// The connection's framing or deadline is broken: close it.

@@ -53,14 +53,15 @@ func wantRawProblem(t *testing.T, resp *http.Response, status int, code string) 
 	return string(b)
 }
 
-// TestStalledBodyIsCutOff: an admitted write that sends 4 of 100 body bytes
-// and stalls is cut off at the body deadline and answered 408
-// body-timeout; its resource stays held for the grace (part of it reached
-// the upstream), then opens.
+// TestStalledBodyIsCutOff: an admitted write whose body streams (past
+// BodyBuffer) and that sends 4 of 100 body bytes and stalls is cut off at
+// the body deadline and answered 408 body-timeout; its resource stays held
+// for the grace (part of it reached the upstream), then opens.
 func TestStalledBodyIsCutOff(t *testing.T) {
 	for _, grace := range []time.Duration{time.Hour, 50 * time.Millisecond} {
 		t.Run(grace.String(), func(t *testing.T) {
 			e := newEnv(t, testRules, func(o *Options) {
+				o.BodyBuffer = -1 // stream every body
 				o.BodyTimeout = 100 * time.Millisecond
 				o.BarrierTimeout = 20 * time.Millisecond
 				o.TimeoutGrace = grace
@@ -90,6 +91,48 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 			waitFor(t, "the hold to end", func() bool { return e.gate.InFlightResources() == 0 })
 			if r := e.do("PUT", "/jobs/1", "newer", HeaderToken, tok(b.Token)); r.Status != 200 {
 				t.Fatalf("after the hold: %d %s", r.Status, r.Body)
+			}
+		})
+	}
+}
+
+// TestSmallBodyIsReadBeforeAdmission: a body within BodyBuffer is read in
+// full before the write is admitted. A client that stalls it, before or
+// after its first byte, or ends it early, is answered (408 body-timeout,
+// 400 invalid-body) without the write being admitted, forwarded or holding
+// the barrier: the next holder's write goes straight through.
+func TestSmallBodyIsReadBeforeAdmission(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		closeWrite bool
+		status     int
+		code       string
+	}{
+		{"stalled before the body", "", false, http.StatusRequestTimeout, "body-timeout"},
+		{"stalled mid-body", "abcd", false, http.StatusRequestTimeout, "body-timeout"},
+		{"ended early", "abcd", true, http.StatusBadRequest, "invalid-body"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, testRules, func(o *Options) {
+				o.BodyTimeout = 100 * time.Millisecond
+				o.TimeoutGrace = time.Hour
+			})
+			a := e.acquire("job:1", "a", 10*time.Second)
+			addr := strings.TrimPrefix(e.gateSrv.URL, "http://")
+			resp := rawExchange(t, addr, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: "+tok(a.Token)+
+				"\r\nContent-Length: 100\r\n\r\n"+tc.body, tc.closeWrite)
+			detail := wantRawProblem(t, resp, tc.status, tc.code)
+			if !strings.Contains(detail, "nothing was forwarded") {
+				t.Fatalf("the answer does not say nothing was forwarded: %s", detail)
+			}
+			if n := e.gate.InFlightResources(); n != 0 {
+				t.Fatalf("barrier holds %d resources, want 0", n)
+			}
+			if n := e.up.count(); n != 0 {
+				t.Fatalf("upstream got %d requests, want 0", n)
+			}
+			if r := e.do("PUT", "/jobs/1", "next", HeaderToken, tok(a.Token)); r.Status != 200 {
+				t.Fatalf("the next write: %d %s", r.Status, r.Body)
 			}
 		})
 	}
@@ -133,7 +176,7 @@ func TestClientBodyErrors(t *testing.T) {
 		{"body shorter than Content-Length", "Content-Length: 100\r\n\r\nabcd", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, testRules, func(o *Options) { o.TimeoutGrace = time.Hour })
+			e := newEnv(t, testRules, func(o *Options) { o.TimeoutGrace, o.BodyBuffer = time.Hour, -1 })
 			l := e.acquire("job:1", "a", 10*time.Second)
 			addr := strings.TrimPrefix(e.gateSrv.URL, "http://")
 			resp := rawExchange(t, addr, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: "+tok(l.Token)+"\r\n"+tc.framing, tc.closeWrite)
@@ -151,6 +194,7 @@ func TestClientBodyErrors(t *testing.T) {
 // TestNoGrace: with NoGrace an ambiguous outcome does not hold the barrier.
 func TestNoGrace(t *testing.T) {
 	e := newEnv(t, testRules, func(o *Options) {
+		o.BodyBuffer = -1
 		o.TimeoutGrace = NoGrace
 		o.BodyTimeout = 50 * time.Millisecond
 	})

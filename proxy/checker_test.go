@@ -53,17 +53,10 @@ func (o *orderChecker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// jitter delays each request by up to max before sending it, so writes
-// that left the barrier in one order would reach the upstream in another
-// if nothing kept them apart.
-type jitter struct {
-	next http.RoundTripper
-	max  time.Duration
-}
-
-func (j jitter) RoundTrip(r *http.Request) (*http.Response, error) {
-	time.Sleep(time.Duration(rand.Int64N(int64(j.max))))
-	return j.next.RoundTrip(r)
+// jitter delays each request by up to max before the gate sends it, so
+// writes overlap on the way to the upstream.
+func jitter(max time.Duration) func() {
+	return func() { time.Sleep(time.Duration(rand.Int64N(int64(max)))) }
 }
 
 // TestConcurrencyChecker: 16 workers take 1 s leases on 3 resources, write
@@ -82,13 +75,13 @@ func TestConcurrencyChecker(t *testing.T) {
 	defer upSrv.Close()
 	st := memstore.New(memstore.Options{})
 	u, _ := url.Parse(upSrv.URL)
-	g, err := New(Options{Upstream: u, Store: st, ResourceHeader: true,
-		Transport: jitter{next: NewTransport(10 * time.Second), max: 5 * time.Millisecond}})
+	g, err := New(Options{Upstream: u, Store: st, ResourceHeader: true, UpstreamTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	g.beforeSend = jitter(5 * time.Millisecond)
 	g.barrierOff = mutateNoBarrier
-	srv := httptest.NewServer(g)
+	srv := serveGate(t, g)
 	defer srv.Close()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * workers}, Timeout: 30 * time.Second}
 

@@ -3,7 +3,6 @@ package proxy_test
 import (
 	"fmt"
 	"log"
-	"net/http"
 	"net/url"
 
 	"github.com/fencegate/fencegate/fencing/memstore"
@@ -43,8 +42,8 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := &http.Server{Addr: "127.0.0.1:8080", Handler: gate}
-	_ = srv // srv.ListenAndServe()
+	srv := proxy.NewServer(gate, proxy.ServerOptions{})
+	_ = srv // ln, _ := net.Listen("tcp", "127.0.0.1:8080"); srv.Serve(ln)
 	fmt.Println("ready")
 	// Output: ready
 }

@@ -36,27 +36,40 @@
 // a second target is fenced on both resources. Writes are forwarded with
 // exactly the path bytes that were judged. See Gate.decide.
 //
+// The engine: the gate serves HTTP/1.1 with fasthttp (see Server) and
+// forwards with a pooled fasthttp client, so a request costs no goroutine
+// hand-off and almost no allocation. Request heads are parsed strictly (a
+// duplicate Content-Length, both framings on one request, obs-fold in a
+// name, bare CR: refused or the connection closed, RFC 9112), bodies up to
+// Options.BodyBuffer bytes are read in full before the write is admitted,
+// and larger or chunked ones stream to the upstream without being held in
+// memory.
+//
 // Telemetry (see Options.MeterProvider and Options.TracerProvider): every
 // unsafe request is counted once in fencegate.gate.writes by its final
-// outcome, and every request gets an HTTP server span and the HTTP
-// semantic-convention server metrics.
+// outcome; every request is measured in http.server.request.duration, and
+// gets an HTTP server span when a tracer provider is set. Measurements
+// reuse attribute sets built once, so they allocate nothing per request.
 package proxy
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math"
-	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
@@ -82,6 +95,8 @@ const (
 	DefaultTimeoutGrace    = 30 * time.Second
 	DefaultUpstreamTimeout = 30 * time.Second
 	DefaultBodyTimeout     = 10 * time.Second
+	DefaultBodyBuffer      = 16 << 10
+	DefaultUpstreamConns   = 1024
 )
 
 // NoGrace, as Options.TimeoutGrace, turns the grace period off: the barrier
@@ -110,9 +125,8 @@ type Options struct {
 	// lower-token writes in flight on its resource; past it the write is
 	// refused with 503 barrier-timeout and not forwarded. Zero means
 	// DefaultBarrierTimeout. A client that leaves while its write waits
-	// frees its place at once if its request body was already received
-	// in full; otherwise net/http cannot tell, and the wait ends at
-	// BarrierTimeout.
+	// does not free its place before the write is forwarded or the wait
+	// ends: the gate does not watch idle client connections.
 	BarrierTimeout time.Duration
 	// TimeoutGrace is how long the barrier stays closed for higher tokens
 	// on a resource after a write on it ended without the gate seeing the
@@ -120,26 +134,41 @@ type Options struct {
 	// gone, a request body cut off). Zero means DefaultTimeoutGrace;
 	// negative (NoGrace) means no grace.
 	TimeoutGrace time.Duration
-	// BodyTimeout bounds how long a forwarded request's body may take to
-	// arrive from the client, counted from when the gate starts forwarding
-	// it (after the barrier). A write whose body is not complete by then
-	// is cut off, answered 408 body-timeout, and treated as an ambiguous
-	// outcome (the barrier is held for TimeoutGrace): so a stalled client
-	// holds its resource's barrier for at most BodyTimeout plus the grace.
-	// It sets the connection's read deadline through
-	// http.ResponseController. Zero means DefaultBodyTimeout.
+	// BodyTimeout bounds how long a request's body may take to arrive
+	// from the client: a body of at most BodyBuffer bytes is read in full
+	// before the write is admitted, within BodyTimeout (408 body-timeout,
+	// nothing forwarded, no barrier held); a larger or chunked body
+	// streams, and must be complete within BodyTimeout counted from when
+	// the gate starts forwarding it (after the barrier). A streamed write
+	// whose body is not complete by then is cut off, answered 408
+	// body-timeout, and treated as an ambiguous outcome (the barrier is
+	// held for TimeoutGrace): so a stalled client holds its resource's
+	// barrier for at most BodyTimeout plus the grace. Zero means
+	// DefaultBodyTimeout.
 	BodyTimeout time.Duration
+	// BodyBuffer is the largest request body (by its Content-Length) the
+	// gate reads in full before admitting a write and sends upstream in
+	// one piece; larger and chunked bodies stream through in
+	// fixed-size pieces, so a 1 GiB upload costs the gate no more memory
+	// than a small one. Zero means DefaultBodyBuffer; negative streams
+	// every body.
+	BodyBuffer int
 	// Holds, when set, keeps barrier holds across a restart of the gate
 	// (see RestoreHolds and Close). Nil: a restart forgets them.
 	Holds fencing.HoldRecorder
-	// UpstreamTimeout is how long the gate waits for the upstream's
-	// response headers before answering 504 upstream-timeout. It is set
-	// on the default transport only; a caller-supplied Transport keeps
-	// its own timeouts. Zero means DefaultUpstreamTimeout.
+	// UpstreamTimeout bounds one exchange with the upstream: sending the
+	// request, and receiving the whole response (headers and body). A
+	// response whose headers do not arrive in time is answered 504
+	// upstream-timeout; one whose body does not is cut off. Zero means
+	// DefaultUpstreamTimeout.
 	UpstreamTimeout time.Duration
-	// Transport carries requests to the upstream; nil means a transport
-	// built by NewTransport.
-	Transport http.RoundTripper
+	// UpstreamConns caps the gate's connections to the upstream; a request
+	// that finds them all busy waits for one, within UpstreamTimeout.
+	// Zero means DefaultUpstreamConns.
+	UpstreamConns int
+	// UpstreamTLS configures TLS to an https upstream; nil means the
+	// system's roots and TLS 1.2 at least.
+	UpstreamTLS *tls.Config
 	// MeterProvider receives the gate's metrics: the fenced-write counter
 	// (see MetricWrites) and the HTTP server metrics of the OpenTelemetry
 	// semantic conventions (http.server.request.duration and the body
@@ -166,18 +195,20 @@ type Options struct {
 	// for lower-token writes in flight through any gate. Pass the
 	// concrete store's capability, not a decorator. Entries live for
 	// BarrierTimeout + BodyTimeout + UpstreamTimeout + TimeoutGrace by the
-	// store's clock; a caller-supplied Transport must not take longer than
-	// UpstreamTimeout to answer, or a write whose outcome was not seen
-	// may outlive its entry.
+	// store's clock.
 	SharedBarrier fencing.SharedBarrier
 	// GateID names this gate in its shared-barrier entries. Required
 	// with SharedBarrier.
 	GateID string
 }
 
-// Gate is the write gate: an http.Handler. Safe for concurrent use.
+// Gate is the write gate. Serve it with NewServer. Safe for concurrent use.
 type Gate struct {
 	upstream       *url.URL
+	upstreamBase   string // the upstream URL's escaped path, without a trailing slash
+	client         *fasthttp.HostClient
+	upstreamTLS    *tls.Config
+	upstreamTO     time.Duration
 	store          fencing.Store
 	rules          []Rule
 	resourceHeader bool
@@ -185,16 +216,17 @@ type Gate struct {
 	barrierTimeout time.Duration
 	grace          time.Duration
 	bodyTimeout    time.Duration
+	bodyBuffer     int
 	holds          fencing.HoldRecorder
-	rp             *httputil.ReverseProxy
 	barrier        *barrier.Barrier
 	order          orderer // localOrder over barrier, or a *sharedOrder (shared.go)
-	writes         metric.Int64Counter
-	writeOpts      map[writeKey][]metric.AddOption // read-only after New
-	handler        http.Handler                    // serve, wrapped with otelhttp when telemetry is on
+	tel            telemetry
 	// barrierOff skips the barrier wait. Only tests set it, to show the
 	// reordering the barrier prevents.
 	barrierOff bool
+	// beforeSend, when set, runs before each request is sent upstream.
+	// Only tests set it, to add latency on the way to the upstream.
+	beforeSend func()
 	audit      Audit
 	inFlight   sync.Map // *auditRecord of every write still in the gate
 }
@@ -214,33 +246,28 @@ func New(opts Options) (*Gate, error) {
 			return nil, fmt.Errorf("proxy: rule %d was not built by ParseRules", i+1)
 		}
 	}
-	if opts.BarrierTimeout < 0 || opts.UpstreamTimeout < 0 || opts.BodyTimeout < 0 {
-		return nil, errors.New("proxy: BarrierTimeout, UpstreamTimeout and BodyTimeout must not be negative")
+	if opts.BarrierTimeout < 0 || opts.UpstreamTimeout < 0 || opts.BodyTimeout < 0 || opts.UpstreamConns < 0 {
+		return nil, errors.New("proxy: BarrierTimeout, UpstreamTimeout, BodyTimeout and UpstreamConns must not be negative")
 	}
 	g := &Gate{
 		upstream:       u,
+		upstreamBase:   strings.TrimSuffix(u.EscapedPath(), "/"),
+		upstreamTLS:    opts.UpstreamTLS,
+		upstreamTO:     cmp.Or(opts.UpstreamTimeout, DefaultUpstreamTimeout),
 		store:          opts.Store,
 		rules:          opts.Rules,
 		resourceHeader: opts.ResourceHeader,
 		log:            opts.Logger,
-		barrierTimeout: opts.BarrierTimeout,
-		grace:          opts.TimeoutGrace,
-		bodyTimeout:    opts.BodyTimeout,
+		barrierTimeout: cmp.Or(opts.BarrierTimeout, DefaultBarrierTimeout),
+		grace:          cmp.Or(opts.TimeoutGrace, DefaultTimeoutGrace),
+		bodyTimeout:    cmp.Or(opts.BodyTimeout, DefaultBodyTimeout),
+		bodyBuffer:     cmp.Or(opts.BodyBuffer, DefaultBodyBuffer),
 		holds:          opts.Holds,
 		barrier:        barrier.New(),
 		audit:          opts.Audit,
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
-	}
-	if g.barrierTimeout == 0 {
-		g.barrierTimeout = DefaultBarrierTimeout
-	}
-	if g.grace == 0 {
-		g.grace = DefaultTimeoutGrace
-	}
-	if g.bodyTimeout == 0 {
-		g.bodyTimeout = DefaultBodyTimeout
 	}
 	g.order = localOrder{b: g.barrier, store: g.store}
 	if opts.SharedBarrier != nil {
@@ -250,144 +277,108 @@ func New(opts Options) (*Gate, error) {
 		}
 		g.order = o
 	}
-	rt := opts.Transport
-	if rt == nil {
-		ut := opts.UpstreamTimeout
-		if ut == 0 {
-			ut = DefaultUpstreamTimeout
-		}
-		rt = NewTransport(ut)
-	}
-	g.rp = &httputil.ReverseProxy{
-		Rewrite:        g.rewrite,
-		Transport:      rt,
-		ModifyResponse: g.modifyResponse,
-		ErrorHandler:   g.errorHandler,
-		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
-		BufferPool:     bufferPool{},
-	}
-	if err := g.instrument(opts); err != nil {
+	g.client = g.newUpstreamClient(cmp.Or(opts.UpstreamConns, DefaultUpstreamConns))
+	if err := g.tel.init(opts); err != nil {
 		return nil, err
 	}
-	// Outermost, so telemetry, logs and the upstream all see one id.
-	g.handler = reqid.Middleware(g.auditWrites(g.handler))
 	return g, nil
 }
 
-// flightKey is the context key of the *fencedWrite of a forwarded write.
-type flightKey struct{}
-
-// fencedWrite is the state of one forwarded request while the reverse
-// proxy forwards it: an admitted write (ticket set) or an unfenced request
-// (ticket nil). ModifyResponse and ErrorHandler run on the goroutine of
-// ServeHTTP, so no locking is needed.
-type fencedWrite struct {
-	ticket flight      // nil for an unfenced request
-	body   *bodyReader // nil when the request has no body
-	code   string      // final outcome for MetricWrites
+// exchange is one request's passage through the gate: what telemetry, the
+// audit log and the problem writer need to know about it.
+type exchange struct {
+	c        *fasthttp.RequestCtx
+	ctx      context.Context // carries the request's span, if any
+	span     trace.Span      // nil without a tracer provider
+	start    time.Time
+	id       string
+	method   string
+	path     string // the request target's path, as sent
+	route    string // the matched rule's pattern, or ""
+	audit    *auditRecord
+	body     *bodyReader // a streamed body while it is forwarded, or nil
+	buffered *[]byte     // a body read in full (bufferBody), or nil
+	code     string      // the write's final outcome, once counted
 }
 
-// ServeHTTP forwards safe requests and fences the rest.
-func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.handler.ServeHTTP(w, r) }
-
-func (g *Gate) serve(w http.ResponseWriter, r *http.Request) {
-	// The decision is made from what the client sent, nothing else: see
-	// decide for the contract.
-	d := g.decide(Incoming{Method: r.Method, Target: requestTarget(r), Host: r.Host, Header: r.Header})
+// serve is the gate's request handler: it decides, fences and forwards one
+// request (see decide for the contract).
+func (g *Gate) serve(c *fasthttp.RequestCtx) {
+	x := &exchange{c: c, ctx: context.Background(), start: time.Now()}
+	x.id = reqid.Choose(c.Request.Header.Peek(reqid.Header))
+	c.Response.Header.Set(reqid.Header, x.id)
+	target := string(c.Request.Header.RequestURI())
+	x.method = methodString(c.Request.Header.Method())
+	x.path, _, _ = strings.Cut(target, "?")
+	d := g.decide(Incoming{Method: x.method, Target: target, Host: string(c.Request.Header.Host()), Header: decisionHeader(&c.Request.Header)})
 	if d.Rule != nil {
-		// Like http.ServeMux: the matched pattern, which the HTTP
-		// telemetry reports as http.route.
-		r.Pattern = d.Rule.Pattern
+		x.route = d.Rule.Pattern
 	}
+	g.begin(x)
+	defer g.end(x)
+
 	switch d.Verdict {
 	case Refuse:
-		g.refuse(w, r, d.Problem)
+		g.refuse(x, d.Problem)
 		return
 	case Forward:
 		if d.Unfenced {
-			g.count(r, CodeUnfenced)
+			g.count(x, CodeUnfenced)
 		}
 		if d.DropUpgrade {
-			// Without it the reverse proxy forwards a plain request, and
-			// drops the headers Connection lists (HTTP2-Settings).
-			r.Header.Del("Upgrade")
+			// Forwarded as a plain request: the headers Connection lists
+			// (HTTP2-Settings) go with it as hop-by-hop.
+			c.Request.Header.Del("Upgrade")
+		} else if len(c.Request.Header.Peek("Upgrade")) > 0 {
+			g.forwardUpgrade(x) // an upgrade a rule allows
+			return
 		}
-		g.forward(w, r, &fencedWrite{})
+		g.forward(x, nil)
 		return
 	}
 	token := d.Token
 	resource := d.Targets[0].Resource
-	auditWrite(r, resource, token)
-	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
-		span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(token)))
+	x.audit.checked(resource, token)
+	if x.span != nil && x.span.IsRecording() {
+		x.span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(token)))
+	}
+	// A small body is read in full first: a client that stalls it never
+	// holds a place at the barrier.
+	if p := g.bufferBody(x); p != nil {
+		g.refuseWrite(x, p, resource, token)
+		return
 	}
 
 	// Registered before (local barrier) or with (shared barrier) the
 	// admission check: any write admitted before this one is already
 	// registered, so the wait below cannot miss it. A write with a
 	// Destination registers and is admitted on both resources.
-	ctx := r.Context()
-	t, resource, adm, err := g.order.admit(ctx, d.Targets, token)
-	auditAdmission(r, adm)
+	t, resource, adm, err := g.order.admit(x.ctx, d.Targets, token)
+	x.audit.admitted(adm)
 	if err != nil {
-		if ctx.Err() != nil {
-			g.count(r, CodeClientGone)
-			return // client gone: nobody to answer
-		}
-		g.refuseWrite(w, r, err, resource, token)
+		g.refuseWrite(x, err, resource, token)
 		return
 	}
-	if err := g.wait(ctx, t); err != nil {
+	if err := g.wait(x.ctx, t); err != nil {
 		t.Leave()
-		if ctx.Err() != nil {
-			g.count(r, CodeClientGone)
-			return
-		}
 		if errors.Is(err, barrier.ErrClosed) {
 			p := problem.New(http.StatusServiceUnavailable, "gate-stopping",
 				"the gate is shutting down; this write was admitted but not forwarded: retry it with the same token")
 			p.Headers = http.Header{"Retry-After": {"1"}}
-			g.refuseWrite(w, r, p, resource, token)
+			g.refuseWrite(x, p, resource, token)
 			return
 		}
 		if fencing.IsStoreFault(err) { // the shared barrier's store failed
-			g.refuseWrite(w, r, err, resource, token)
+			g.refuseWrite(x, err, resource, token)
 			return
 		}
 		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
 			"a write with a lower token for this resource is still in flight through this gate (or, with the shared barrier, any gate), or the barrier is held closed after a write whose outcome is unknown (upstream timeout, body cut off, restart); this write was admitted but not forwarded: retry it with the same token")
 		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(g.order.heldUntil(d.Targets)))}}
-		g.refuseWrite(w, r, p, resource, token)
+		g.refuseWrite(x, p, resource, token)
 		return
 	}
-	defer t.Leave()
-	fw := &fencedWrite{ticket: t, code: CodeAdmitted}
-	// Deferred so a write whose response relay is aborted still counts.
-	defer func() { g.count(r, fw.code) }()
-	g.forward(w, r, fw)
-}
-
-// forward sends r to the upstream with fw as its in-flight state, bounding
-// how long its body may take to arrive (Options.BodyTimeout).
-func (g *Gate) forward(w http.ResponseWriter, r *http.Request, fw *fencedWrite) {
-	hasBody := r.Body != nil && r.Body != http.NoBody
-	if fw.ticket == nil && !hasBody {
-		g.rp.ServeHTTP(w, r) // nothing to track: the common read
-		return
-	}
-	r = r.WithContext(context.WithValue(r.Context(), flightKey{}, fw))
-	// A request without a body is left alone: net/http is already
-	// reading its connection in the background, and a deadline would end
-	// that read and cancel the request.
-	if hasBody {
-		if err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(g.bodyTimeout)); err != nil {
-			g.log.LogAttrs(r.Context(), slog.LevelWarn, "cannot bound the request body's read time",
-				slog.String("error", err.Error()))
-		}
-		fw.body = &bodyReader{ReadCloser: r.Body}
-		r.Body = fw.body
-	}
-	g.rp.ServeHTTP(w, r)
+	g.forward(x, t)
 }
 
 func (g *Gate) wait(ctx context.Context, t flight) error {
@@ -395,6 +386,50 @@ func (g *Gate) wait(ctx context.Context, t flight) error {
 		return nil
 	}
 	return t.Wait(ctx, g.barrierTimeout)
+}
+
+// bufferBody reads a request body of at most BodyBuffer bytes in full,
+// within BodyTimeout, so it is sent upstream in one piece (x.buffered);
+// larger and chunked bodies are left to stream. It returns the problem to
+// answer if the body could not be read.
+func (g *Gate) bufferBody(x *exchange) *problem.Error {
+	n := x.c.Request.Header.ContentLength()
+	if n <= 0 || n > g.bodyBuffer {
+		return nil
+	}
+	g.setBodyDeadline(x.c)
+	buf := bodyBuffers.Get().(*[]byte)
+	if cap(*buf) < n {
+		*buf = make([]byte, g.bodyBuffer)
+	}
+	if _, err := io.ReadFull(x.c.RequestBodyStream(), (*buf)[:n]); err != nil {
+		bodyBuffers.Put(buf)
+		return bodyProblem(err, false, false)
+	}
+	*buf = (*buf)[:n]
+	x.buffered = buf
+	return nil
+}
+
+// bodyBuffers recycles the buffers of bodies read in full.
+var bodyBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// releaseBody returns x's buffered body, if any, to the pool.
+func (x *exchange) releaseBody() {
+	if x.buffered != nil {
+		*x.buffered = (*x.buffered)[:0]
+		bodyBuffers.Put(x.buffered)
+		x.buffered = nil
+	}
+}
+
+// setBodyDeadline bounds the time the rest of c's request body may take to
+// arrive (Options.BodyTimeout).
+func (g *Gate) setBodyDeadline(c *fasthttp.RequestCtx) {
+	if err := c.Conn().SetReadDeadline(time.Now().Add(g.bodyTimeout)); err != nil {
+		g.log.LogAttrs(context.Background(), slog.LevelWarn, "cannot bound the request body's read time",
+			slog.String("error", err.Error()))
+	}
 }
 
 func truncate(s string) string {
@@ -413,126 +448,41 @@ func retryAfter(heldUntil time.Time) int {
 // refuseWrite refuses a write whose resource and token are known, and says
 // which resource and token were checked: with route rules, the resource
 // comes from the path, which a caller may not expect.
-func (g *Gate) refuseWrite(w http.ResponseWriter, r *http.Request, err error, resource string, token fencing.Token) {
+func (g *Gate) refuseWrite(x *exchange, err error, resource string, token fencing.Token) {
 	src := problem.From(err)
 	p := *src // a copy: the extension members are this write's
 	p.Extra = make(map[string]any, len(src.Extra)+2)
 	maps.Copy(p.Extra, src.Extra)
 	p.Extra["resource"] = resource
 	p.Extra["token"] = token
-	auditProblem(r, &p)
-	g.refuse(w, r, &p)
+	x.audit.problem(&p)
+	g.refuse(x, &p)
 }
 
-func (g *Gate) refuse(w http.ResponseWriter, r *http.Request, err error) {
+// refuse answers x with a problem, counting the write by its code.
+func (g *Gate) refuse(x *exchange, err error) {
 	p := problem.From(err)
-	g.count(r, p.Code)
-	if p.Status < 500 && g.log.Enabled(r.Context(), slog.LevelDebug) {
-		g.log.LogAttrs(r.Context(), slog.LevelDebug, "write refused",
-			slog.String("code", p.Code), slog.String("method", r.Method), slog.String("path", r.URL.Path))
+	g.count(x, p.Code)
+	if p.Status < 500 && g.log.Enabled(x.ctx, slog.LevelDebug) {
+		g.log.LogAttrs(x.ctx, slog.LevelDebug, "write refused",
+			slog.String("code", p.Code), slog.String("method", x.method), slog.String("path", x.path))
 	}
-	problem.Write(w, r, g.log, p)
+	g.writeProblem(x, p)
 }
 
-func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
-	pr.SetURL(g.upstream)
-	if !safeMethod(pr.In.Method) {
-		// A write goes upstream with exactly the path the gate judged.
-		forwardPath(pr.Out.URL, g.upstream, requestTarget(pr.In))
-	}
-	// SetXForwarded replaces any X-Forwarded-* the client sent: the gate
-	// states what it saw, it does not relay claims.
-	pr.SetXForwarded()
-	// The fencing headers reach the upstream unchanged, even when the
-	// client named them in Connection (which makes them hop-by-hop and
-	// strips them): an upstream that checks tokens itself relies on them.
-	for _, h := range []string{HeaderToken, HeaderResource} {
-		if vs, ok := pr.In.Header[h]; ok {
-			pr.Out.Header[h] = vs
+// writeProblem sends p as x's response (see problem.Write).
+func (g *Gate) writeProblem(x *exchange, p *problem.Error) {
+	problem.LogFault(x.ctx, g.log, p, x.id, x.method, x.path)
+	h := &x.c.Response.Header
+	for k, vs := range p.Headers {
+		for _, v := range vs {
+			h.Add(k, v)
 		}
 	}
-	if id := reqid.From(pr.In); id != "" {
-		pr.Out.Header.Set(reqid.Header, id)
-	}
-}
-
-// modifyResponse runs when the upstream's response headers arrive: the
-// upstream has answered the write, so the barrier can let the next token
-// through while the body is still being relayed.
-func (g *Gate) modifyResponse(resp *http.Response) error {
-	if fw, ok := resp.Request.Context().Value(flightKey{}).(*fencedWrite); ok && fw.ticket != nil {
-		fw.ticket.Leave()
-		auditUpstream(resp)
-	}
-	return nil
-}
-
-// errorHandler maps a failed forwarding once: the client's request body
-// failed (stalled past BodyTimeout → 408, malformed or cut short → 400),
-// client gone → no response, upstream timeout → 504, anything else → 502.
-// For a fenced write whose request may have reached the upstream, the
-// barrier stays closed for the grace period.
-func (g *Gate) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
-	fw, _ := r.Context().Value(flightKey{}).(*fencedWrite)
-	if fw == nil {
-		fw = &fencedWrite{}
-	}
-	fenced := fw.ticket != nil
-	// A request whose headers were sent, even with its body cut off, may
-	// be applied: an upstream can act on a request before reading its
-	// body (a DELETE handler that ignores it), so only a request that
-	// never left the gate is certainly not applied.
-	sent := !notSent(err)
-	if fenced {
-		if sent {
-			fw.ticket.Hold(g.grace)
-		} else {
-			fw.ticket.Leave()
-		}
-	}
-	// The client's body error comes first: a read deadline or an early
-	// end of the client's connection also cancels the request's context,
-	// and the client may still be there to read the answer.
-	p := bodyProblem(fw.body.failure(), fenced)
-	if p == nil && r.Context().Err() != nil {
-		if fenced {
-			fw.code = CodeClientGone
-		}
-		return // the client is gone; there is nobody to answer
-	}
-	switch {
-	case p != nil:
-	case isTimeout(err):
-		p = problem.New(http.StatusGatewayTimeout, "upstream-timeout", "the upstream did not answer in time")
-		if fenced {
-			p.Detail += "; the write may still be applied by the upstream"
-		}
-	default:
-		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream could not be reached or failed before answering")
-		if fenced && sent {
-			p.Detail += "; the write may have been applied by the upstream"
-		}
-	}
-	p.Cause = err
-	if fenced {
-		fw.code = p.Code
-	}
-	problem.Write(w, r, g.log, p)
-}
-
-func isTimeout(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
-
-// notSent reports whether err proves the request never left the gate: the
-// connection to the upstream could not be made.
-func notSent(err error) bool {
-	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "dial"
+	h.Set("X-Content-Type-Options", "nosniff")
+	x.c.SetStatusCode(p.Status)
+	x.c.SetContentType(problem.ContentType)
+	x.c.SetBody(p.Body())
 }
 
 // InFlightResources is the number of resources that have fenced writes in

@@ -340,7 +340,7 @@ func TestUpstreamDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(g)
+	srv := serveGate(t, g)
 	defer srv.Close()
 	l := e.acquire("job:1", "a", 10*time.Second)
 	r, err := doReq(srv.Client(), srv.URL, "PUT", "/jobs/1", "x", HeaderToken, tok(l.Token))
@@ -504,7 +504,7 @@ func TestRequestBodyStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(g)
+	srv := serveGate(t, g)
 	defer srv.Close()
 	l := e.acquire("job:1", "a", 10*time.Second)
 	pr, pw := io.Pipe()
@@ -585,7 +585,7 @@ func testUpgradePassthrough(t *testing.T, opts Options) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(g)
+	srv := serveGate(t, g)
 	defer srv.Close()
 	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
 	if err != nil {

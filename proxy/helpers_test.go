@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -76,7 +77,7 @@ type env struct {
 	up       *recorder
 	upSrv    *httptest.Server
 	gate     *Gate
-	gateSrv  *httptest.Server
+	gateSrv  *gateServer
 	client   *http.Client
 	gateOpts Options
 }
@@ -109,7 +110,7 @@ func newEnvStore(t *testing.T, rules string, st fencing.Store, clock *fencingtes
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.gateSrv = httptest.NewServer(e.gate)
+	e.gateSrv = serveGate(t, e.gate)
 	t.Cleanup(e.gateSrv.Close)
 	e.client = e.gateSrv.Client()
 	e.client.Timeout = 20 * time.Second
@@ -229,4 +230,45 @@ func (e *env) slowHandoff(hdr ...string) (a, b fencing.Lease, res <-chan respons
 	}()
 	<-arrived
 	return a, b, res1, release
+}
+
+// gateServer is a Gate served by NewServer on a loopback listener, in the
+// manner of httptest.Server.
+type gateServer struct {
+	URL      string
+	Listener net.Listener
+	srv      *Server
+}
+
+// serveGate serves g until the test ends.
+func serveGate(t testing.TB, g *Gate) *gateServer {
+	t.Helper()
+	return serveGateWith(t, g, ServerOptions{})
+}
+
+// serveGateWith serves g with opts until the test ends.
+func serveGateWith(t testing.TB, g *Gate, opts ServerOptions) *gateServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &gateServer{URL: "http://" + ln.Addr().String(), Listener: ln, srv: NewServer(g, opts)}
+	go func() { _ = s.srv.Serve(ln) }()
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Client is a client for the gate, with a pool large enough for the
+// tests' concurrency.
+func (s *gateServer) Client() *http.Client {
+	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+}
+
+// Close stops the server, cutting off requests still in progress.
+func (s *gateServer) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	_ = s.srv.Shutdown(ctx)
+	_ = s.srv.Close()
 }

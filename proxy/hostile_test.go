@@ -146,8 +146,7 @@ func newHostileEnv(t *testing.T, header bool) *hostileEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gateSrv := httptest.NewServer(g)
-	t.Cleanup(gateSrv.Close)
+	gateSrv := serveGateWith(t, g, ServerOptions{HeaderTimeout: time.Second})
 	e.gateAddr = gateSrv.Listener.Addr().String()
 	return e
 }
@@ -374,7 +373,9 @@ func TestHostileClients(t *testing.T) {
 		{"empty segment, header on", true, req("PUT //jobs/1 HTTP/1.1", stale, asScr, cl0), []string{"400 path-not-canonical"}, 0},
 		{"dot segment, header on", true, req("PUT /x/../jobs/1 HTTP/1.1", stale, asScr, cl0), []string{"400 path-not-canonical"}, 0},
 		{"absolute-form, header on", true, req("PUT http://gate/x/../jobs/1 HTTP/1.1", stale, asScr, cl0), []string{"400 path-not-canonical"}, 0},
-		{"asterisk-form", true, req("PUT * HTTP/1.1", stale, asScr, cl0), []string{"400 path-not-canonical"}, 0},
+		// The server refuses the asterisk-form outside OPTIONS, and PRI,
+		// before any decision.
+		{"asterisk-form", true, req("PUT * HTTP/1.1", stale, asScr, cl0), []string{"400 invalid-request"}, 0},
 		// With rules, variants that miss every rule are refused: the
 		// header fallback is off.
 		{"lower-case method", false, req("put /jobs/1 HTTP/1.1", stale, asScr, cl0), []string{"400 resource-required"}, 0},
@@ -389,7 +390,7 @@ func TestHostileClients(t *testing.T) {
 		{"websocket rule, dot segments", false, req("GET /ws/../jobs/1 HTTP/1.1", "Connection: Upgrade\r\nUpgrade: websocket\r\n"), []string{"400 path-not-canonical"}, 0},
 		{"h2c upgrade on a read is ignored", false, req("GET /ws/chat HTTP/1.1", "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n"), []string{"200"}, 1},
 		{"h2c upgrade on a write", false, req("PUT /jobs/1 HTTP/1.1", fresh, cl0, "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n"), []string{"403 upgrade-denied"}, 0},
-		{"h2c prior knowledge", false, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", []string{"403 upgrade-denied"}, 0},
+		{"h2c prior knowledge", false, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", []string{"400 invalid-request"}, 0},
 		{"CONNECT", false, req("CONNECT 127.0.0.1:1 HTTP/1.1", fresh, asScr), []string{"403 upgrade-denied"}, 0},
 		// WebDAV Destination: a second target, fenced too.
 		{"stale COPY onto a newer file", false, req("COPY /files/X-scratch HTTP/1.1", stale, "Destination: /files/X\r\n", cl0), []string{"409 stale-token"}, 0},
@@ -411,17 +412,19 @@ func TestHostileClients(t *testing.T) {
 		{"X-Rewrite-URL on a read", false, req("GET /public/x HTTP/1.1", "X-Rewrite-URL: /jobs/1\r\n"), []string{"400 path-not-canonical"}, 0},
 		{"X-Method-Override", false, req("GET /jobs/1 HTTP/1.1", "X-Method-Override: PUT\r\n"), []string{"403 method-override-denied"}, 0},
 		// Smuggling: the upstream sees only the requests the gate judged,
-		// re-framed by the gate. With both framings, chunked wins and
-		// Content-Length is dropped (RFC 9112 §6.3): what follows the
-		// chunked body is the next request, judged on its own.
-		{"TE and CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: " + strconv.Itoa(5+len(smuggled)) + "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, []string{"200", "409 stale-token"}, 1},
-		{"duplicate CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: 0\r\nContent-Length: " + strconv.Itoa(len(smuggled)) + "\r\n\r\n" + smuggled, []string{"400"}, 0},
+		// re-framed by the gate. With both framings, chunked wins,
+		// Content-Length is dropped, and the connection is closed after
+		// the answer (RFC 9112 §6.1): what follows is never read.
+		{"TE and CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: " + strconv.Itoa(5+len(smuggled)) + "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, []string{"200"}, 1},
+		{"duplicate CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: 0\r\nContent-Length: " + strconv.Itoa(len(smuggled)) + "\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
 		// An obs-fold is unfolded into one space (RFC 9112 §5.2) before the
 		// gate judges the header, and forwarded unfolded.
 		{"obs-fold", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 1\r\n 2\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-token"}, 0},
 		{"obs-fold in another header", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 2\r\nX-Note: a\r\n b\r\nContent-Length: 0\r\n\r\n", []string{"200"}, 1},
-		{"bare LF line ends", false, "PUT /jobs/1 HTTP/1.1\nHost: gate\nFencing-Token: 2\nContent-Length: 0\n\n", []string{"200"}, 1},
-		{"bare CR in a header", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 2\rX: y\r\nContent-Length: 0\r\n\r\n", []string{"400"}, 0},
+		// A head with bare LF line ends is never complete (RFC 9112 §2.2
+		// lets a server refuse them): it times out unforwarded.
+		{"bare LF line ends", false, "PUT /jobs/1 HTTP/1.1\nHost: gate\nFencing-Token: 2\nContent-Length: 0\n\n", []string{"408 invalid-request"}, 0},
+		{"bare CR in a header", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 2\rX: y\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
 		{"pipelined after a refused write", false, body("POST /public/..%2Fjobs%2F1 HTTP/1.1", smuggled) + req("PUT /jobs/1 HTTP/1.1", stale, cl0), []string{"400 path-not-canonical", "409 stale-token"}, 0},
 		{"pipelined after a stale write", false, body("PUT /jobs/1 HTTP/1.1", smuggled, stale) + req("PUT /jobs/1 HTTP/1.1", fresh, cl0), []string{"409 stale-token", "200"}, 1},
 	}

@@ -57,8 +57,7 @@ func benchSharedBarrier(b *testing.B, kit storeKit) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			s := httptest.NewServer(g)
-			defer s.Close()
+			s := serveGate(b, g)
 			toks := make([]fencing.Token, 64)
 			for i := range toks {
 				l, err := st.Acquire(context.Background(), fencing.AcquireRequest{Resource: "job:" + fencing.Token(i).String(), Owner: "bench", TTL: 3600e9})

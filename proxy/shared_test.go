@@ -120,10 +120,7 @@ func runHandoffs(t *testing.T, kit storeKit, shared bool, minWrites int) handoff
 	var gates [2]string
 	for i := range gates {
 		st := openStore()
-		opts := Options{Upstream: u, Store: st, ResourceHeader: true, Transport: NewTransport(10 * time.Second)}
-		if i == 1 {
-			opts.Transport = jitter{next: opts.Transport, max: 3 * time.Millisecond}
-		}
+		opts := Options{Upstream: u, Store: st, ResourceHeader: true, UpstreamTimeout: 10 * time.Second}
 		if shared {
 			opts.SharedBarrier, opts.GateID = st, fmt.Sprintf("gate-%d", i)
 		}
@@ -131,8 +128,10 @@ func runHandoffs(t *testing.T, kit storeKit, shared bool, minWrites int) handoff
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := httptest.NewServer(g)
-		t.Cleanup(s.Close)
+		if i == 1 {
+			g.beforeSend = jitter(3 * time.Millisecond)
+		}
+		s := serveGate(t, g)
 		gates[i] = s.URL
 	}
 	leases := openStore()
@@ -272,8 +271,7 @@ func testDeadGate(t *testing.T, kit storeKit) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := httptest.NewServer(g)
-		t.Cleanup(s.Close)
+		s := serveGate(t, g)
 		return st, s.URL
 	}
 	deadStore, deadURL := gate("gate-dead", 200*time.Millisecond, 200*time.Millisecond, 400*time.Millisecond, 400*time.Millisecond) // entries live 1.2 s
@@ -411,8 +409,7 @@ func TestSharedBarrierStoreFaultWhileWaiting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := httptest.NewServer(g)
-	t.Cleanup(gs.Close)
+	gs := serveGate(t, g)
 
 	old, err := other.Acquire(ctx, fencing.AcquireRequest{Resource: "doc:f", Owner: "old", TTL: time.Minute})
 	if err != nil {

@@ -3,15 +3,20 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
 
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // ScopeName is the instrumentation scope of the gate's meter and tracer.
@@ -80,85 +85,199 @@ func writeAttrs(k writeKey) []metric.AddOption {
 		attribute.String("code", k.code), attribute.String("method", k.method)))}
 }
 
-// instrument creates the counter and wraps serve with otelhttp when a
-// provider is set; with neither, requests go straight to serve.
-func (g *Gate) instrument(opts Options) error {
-	g.handler = http.HandlerFunc(g.serve)
-	// Every attribute set count can use, built once: a write then counts
-	// without sorting or allocating one.
-	g.writeOpts = make(map[writeKey][]metric.AddOption, len(writeCodes)*len(writeMethods))
+// durationKey is the attribute set of one http.server.request.duration
+// series, besides the server's own.
+type durationKey struct {
+	method string // a standard method, or _OTHER
+	status int
+	route  string
+}
+
+// telemetry is the gate's instruments. With no providers set, it records
+// nothing and starts no spans.
+type telemetry struct {
+	writes    metric.Int64Counter
+	writeOpts map[writeKey][]metric.AddOption // read-only after init
+	duration  metric.Float64Histogram         // nil without a meter provider
+	server    []attribute.KeyValue            // server.address, server.port, ...
+	mu        sync.RWMutex
+	durOpts   map[durationKey][]metric.RecordOption
+	tracer    trace.Tracer // nil without a tracer provider
+}
+
+// init creates the instruments. Every attribute set a measurement uses is
+// built once (the write counter's here, a duration series' the first time
+// it is seen), so recording allocates nothing.
+func (t *telemetry) init(opts Options) error {
+	t.writeOpts = make(map[writeKey][]metric.AddOption, len(writeCodes)*len(writeMethods))
 	for _, c := range writeCodes {
 		for _, m := range writeMethods {
 			k := writeKey{c, m}
-			g.writeOpts[k] = writeAttrs(k)
+			t.writeOpts[k] = writeAttrs(k)
 		}
 	}
-	mp, tp := opts.MeterProvider, opts.TracerProvider
-	if mp == nil && tp == nil {
-		g.writes, _ = metricnoop.Meter{}.Int64Counter(MetricWrites)
+	t.durOpts = make(map[durationKey][]metric.RecordOption)
+	if tp := opts.TracerProvider; tp != nil {
+		t.tracer = tp.Tracer(ScopeName)
+	}
+	mp := opts.MeterProvider
+	if mp == nil {
+		t.writes, _ = metricnoop.Meter{}.Int64Counter(MetricWrites)
 		return nil
 	}
-	if mp == nil {
-		mp = metricnoop.NewMeterProvider()
-	}
-	if tp == nil {
-		tp = tracenoop.NewTracerProvider()
-	}
-	c, err := mp.Meter(ScopeName).Int64Counter(MetricWrites,
+	meter := mp.Meter(ScopeName)
+	c, err := meter.Int64Counter(MetricWrites,
 		metric.WithUnit("{write}"),
 		metric.WithDescription("Unsafe requests through the write gate, by final outcome code and method."))
 	if err != nil {
 		return fmt.Errorf("proxy: creating %s: %w", MetricWrites, err)
 	}
-	g.writes = c
-	hopts := []otelhttp.Option{
-		otelhttp.WithMeterProvider(mp),
-		otelhttp.WithTracerProvider(tp),
-		// Explicit, so the gate never reads the global propagator.
-		otelhttp.WithPropagators(propagation.TraceContext{}),
-		otelhttp.WithSpanNameFormatter(spanName),
+	t.writes = c
+	if t.duration, err = meter.Float64Histogram(MetricRequestDuration,
+		metric.WithUnit("s"),
+		metric.WithDescription("Duration of HTTP server requests."),
+		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)); err != nil {
+		return fmt.Errorf("proxy: creating %s: %w", MetricRequestDuration, err)
 	}
+	t.server = []attribute.KeyValue{attribute.String("url.scheme", "http"),
+		attribute.String("network.protocol.name", "http"), attribute.String("network.protocol.version", "1.1")}
 	if opts.ServerName != "" {
-		hopts = append(hopts, otelhttp.WithServerName(opts.ServerName))
+		host, port, err := net.SplitHostPort(opts.ServerName)
+		if err != nil {
+			host = opts.ServerName
+		}
+		t.server = append(t.server, attribute.String("server.address", host))
+		if p, err := strconv.Atoi(port); err == nil {
+			t.server = append(t.server, attribute.Int("server.port", p))
+		}
 	}
-	g.handler = otelhttp.NewHandler(g.handler, "gate", hopts...)
 	return nil
+}
+
+// MetricRequestDuration is the HTTP semantic conventions' server request
+// duration, in seconds, exported to Prometheus as
+// http_server_request_duration_seconds, with http.request.method,
+// http.response.status_code, http.route (the matching rule's pattern, when
+// one matched), url.scheme, network.protocol.* and, with
+// Options.ServerName, server.address and server.port. It measures until
+// the response headers are ready; a streamed body is relayed after.
+const MetricRequestDuration = "http.server.request.duration"
+
+// durationOpts is the measurement option of one duration series.
+func (t *telemetry) durationOpts(k durationKey) []metric.RecordOption {
+	t.mu.RLock()
+	o, ok := t.durOpts[k]
+	t.mu.RUnlock()
+	if ok {
+		return o
+	}
+	kvs := append(slices.Clip(t.server), attribute.String("http.request.method", k.method),
+		attribute.Int("http.response.status_code", k.status))
+	if k.route != "" {
+		kvs = append(kvs, attribute.String("http.route", k.route))
+	}
+	o = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(kvs...))}
+	t.mu.Lock()
+	t.durOpts[k] = o
+	t.mu.Unlock()
+	return o
+}
+
+// begin starts x's telemetry and, for a write, its audit record: a server
+// span (with a tracer provider), named "{method} {rule pattern}" or
+// "{method} gate", the child of the client's W3C traceparent if any.
+func (g *Gate) begin(x *exchange) {
+	if !safeMethod(x.method) {
+		g.openAudit(x)
+	}
+	if g.tel.tracer == nil {
+		return
+	}
+	ctx := propagation.TraceContext{}.Extract(x.ctx, headerCarrier{&x.c.Request.Header})
+	x.ctx, x.span = g.tel.tracer.Start(ctx, spanName(x.method, x.route), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithTimestamp(x.start))
+	if x.span.IsRecording() {
+		x.span.SetAttributes(attribute.String("http.request.method", stdMethod(x.method)),
+			attribute.String("url.path", x.path), attribute.String("http.route", x.route))
+	}
+}
+
+// end records x's duration, ends its span and its audit registration.
+func (g *Gate) end(x *exchange) {
+	status := x.c.Response.StatusCode()
+	if g.tel.duration != nil {
+		o := g.tel.durationOpts(durationKey{stdMethod(x.method), status, x.route})
+		g.tel.duration.Record(context.Background(), time.Since(x.start).Seconds(), o...)
+	}
+	if x.span != nil {
+		if x.span.IsRecording() {
+			x.span.SetAttributes(attribute.Int("http.response.status_code", status))
+			if status >= 500 {
+				x.span.SetStatus(codes.Error, "")
+			}
+		}
+		x.span.End()
+	}
+	g.closeAudit(x)
+}
+
+// headerCarrier reads and writes W3C trace context in a fasthttp header.
+type headerCarrier struct{ h *fasthttp.RequestHeader }
+
+func (c headerCarrier) Get(key string) string { return string(c.h.Peek(key)) }
+
+func (c headerCarrier) Set(key, value string) { c.h.Set(key, value) }
+
+func (c headerCarrier) Keys() []string {
+	var keys []string
+	for k := range c.h.All() {
+		keys = append(keys, string(k))
+	}
+	return keys
+}
+
+// stdMethod is m if it is a standard method, otherwise _OTHER (the
+// semantic conventions' bound on the method attribute).
+func stdMethod(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodTrace, http.MethodConnect:
+		return m
+	}
+	return "_OTHER"
 }
 
 // spanName is "{method} {rule pattern}", or "{method} gate" when no rule
 // matched (safe requests and writes routed by header). Methods outside the
 // standard set are named HTTP, as the semantic conventions ask.
-func spanName(_ string, r *http.Request) string {
-	m := r.Method
-	switch m {
-	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
-		http.MethodDelete, http.MethodOptions, http.MethodTrace, http.MethodConnect:
-	default:
+func spanName(method, route string) string {
+	m := stdMethod(method)
+	if m == "_OTHER" {
 		m = "HTTP"
 	}
-	if r.Pattern != "" {
-		return m + " " + r.Pattern
+	if route != "" {
+		return m + " " + route
 	}
 	return m + " gate"
 }
 
-// count records one write's final outcome on the counter and the span.
-func (g *Gate) count(r *http.Request, code string) {
-	ctx := r.Context()
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.SetAttributes(attrCode.String(code))
+// count records one write's final outcome on the counter, the span and
+// the audit log. Reads (a refused upgrade) are not counted.
+func (g *Gate) count(x *exchange, code string) {
+	if x.span != nil && x.span.IsRecording() {
+		x.span.SetAttributes(attrCode.String(code))
 	}
-	if safeMethod(r.Method) {
-		return // a read refused (an upgrade): not a write
+	if safeMethod(x.method) {
+		return
 	}
-	k := writeKey{code, writeMethod(r.Method)}
-	opts, ok := g.writeOpts[k]
+	x.code = code
+	k := writeKey{code, writeMethod(x.method)}
+	opts, ok := g.tel.writeOpts[k]
 	if !ok {
 		opts = writeAttrs(k) // a code missing from writeCodes
 	}
-	// WithoutCancel: a write whose client left is counted all the same.
-	g.writes.Add(context.WithoutCancel(ctx), 1, opts...)
-	g.auditEnd(r, code)
+	g.tel.writes.Add(context.Background(), 1, opts...)
+	g.auditEnd(x, code)
 }
 
 // writeMethod bounds the method attribute of MetricWrites.
@@ -168,4 +287,26 @@ func writeMethod(m string) string {
 		return m
 	}
 	return "_OTHER"
+}
+
+// methodString is a request's method as a string, without allocating for
+// the standard ones.
+func methodString(m []byte) string {
+	switch string(m) {
+	case http.MethodGet:
+		return http.MethodGet
+	case http.MethodHead:
+		return http.MethodHead
+	case http.MethodPost:
+		return http.MethodPost
+	case http.MethodPut:
+		return http.MethodPut
+	case http.MethodPatch:
+		return http.MethodPatch
+	case http.MethodDelete:
+		return http.MethodDelete
+	case http.MethodOptions:
+		return http.MethodOptions
+	}
+	return string(m)
 }

@@ -68,8 +68,10 @@ func acquireToken(t *testing.T, p *proc, resource, owner string, ttl int) string
 	return strconv.FormatInt(token(t, l), 10)
 }
 
-// TestStalledBodyReleasesTheBarrier: through the binary, a client whose
-// admitted write sends 4 of 100 body bytes and stalls is cut off at
+// TestStalledBodyReleasesTheBarrier: through the binary, with every body
+// streamed (FENCEGATE_BODY_BUFFER=0: a buffered body is read before
+// admission, so it never holds the barrier), a client whose admitted
+// write sends 4 of 100 body bytes and stalls is cut off at
 // FENCEGATE_BODY_TIMEOUT; its resource stays held for
 // FENCEGATE_TIMEOUT_GRACE (the upstream got part of it), then the
 // successor's higher-token write, sent meanwhile, goes through. It never
@@ -80,7 +82,7 @@ func TestStalledBodyReleasesTheBarrier(t *testing.T) {
 	p := start(t, t.TempDir(), []string{
 		"FENCEGATE_STORE=memory:", "FENCEGATE_UPSTREAM=" + upSrv.URL,
 		"FENCEGATE_BODY_TIMEOUT=" + bodyTimeout.String(), "FENCEGATE_TIMEOUT_GRACE=" + grace.String(),
-		"FENCEGATE_BARRIER_TIMEOUT=30s",
+		"FENCEGATE_BARRIER_TIMEOUT=30s", "FENCEGATE_BODY_BUFFER=0",
 	}, "api", "gate")
 	old := acquireToken(t, p, "job:1", "old", 1)
 	time.Sleep(1100 * time.Millisecond) // the old lease expires

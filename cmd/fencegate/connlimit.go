@@ -14,7 +14,7 @@ import (
 	"github.com/fencegate/fencegate/fencing/problem"
 )
 
-// healthReserve is how many connections a listener accepts beyond its cap.
+// healthReserve is how many connections the lease API accepts beyond its cap.
 // They are served only for health checks (other requests get 503
 // too-many-connections and the connection is closed), so /livez and
 // /readyz keep answering while slow or abusive clients fill the cap.
@@ -30,12 +30,15 @@ const healthReserve = 32
 // waiting in the kernel's backlog with no answer.)
 type connLimit struct {
 	net.Listener
-	max    int64
-	active atomic.Int64
+	max     int64
+	reserve int64
+	active  atomic.Int64
 }
 
-func newConnLimit(ln net.Listener, max int) *connLimit {
-	return &connLimit{Listener: ln, max: int64(max)}
+// newConnLimit caps ln at max connections, plus reserve kept for health
+// checks.
+func newConnLimit(ln net.Listener, max, reserve int) *connLimit {
+	return &connLimit{Listener: ln, max: int64(max), reserve: int64(reserve)}
 }
 
 // refusal is the answer to a connection beyond the cap and the reserve.
@@ -60,7 +63,7 @@ func (l *connLimit) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		n := l.active.Add(1)
-		if n <= l.max+healthReserve {
+		if n <= l.max+l.reserve {
 			return &limitedConn{Conn: c, l: l, overflow: n > l.max}, nil
 		}
 		l.active.Add(-1)

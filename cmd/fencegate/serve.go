@@ -90,7 +90,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		if err := restoreHolds(ctx, gate, log); err != nil {
 			return err
 		}
-		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, handler: gate, cfg: cfg, onCutOff: func() { gate.LogCutOff() }})
+		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, gate: gate, log: log, cfg: cfg, onCutOff: func() { gate.LogCutOff() }})
 	}
 
 	for _, s := range servers {
@@ -131,30 +131,51 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	return nil
 }
 
-// listener is one HTTP listener of the process.
+// listener is one HTTP listener of the process: the lease API's (a
+// net/http server) or the write gate's (proxy.Server).
 type listener struct {
 	name    string
 	addr    string
-	handler http.Handler
+	handler http.Handler             // the lease API; nil for the gate
 	health  func(*http.Request) bool // requests served on the connections kept in reserve
+	gate    *proxy.Gate              // the gate; nil for the lease API
+	log     *slog.Logger
 	cfg     config.Config
 	ln      net.Listener
-	srv     *http.Server
+	srv     server
 	// onCutOff, if set, runs when the shutdown grace ends with requests
 	// still in flight, before their connections are closed.
 	onCutOff func()
 }
 
+// server is what the process needs of an HTTP server: *http.Server and
+// *proxy.Server.
+type server interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+}
+
 // listen opens the listener with the slow-client bounds: a deadline for the
-// headers and one for the body (counted from the start of the request:
-// the gate moves it when it starts forwarding a request), an idle timeout,
-// and a cap on concurrent connections (see connLimit).
+// headers and one for the body (counted from the end of the headers on
+// the lease API; the gate moves it when it starts forwarding a request),
+// an idle timeout, and a cap on concurrent connections (see connLimit; the
+// gate keeps no reserve, as it serves no health checks).
 func (l *listener) listen() error {
 	ln, err := net.Listen("tcp", l.addr)
 	if err != nil {
 		return fmt.Errorf("%s listener: %w", l.name, err)
 	}
-	l.ln = newConnLimit(ln, l.cfg.MaxConns)
+	if l.gate != nil {
+		l.ln = newConnLimit(ln, l.cfg.MaxConns, 0)
+		l.srv = proxy.NewServer(l.gate, proxy.ServerOptions{
+			HeaderTimeout: l.cfg.ReadHeaderTimeout,
+			IdleTimeout:   l.cfg.IdleTimeout,
+			Logger:        l.log,
+		})
+		return nil
+	}
+	l.ln = newConnLimit(ln, l.cfg.MaxConns, healthReserve)
 	l.srv = &http.Server{
 		Handler:           overflowHandler(l.handler, l.health),
 		ReadHeaderTimeout: l.cfg.ReadHeaderTimeout,
@@ -166,7 +187,7 @@ func (l *listener) listen() error {
 }
 
 func (l *listener) serve() error {
-	if err := l.srv.Serve(l.ln); !errors.Is(err, http.ErrServerClosed) {
+	if err := l.srv.Serve(l.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("%s listener: %w", l.name, err)
 	}
 	return nil
@@ -345,13 +366,24 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		BarrierTimeout:  cfg.BarrierTimeout,
 		TimeoutGrace:    timeoutGrace(cfg.TimeoutGrace),
 		BodyTimeout:     cfg.BodyTimeout,
+		BodyBuffer:      bodyBuffer(cfg.BodyBuffer),
 		Holds:           holds,
 		UpstreamTimeout: cfg.UpstreamTimeout,
+		UpstreamConns:   cfg.UpstreamConns,
 		MeterProvider:   tel.meterProvider,
 		TracerProvider:  tel.tracerProvider,
 		ServerName:      cfg.ProxyAddr,
 		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample},
 	})
+}
+
+// bodyBuffer maps FENCEGATE_BODY_BUFFER, where 0 streams every body, to
+// proxy.Options.BodyBuffer, where 0 means the default.
+func bodyBuffer(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // envValue is the value of name in environ (KEY=VALUE pairs), or "".

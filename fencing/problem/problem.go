@@ -127,17 +127,20 @@ func storeFault(outcome, detail string, cause error) *Error {
 // store faults are logged with the request id; their text is not sent.
 func Write(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	p := From(err)
-	if p.Cause != nil && log != nil && (p.Status >= 500) {
-		attrs := []slog.Attr{
-			slog.String("request_id", reqid.From(r)),
-			slog.String("code", p.Code), slog.String("method", r.Method), slog.String("path", r.URL.Path),
-			slog.String("error", p.Cause.Error()),
-		}
-		for k, v := range p.Extra {
-			attrs = append(attrs, slog.Any(k, v))
-		}
-		log.LogAttrs(r.Context(), slog.LevelError, "request failed", attrs...)
+	LogFault(r.Context(), log, p, reqid.From(r), r.Method, r.URL.Path)
+	h := w.Header()
+	for k, vs := range p.Headers {
+		h[k] = vs
 	}
+	h.Set("Content-Type", ContentType)
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(p.Body())
+}
+
+// Body is p's problem+json body: type, title, status, detail and code,
+// plus p's extension members, ending in a newline.
+func (p *Error) Body() []byte {
 	m := make(map[string]any, 5+len(p.Extra))
 	for k, v := range p.Extra {
 		m[k] = v
@@ -147,14 +150,30 @@ func Write(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) 
 	m["status"] = p.Status
 	m["detail"] = p.Detail
 	m["code"] = p.Code
-	h := w.Header()
-	for k, vs := range p.Headers {
-		h[k] = vs
+	b, err := json.Marshal(m)
+	if err != nil { // an extension member that does not marshal
+		b, _ = json.Marshal(map[string]any{"type": TypePrefix + p.Code, "title": Title(p.Status),
+			"status": p.Status, "detail": p.Detail, "code": p.Code})
 	}
-	h.Set("Content-Type", ContentType)
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(p.Status)
-	_ = json.NewEncoder(w).Encode(m)
+	return append(b, '\n')
+}
+
+// LogFault logs the cause of a server-side problem (status 500 and up)
+// with the request it failed: its id, method and path. Other problems,
+// and problems without a cause, are not logged.
+func LogFault(ctx context.Context, log *slog.Logger, p *Error, id, method, path string) {
+	if p.Cause == nil || log == nil || p.Status < 500 {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("request_id", id),
+		slog.String("code", p.Code), slog.String("method", method), slog.String("path", path),
+		slog.String("error", p.Cause.Error()),
+	}
+	for k, v := range p.Extra {
+		attrs = append(attrs, slog.Any(k, v))
+	}
+	log.LogAttrs(ctx, slog.LevelError, "request failed", attrs...)
 }
 
 // Title is the problem title for a status: its HTTP reason phrase.

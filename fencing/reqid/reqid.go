@@ -7,7 +7,10 @@
 package reqid
 
 import (
+	"crypto/rand"
 	"net/http"
+	"os"
+	"strconv"
 
 	"github.com/go-chi/chi/v5/middleware"
 )
@@ -49,4 +52,32 @@ func sane(id string) bool {
 		}
 	}
 	return true
+}
+
+// prefix starts the ids Choose generates: this host and process, like the
+// ids chi's middleware generates for the lease API.
+var prefix = func() string {
+	host, err := os.Hostname()
+	if host == "" || err != nil {
+		host = "localhost"
+	}
+	return host + "/" + rand.Text()[:10]
+}()
+
+// Choose is the id of a request that arrived with client as its
+// X-Request-Id (empty when absent), for listeners outside net/http (the
+// write gate): client when it is sane, otherwise a new id from the same
+// per-process sequence as Middleware's.
+func Choose(client []byte) string {
+	if len(client) > 0 && sane(string(client)) {
+		return string(client)
+	}
+	n := middleware.NextRequestID()
+	b := make([]byte, 0, len(prefix)+8)
+	b = append(b, prefix...)
+	b = append(b, '-')
+	for d := uint64(100000); d > 1 && n < d; d /= 10 {
+		b = append(b, '0')
+	}
+	return string(strconv.AppendUint(b, n, 10))
 }

@@ -36,3 +36,16 @@ func TestMiddleware(t *testing.T) {
 		}
 	}
 }
+
+func TestChoose(t *testing.T) {
+	if got := Choose([]byte("abc-123")); got != "abc-123" {
+		t.Fatalf("a sane client id: %q", got)
+	}
+	a, b := Choose(nil), Choose([]byte("bad id"))
+	if a == b || !strings.HasPrefix(a, prefix+"-") || !strings.HasPrefix(b, prefix+"-") {
+		t.Fatalf("generated ids %q, %q: want distinct, prefixed %q", a, b, prefix)
+	}
+	if n := len(a) - len(prefix) - 1; n < 6 {
+		t.Fatalf("generated id %q: sequence shorter than 6 digits", a)
+	}
+}

@@ -1,0 +1,206 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/fencegate/fencegate/fencing/problem"
+)
+
+// Defaults for the zero values of ServerOptions.
+const (
+	DefaultHeaderTimeout  = 10 * time.Second
+	DefaultIdleTimeout    = 2 * time.Minute
+	DefaultMaxHeaderBytes = 16 << 10
+)
+
+// ServerOptions bound a gate's listener against slow, idle and oversized
+// clients.
+type ServerOptions struct {
+	// HeaderTimeout bounds how long a request's line and headers may take
+	// to arrive, counted from its first byte (from the connection's
+	// opening for the first request). The body has its own deadline
+	// (Options.BodyTimeout). Zero means DefaultHeaderTimeout.
+	HeaderTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection that sends no new request
+	// for this long. Zero means DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's line and headers: a larger head is
+	// refused (431) and its connection closed. Zero means
+	// DefaultMaxHeaderBytes.
+	MaxHeaderBytes int
+	// Logger receives connection errors the server cannot answer (a
+	// client gone mid-response); nil discards.
+	Logger *slog.Logger
+}
+
+// Server serves a Gate on a listener: HTTP/1.1 with keep-alive and
+// pipelining, strict framing, request bodies streamed to the handler.
+type Server struct {
+	srv   *fasthttp.Server
+	mu    sync.Mutex
+	conns map[net.Conn]struct{} // open connections, closed by Close
+}
+
+// NewServer returns a server for g.
+func NewServer(g *Gate, opts ServerOptions) *Server {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{conns: make(map[net.Conn]struct{})}
+	headerTimeout := cmpOr(opts.HeaderTimeout, DefaultHeaderTimeout)
+	s.srv = &fasthttp.Server{
+		Handler:      g.serve,
+		ErrorHandler: g.readError,
+		// Once the head is in, the body has its own deadline, and at most
+		// BodyBuffer bytes of it (at most 8 KiB, at least 1) are read
+		// before the handler runs; the rest streams.
+		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: g.bodyTimeout, MaxRequestBodySize: max(g.bodyBuffer, 1)}
+		},
+		// The read deadline covers the head; the handler moves it for the
+		// body (Options.BodyTimeout).
+		ReadTimeout:                        headerTimeout,
+		IdleTimeout:                        cmpOr(opts.IdleTimeout, DefaultIdleTimeout),
+		ReadBufferSize:                     cmpOr(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
+		StreamRequestBody:                  true,
+		DisablePreParseMultipartForm:       true,
+		NoDefaultServerHeader:              true,
+		NoDefaultContentType:               true,
+		NoDefaultDate:                      true,
+		DisableHeaderNamesNormalizing:      false,
+		CloseOnShutdown:                    true,
+		SleepWhenConcurrencyLimitsExceeded: 0,
+		Logger:                             slogPrinter{log},
+		ConnState: func(c net.Conn, st fasthttp.ConnState) {
+			s.mu.Lock()
+			switch st {
+			case fasthttp.StateNew:
+				s.conns[c] = struct{}{}
+			case fasthttp.StateClosed, fasthttp.StateHijacked:
+				delete(s.conns, c)
+			}
+			s.mu.Unlock()
+		},
+	}
+	return s
+}
+
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Serve accepts connections on ln until Shutdown or Close. It returns nil
+// after those.
+func (s *Server) Serve(ln net.Listener) error {
+	err := s.srv.Serve(ln)
+	if err != nil && errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting, closes idle connections, and waits until the
+// requests in progress are answered or ctx ends (then it returns ctx's
+// error and leaves the rest to Close).
+func (s *Server) Shutdown(ctx context.Context) error { return s.srv.ShutdownWithContext(ctx) }
+
+// Close closes every open connection at once: requests in progress are cut
+// off.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		_ = c.Close()
+	}
+	return nil
+}
+
+// readError answers a request that fasthttp could not read: a head it
+// refused to parse (a malformed line or header, a duplicate
+// Content-Length, an unsupported Transfer-Encoding: 400 invalid-request; a
+// head past MaxHeaderBytes: 431; a head not in within HeaderTimeout: 408),
+// or the first piece of a body that stalled or broke before the handler
+// ran (408 body-timeout, 400 invalid-body). Nothing was forwarded, and the
+// connection is closed after the answer.
+func (g *Gate) readError(c *fasthttp.RequestCtx, err error) {
+	var p *problem.Error
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.As(err, &small):
+		p = problem.New(http.StatusRequestHeaderFieldsTooLarge, "invalid-request", "the request's line and headers are too large")
+	case !strings.Contains(err.Error(), "error when reading request headers"):
+		p = bodyProblem(err, false, false) // fasthttp marks every head error so
+	case isTimeout(err):
+		p = problem.New(http.StatusRequestTimeout, "invalid-request", "the request's line and headers did not arrive in time")
+	default:
+		p = problem.New(http.StatusBadRequest, "invalid-request", "the request could not be parsed as HTTP/1.1: "+truncate(headParseError(err)))
+	}
+	c.Response.Reset()
+	c.SetStatusCode(p.Status)
+	c.SetContentType(problem.ContentType)
+	c.SetBody(p.Body())
+	c.SetConnectionClose()
+}
+
+// headParseError is fasthttp's reason for refusing a head, without the
+// copy of the head its message carries.
+func headParseError(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "error when reading request headers: ")
+	msg, _, _ = strings.Cut(msg, ": buffer size=")
+	return msg
+}
+
+// slogPrinter adapts a slog.Logger to fasthttp's Logger, at debug level:
+// what fasthttp logs is a client's connection failing.
+type slogPrinter struct{ log *slog.Logger }
+
+func (p slogPrinter) Printf(format string, args ...any) {
+	if p.log.Enabled(context.Background(), slog.LevelDebug) {
+		p.log.Debug("gate connection", "error", strings.TrimSpace(fmt.Sprintf(format, args...)))
+	}
+}
+
+// decisionHeader is the subset of a request's headers decide reads, as an
+// http.Header: Connection, Upgrade, Destination, the fencing headers, and
+// any that an upstream might take for a method or path override.
+func decisionHeader(h *fasthttp.RequestHeader) http.Header {
+	var out http.Header
+	for k, v := range h.All() {
+		if !decisionHeaderName(k) {
+			continue
+		}
+		if out == nil {
+			out = make(http.Header, 2)
+		}
+		name := string(k)
+		out[name] = append(out[name], string(v))
+	}
+	return out
+}
+
+// decisionHeaderName reports whether decide reads the header named k.
+func decisionHeaderName(k []byte) bool {
+	switch string(k) {
+	case HeaderToken, HeaderResource, HeaderDestination, "Connection", "Upgrade":
+		return true
+	}
+	if len(k) < len("x-http-method") || (k[0] != 'X' && k[0] != 'x') {
+		return false
+	}
+	return true // overrideHeader decides, on the normalized name
+}

@@ -1,0 +1,284 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/fencing/reqid"
+)
+
+// upstreamReadBuffer bounds the upstream's response headers.
+const upstreamReadBuffer = 16 << 10
+
+// newUpstreamClient is the gate's connection pool to its upstream: at most
+// conns connections, idle ones kept for a minute (shorter than common
+// upstream keep-alive timeouts would be better, but a minute matches
+// net/http and nginx defaults), a 5 s dial bound, and no retries of a write
+// (a retried write could be applied twice). Reads are retried once when a
+// pooled connection turns out closed. Paths and header names are sent as
+// they came, never normalized.
+func (g *Gate) newUpstreamClient(conns int) *fasthttp.HostClient {
+	u := g.upstream
+	addr := u.Host
+	if u.Port() == "" {
+		if u.Scheme == "https" {
+			addr = net.JoinHostPort(u.Hostname(), "443")
+		} else {
+			addr = net.JoinHostPort(u.Hostname(), "80")
+		}
+	}
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	tlsConfig := g.upstreamTLS
+	if tlsConfig == nil && u.Scheme == "https" {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return &fasthttp.HostClient{
+		Addr:                          addr,
+		IsTLS:                         u.Scheme == "https",
+		TLSConfig:                     tlsConfig,
+		Dial:                          func(addr string) (net.Conn, error) { return dialer.Dial("tcp", addr) },
+		MaxConns:                      conns,
+		MaxConnWaitTimeout:            g.upstreamTO,
+		MaxIdleConnDuration:           time.Minute,
+		ReadBufferSize:                upstreamReadBuffer,
+		NoDefaultUserAgentHeader:      true,
+		DisableHeaderNamesNormalizing: true,
+		DisablePathNormalizing:        true,
+		StreamResponseBody:            true,
+		RetryIfErr: func(req *fasthttp.Request, attempts int, err error) (resetTimeout, retry bool) {
+			return false, attempts < 2 && safeMethod(string(req.Header.Method())) && errors.Is(err, fasthttp.ErrConnectionClosed)
+		},
+	}
+}
+
+// hopHeaders are the hop-by-hop headers (RFC 9110 §7.6.1) the gate never
+// forwards, in either direction, besides those a Connection header names.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// forward sends x's request to the upstream and relays the answer. t is
+// the write's place at the barrier (nil for an unfenced request): it is
+// left when the upstream's response headers arrive, or held for the grace
+// period when the outcome is unknown.
+func (g *Gate) forward(x *exchange, t flight) {
+	defer x.releaseBody()
+	c := x.c
+	out := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(out)
+	g.upstreamRequest(x, out, false)
+	switch {
+	case x.buffered != nil:
+		out.SetBodyRaw(*x.buffered)
+	case c.Request.Header.ContentLength() != 0 && c.Request.IsBodyStream():
+		g.setBodyDeadline(c)
+		x.body = &bodyReader{r: c.RequestBodyStream(), left: c.Request.Header.ContentLength()}
+		out.SetBodyStream(x.body, c.Request.Header.ContentLength())
+	default:
+		if n := len(c.Request.Body()); n > 0 { // a body fasthttp read in full (not streamed)
+			out.SetBodyRaw(c.Request.Body())
+		}
+	}
+	out.SetTimeout(g.upstreamTO)
+	if g.beforeSend != nil {
+		g.beforeSend()
+	}
+	resp := fasthttp.AcquireResponse()
+	err := g.client.Do(out, resp)
+	if err != nil {
+		fasthttp.ReleaseResponse(resp)
+		g.upstreamFailed(x, t, err)
+		return
+	}
+	// The upstream has answered: the barrier can let the next token
+	// through while the body is still being relayed.
+	if t != nil {
+		t.Leave()
+		x.audit.answered(resp.StatusCode())
+		g.count(x, CodeAdmitted)
+	}
+	g.relay(x, resp)
+}
+
+// upstreamRequest fills out with x's request as the upstream gets it: the
+// client's method and headers, minus hop-by-hop ones; the upstream's host
+// and base path joined with exactly the path (and query) the client sent;
+// X-Forwarded-For, -Host and -Proto stating what the gate saw (any the
+// client sent are replaced: the gate does not relay claims), and the
+// request id. The fencing headers are always kept, even when the client's
+// Connection header names them. With upgrade, Upgrade and Connection are
+// kept.
+func (g *Gate) upstreamRequest(x *exchange, out *fasthttp.Request, upgrade bool) {
+	in := &x.c.Request.Header
+	in.CopyTo(&out.Header)
+	h := &out.Header
+	for _, name := range connectionOptions(in.Peek("Connection")) {
+		if !strings.EqualFold(name, HeaderToken) && !strings.EqualFold(name, HeaderResource) &&
+			!(upgrade && strings.EqualFold(name, "Upgrade")) {
+			h.Del(name)
+		}
+	}
+	for _, name := range hopHeaders {
+		if upgrade && (name == "Connection" || name == "Upgrade") {
+			continue
+		}
+		h.Del(name)
+	}
+	if te := in.Peek("Te"); bytes.Contains(bytes.ToLower(te), []byte("trailers")) {
+		h.Set("Te", "trailers")
+	}
+	h.Del("Expect") // the gate has the body, or streams it: no 100-continue upstream
+	h.Del("Forwarded")
+	h.Del("Content-Length")
+	uri := make([]byte, 0, len(g.upstreamBase)+len(in.RequestURI()))
+	uri = append(append(uri, g.upstreamBase...), originForm(in.RequestURI())...)
+	h.SetRequestURIBytes(uri)
+	h.SetHost(g.upstream.Host)
+	h.Set("X-Forwarded-For", x.c.RemoteIP().String())
+	h.SetBytesV("X-Forwarded-Host", in.Host())
+	if x.c.IsTLS() {
+		h.Set("X-Forwarded-Proto", "https")
+	} else {
+		h.Set("X-Forwarded-Proto", "http")
+	}
+	h.Set(reqid.Header, x.id)
+}
+
+// originForm is the path and query of a request target: itself when it
+// is origin-form, the part after the authority when absolute-form.
+func originForm(target []byte) []byte {
+	if len(target) > 0 && target[0] == '/' {
+		return target
+	}
+	if i := bytes.Index(target, []byte("://")); i >= 0 {
+		rest := target[i+3:]
+		if j := bytes.IndexAny(rest, "/?"); j >= 0 {
+			if rest[j] == '?' {
+				return append([]byte("/"), rest[j:]...)
+			}
+			return rest[j:]
+		}
+	}
+	return []byte("/")
+}
+
+// connectionOptions are the header names a Connection header lists.
+func connectionOptions(v []byte) []string {
+	if len(v) == 0 {
+		return nil
+	}
+	var names []string
+	for opt := range strings.SplitSeq(string(v), ",") {
+		if opt = strings.TrimSpace(opt); opt != "" && !strings.EqualFold(opt, "close") && !strings.EqualFold(opt, "keep-alive") {
+			names = append(names, opt)
+		}
+	}
+	return names
+}
+
+// relay sends the upstream's response to the client: its status and
+// headers, minus hop-by-hop ones, and its body, streamed. resp is released
+// once its body has been relayed (or the relay failed).
+func (g *Gate) relay(x *exchange, resp *fasthttp.Response) {
+	c := x.c
+	id := x.id
+	resp.Header.CopyTo(&c.Response.Header)
+	h := &c.Response.Header
+	for _, name := range connectionOptions(resp.Header.Peek("Connection")) {
+		h.Del(name)
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+	h.Set(reqid.Header, id)
+	if s := resp.BodyStream(); s != nil {
+		n := resp.Header.ContentLength()
+		if n < 0 {
+			n = -1 // chunked, or until the upstream closed: chunked to the client
+		}
+		c.Response.SetBodyStream(&upstreamBody{resp: resp}, n)
+		return
+	}
+	c.Response.SetBody(resp.Body())
+	fasthttp.ReleaseResponse(resp)
+}
+
+// upstreamBody is an upstream response's body while the server relays it;
+// closing it returns the response, and its connection, to their pools.
+type upstreamBody struct{ resp *fasthttp.Response }
+
+func (b *upstreamBody) Read(p []byte) (int, error) { return b.resp.BodyStream().Read(p) }
+
+func (b *upstreamBody) Close() error {
+	err := b.resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(b.resp)
+	return err
+}
+
+// upstreamFailed answers a request whose forwarding failed: the client's
+// request body failed (stalled past BodyTimeout → 408, malformed or cut
+// short → 400), the upstream timed out → 504, anything else → 502. For a
+// fenced write whose request may have reached the upstream, the barrier
+// stays closed for the grace period.
+func (g *Gate) upstreamFailed(x *exchange, t flight, err error) {
+	fenced := t != nil
+	// A request whose headers were sent, even with its body cut off, may
+	// be applied: an upstream can act on a request before reading its
+	// body (a DELETE handler that ignores it), so only a request that
+	// never left the gate is certainly not applied.
+	sent := !notSent(err)
+	if fenced {
+		if sent {
+			t.Hold(g.grace)
+		} else {
+			t.Leave()
+		}
+	}
+	// The client's body error comes first: reading it is what failed.
+	p := bodyProblem(x.body.failure(), sent, fenced && sent)
+	switch {
+	case p != nil:
+	case isTimeout(err):
+		p = problem.New(http.StatusGatewayTimeout, "upstream-timeout", "the upstream did not answer in time")
+		if fenced {
+			p.Detail += "; the write may still be applied by the upstream"
+		}
+	default:
+		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream could not be reached or failed before answering")
+		if fenced && sent {
+			p.Detail += "; the write may have been applied by the upstream"
+		}
+	}
+	p.Cause = err
+	if fenced {
+		g.count(x, p.Code)
+	}
+	g.writeProblem(x, p)
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
+}
+
+// notSent reports whether err proves the request never left the gate: the
+// connection to the upstream could not be made, or none was free in time.
+func notSent(err error) bool {
+	var oe *net.OpError
+	return (errors.As(err, &oe) && oe.Op == "dial") || errors.Is(err, fasthttp.ErrNoFreeConns) ||
+		errors.Is(err, fasthttp.ErrDialTimeout)
+}
+
+var _ io.ReadCloser = (*upstreamBody)(nil)
