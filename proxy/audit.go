@@ -18,7 +18,7 @@ import (
 //   - request_id, method, path: the request as received (path truncated
 //     to 256 bytes);
 //   - code: the outcome code of MetricWrites (admitted, stale-token,
-//     barrier-timeout, client-gone, ...);
+//     barrier-timeout, ...);
 //   - resource, token: once the gate has worked them out;
 //   - high_water, issued: the resource's high-water mark and newest
 //     issued token, where the store reported them (on admission, or with

@@ -208,3 +208,27 @@ func TestNoGrace(t *testing.T) {
 		t.Fatalf("zero TimeoutGrace: %v %v", g.grace, err)
 	}
 }
+
+// TestSlowHeadIsCutOff: a client that sends part of a head and stalls is
+// answered 408 at the header deadline and its connection closed, while
+// another client's write goes through meanwhile.
+func TestSlowHeadIsCutOff(t *testing.T) {
+	e := newEnv(t, testRules)
+	s := serveGateWith(t, e.gate, ServerOptions{HeaderTimeout: 300 * time.Millisecond})
+	l := e.acquire("job:1", "a", time.Minute)
+	started := time.Now()
+	answer := make(chan *http.Response, 1)
+	go func() {
+		answer <- rawExchange(t, s.Listener.Addr().String(), "PUT /jobs/1 HTTP/1.1\r\nHost: ga", false)
+	}()
+	if r, _ := doReq(e.client, s.URL, "PUT", "/jobs/1", "x", HeaderToken, tok(l.Token)); r.Status != 200 {
+		t.Fatalf("a write beside the slow head: %d %s", r.Status, r.Body)
+	}
+	wantRawProblem(t, <-answer, http.StatusRequestTimeout, "invalid-request")
+	if d := time.Since(started); d > 10*time.Second {
+		t.Fatalf("the slow head was answered after %v", d)
+	}
+	if n := e.up.count(); n != 1 {
+		t.Fatalf("upstream got %d requests, want 1", n)
+	}
+}

@@ -397,7 +397,7 @@ func (g *Gate) bufferBody(x *exchange) *problem.Error {
 	if n <= 0 || n > g.bodyBuffer {
 		return nil
 	}
-	g.setBodyDeadline(x.c)
+	// The body's deadline was set when the head was read (see NewServer).
 	buf := bodyBuffers.Get().(*[]byte)
 	if cap(*buf) < n {
 		*buf = make([]byte, g.bodyBuffer)

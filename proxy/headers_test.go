@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -54,5 +56,43 @@ func TestRefusalNamesResourceAndToken(t *testing.T) {
 	}
 	if e.up.count() != 0 {
 		t.Fatal("a refused write reached the upstream")
+	}
+}
+
+// TestResponseRelayed: the client gets the service's status, headers
+// (repeated ones, such as Set-Cookie, each kept; hop-by-hop ones dropped)
+// and body, and a HEAD answer keeps the Content-Length of the GET.
+func TestResponseRelayed(t *testing.T) {
+	e := newEnv(t, testRules)
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+		w.Header().Set("Content-Length", "5")
+		w.Header().Add("Set-Cookie", "a=1")
+		w.Header().Add("Set-Cookie", "b=2")
+		w.Header().Set("Keep-Alive", "timeout=5")
+		w.Header().Set("Connection", "X-Hop")
+		w.Header().Set("X-Hop", "drop me")
+		w.WriteHeader(http.StatusAccepted)
+		if r.Method != http.MethodHead {
+			_, _ = io.WriteString(w, "hello")
+		}
+		return true
+	}
+	for _, m := range []string{http.MethodHead, http.MethodGet} {
+		req, _ := http.NewRequest(m, e.gateSrv.URL+"/x", nil)
+		resp, err := e.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		wantBody := "hello"
+		if m == http.MethodHead {
+			wantBody = ""
+		}
+		if resp.StatusCode != http.StatusAccepted || resp.ContentLength != 5 || string(body) != wantBody ||
+			strings.Join(resp.Header.Values("Set-Cookie"), ",") != "a=1,b=2" ||
+			resp.Header.Get("Keep-Alive") != "" || resp.Header.Get("X-Hop") != "" || resp.Header.Get("X-Request-Id") == "" {
+			t.Fatalf("%s: %d, Content-Length %d, body %q, header %v", m, resp.StatusCode, resp.ContentLength, body, resp.Header)
+		}
 	}
 }

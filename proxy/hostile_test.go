@@ -424,6 +424,12 @@ func TestHostileClients(t *testing.T) {
 		// A head with bare LF line ends is never complete (RFC 9112 §2.2
 		// lets a server refuse them): it times out unforwarded.
 		{"bare LF line ends", false, "PUT /jobs/1 HTTP/1.1\nHost: gate\nFencing-Token: 2\nContent-Length: 0\n\n", []string{"408 invalid-request"}, 0},
+		{"space before a colon", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token : 1\r\nFencing-Token: 2\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
+		{"NUL in a header", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 2\r\nX: a\x00b\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
+		{"two Host headers", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nHost: other\r\nFencing-Token: 2\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
+		{"two Transfer-Encodings", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
+		{"a coding before chunked", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
+		{"signed Content-Length", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: +" + strconv.Itoa(len(smuggled)) + "\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
 		{"bare CR in a header", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 2\rX: y\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
 		{"pipelined after a refused write", false, body("POST /public/..%2Fjobs%2F1 HTTP/1.1", smuggled) + req("PUT /jobs/1 HTTP/1.1", stale, cl0), []string{"400 path-not-canonical", "409 stale-token"}, 0},
 		{"pipelined after a stale write", false, body("PUT /jobs/1 HTTP/1.1", smuggled, stale) + req("PUT /jobs/1 HTTP/1.1", fresh, cl0), []string{"409 stale-token", "200"}, 1},

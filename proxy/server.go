@@ -20,7 +20,7 @@ import (
 const (
 	DefaultHeaderTimeout  = 10 * time.Second
 	DefaultIdleTimeout    = 2 * time.Minute
-	DefaultMaxHeaderBytes = 16 << 10
+	DefaultMaxHeaderBytes = 8 << 10
 )
 
 // ServerOptions bound a gate's listener against slow, idle and oversized

@@ -28,7 +28,7 @@ const ScopeName = "github.com/fencegate/fencegate/proxy"
 //
 //   - code: CodeAdmitted (admitted, forwarded, and the upstream answered,
 //     whatever its status), CodeUnfenced (a pass rule let it through
-//     unchecked), CodeClientGone, or the problem code it was refused or
+//     unchecked), or the problem code it was refused or
 //     failed with: token-required, invalid-token, resource-required,
 //     write-denied, stale-token, token-not-issued, lease-not-held,
 //     store-unavailable, barrier-timeout, gate-stopping, body-timeout,
@@ -49,8 +49,10 @@ const (
 	// CodeUnfenced: a pass rule forwarded the write without a check.
 	CodeUnfenced = "unfenced"
 	// CodeClientGone: the client left before the write's outcome was
-	// known; nothing was answered. If it left while the write was being
-	// forwarded, the upstream may have applied it.
+	// known. The gate does not watch idle client connections, so it does
+	// not count writes with it (a client that leaves is noticed when its
+	// answer cannot be sent); the shared barrier's wait metric may, and
+	// the code stays listed so dashboards keep their series.
 	CodeClientGone = "client-gone"
 )
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -143,7 +144,10 @@ func (g *Gate) upstreamRequest(x *exchange, out *fasthttp.Request, upgrade bool)
 	uri = append(append(uri, g.upstreamBase...), originForm(in.RequestURI())...)
 	h.SetRequestURIBytes(uri)
 	h.SetHost(g.upstream.Host)
-	h.Set("X-Forwarded-For", x.c.RemoteIP().String())
+	var ip [64]byte
+	if a, ok := netip.AddrFromSlice(x.c.RemoteIP()); ok {
+		h.SetBytesV("X-Forwarded-For", a.Unmap().AppendTo(ip[:0]))
+	}
 	h.SetBytesV("X-Forwarded-Host", in.Host())
 	if x.c.IsTLS() {
 		h.Set("X-Forwarded-Proto", "https")

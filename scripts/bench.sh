@@ -4,8 +4,9 @@
 # One command: ./scripts/bench.sh. It builds the fencegate binary, starts
 #   - an upstream: nginx answering 200 to every request (`return 200`), so
 #     the upstream costs the same, and as little as possible, for every path;
-#   - nginx as a plain keep-alive reverse proxy in front of it (upstream
-#     keepalive, HTTP/1.1), the yardstick of DESIGN §8;
+#   - nginx as a plain keep-alive reverse proxy in front of it, in
+#     processes of its own (upstream keepalive, HTTP/1.1), the yardstick of
+#     DESIGN §8;
 #   - one fencegate gate per store (memory, file, Valkey on a throwaway
 #     redis-server), all forwarding to the same upstream with the route rule
 #     `PUT /jobs/{id} fence job:{id}`,
@@ -108,7 +109,7 @@ wait_http() {
 		sleep 0.1
 	done
 	say "$1 did not come up"
-	tail -n 5 "$tmp"/*.log "$tmp"/nginx/logs/* >&2 2>/dev/null || true
+	tail -n 5 "$tmp"/*.log "$tmp"/*/logs/* >&2 2>/dev/null || true
 	exit 1
 }
 
@@ -116,51 +117,60 @@ say "building fencegate"
 go build -o "$tmp/fencegate" ./cmd/fencegate
 
 # --- upstream and nginx --------------------------------------------------
+# Two nginx instances, each its own processes: the upstream, and the
+# yardstick proxy in front of it. One instance serving both roles would let
+# the proxy reach the upstream inside its own event loop, without the
+# cross-process wake-up every sidecar (and the gate) pays.
 UP=$(free_port)
 NGX=$(free_port)
-mkdir -p "$tmp/nginx/logs"
-{
-	[ "$(id -u)" = 0 ] && echo "user root;"
-	cat <<EOF
+# start_nginx NAME SERVER-BLOCKS starts an nginx instance in $tmp/NAME.
+start_nginx() {
+	local dir="$tmp/$1"
+	mkdir -p "$dir/logs"
+	{
+		[ "$(id -u)" = 0 ] && echo "user root;"
+		cat <<EOF
 worker_processes auto;
 daemon off;
-pid $tmp/nginx/nginx.pid;
-error_log $tmp/nginx/logs/error.log warn;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
 worker_rlimit_nofile 65536;
 events { worker_connections 16384; }
 http {
     access_log off;
     keepalive_requests 10000000;
-    client_body_temp_path $tmp/nginx/body;
-    proxy_temp_path $tmp/nginx/proxy;
-    fastcgi_temp_path $tmp/nginx/fastcgi;
-    uwsgi_temp_path $tmp/nginx/uwsgi;
-    scgi_temp_path $tmp/nginx/scgi;
-    upstream app {
+    client_body_temp_path $dir/body;
+    proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi;
+    scgi_temp_path $dir/scgi;
+$2
+}
+EOF
+	} >"$dir/nginx.conf"
+	nginx -p "$dir" -c "$dir/nginx.conf" 2>>"$dir/logs/stderr" &
+	pids+=($!)
+}
+# The upstream: 200 to everything.
+start_nginx upstream "    server {
+        listen 127.0.0.1:$UP;
+        location / { return 200 \"ok\\n\"; }
+    }"
+wait_http "http://127.0.0.1:$UP/" "${pids[-1]}"
+# The yardstick: a plain keep-alive reverse proxy.
+start_nginx nginx "    upstream app {
         server 127.0.0.1:$UP;
         keepalive 256;
         keepalive_requests 10000000;
     }
-    # The upstream: 200 to everything.
-    server {
-        listen 127.0.0.1:$UP;
-        location / { return 200 "ok\n"; }
-    }
-    # The yardstick: a plain keep-alive reverse proxy.
     server {
         listen 127.0.0.1:$NGX;
         location / {
             proxy_pass http://app;
             proxy_http_version 1.1;
-            proxy_set_header Connection "";
+            proxy_set_header Connection \"\";
         }
-    }
-}
-EOF
-} >"$tmp/nginx/nginx.conf"
-nginx -p "$tmp/nginx" -c "$tmp/nginx/nginx.conf" 2>>"$tmp/nginx/logs/stderr" &
-pids+=($!)
-wait_http "http://127.0.0.1:$UP/" "${pids[-1]}"
+    }"
 wait_http "http://127.0.0.1:$NGX/" "${pids[-1]}"
 
 # --- Valkey ----------------------------------------------------------------

@@ -98,10 +98,14 @@ func TestStalledBodyReleasesTheBarrier(t *testing.T) {
 		"\r\nContent-Length: 100\r\n\r\nabcd"); err != nil {
 		t.Fatal(err)
 	}
-	for up.first(old).IsZero() { // admitted and forwarded: its headers reached the upstream
+	for { // admitted (registered at the barrier first): the high-water mark is its token
+		_, status, _ := call(t, "GET", p.url("api", "/v1/leases/job:1"), nil, "")
+		if hw, ok := status["high_water_token"].(float64); ok && strconv.FormatInt(int64(hw), 10) == old {
+			break
+		}
 		time.Sleep(5 * time.Millisecond)
 		if time.Since(sent) > 20*time.Second {
-			t.Fatal("the stalled write never reached the upstream")
+			t.Fatal("the stalled write was never admitted")
 		}
 	}
 	st, body, _ := call(t, "PUT", p.url("gate", "/jobs/1"), map[string]string{"Fencing-Token": successor, "Fencing-Resource": "job:1"}, `{"by":"successor"}`)
