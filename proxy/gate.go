@@ -400,7 +400,9 @@ func (g *Gate) bufferBody(x *exchange) *problem.Error {
 	// The body's deadline was set when the head was read (see NewServer).
 	buf := bodyBuffers.Get().(*[]byte)
 	if cap(*buf) < n {
-		*buf = make([]byte, g.bodyBuffer)
+		// Sized to this body, not to BodyBuffer: a thousand small writes
+		// in flight hold a thousand small buffers.
+		*buf = make([]byte, 0, max(n, 512))
 	}
 	if _, err := io.ReadFull(x.c.RequestBodyStream(), (*buf)[:n]); err != nil {
 		bodyBuffers.Put(buf)

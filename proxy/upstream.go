@@ -18,8 +18,9 @@ import (
 	"github.com/fencegate/fencegate/fencing/reqid"
 )
 
-// upstreamReadBuffer bounds the upstream's response headers.
-const upstreamReadBuffer = 16 << 10
+// upstreamReadBuffer bounds the upstream's response headers (like nginx's
+// proxy_buffer_size, a larger head is answered 502).
+const upstreamReadBuffer = 8 << 10
 
 // newUpstreamClient is the gate's connection pool to its upstream: at most
 // conns connections, idle ones kept for a minute (shorter than common
