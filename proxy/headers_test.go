@@ -96,3 +96,24 @@ func TestResponseRelayed(t *testing.T) {
 		}
 	}
 }
+
+// TestUpstreamTarget: the upstream gets its base path and query joined
+// with the path and query the client sent, byte for byte; an
+// absolute-form read is reduced to its path.
+func TestUpstreamTarget(t *testing.T) {
+	for _, c := range []struct{ base, baseQuery, target, want string }{
+		{"", "", "/jobs/7", "/jobs/7"},
+		{"/base", "", "/jobs/7?y=2", "/base/jobs/7?y=2"},
+		{"/base", "x=1", "/jobs/7?y=2", "/base/jobs/7?x=1&y=2"},
+		{"/base", "x=1", "/jobs/7", "/base/jobs/7?x=1"},
+		{"/base", "x=1", "/jobs/7?", "/base/jobs/7?x=1"},
+		{"", "", "/a%2Fb;c?%5Fq", "/a%2Fb;c?%5Fq"},
+		{"/base", "", "http://gate/x/y?z", "/base/x/y?z"},
+		{"", "", "http://gate?z", "/?z"},
+		{"", "", "http://gate", "/"},
+	} {
+		if got := string(upstreamTarget(c.base, c.baseQuery, []byte(c.target))); got != c.want {
+			t.Errorf("upstreamTarget(%q, %q, %q) = %q, want %q", c.base, c.baseQuery, c.target, got, c.want)
+		}
+	}
+}

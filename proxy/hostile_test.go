@@ -430,6 +430,7 @@ func TestHostileClients(t *testing.T) {
 		{"two Transfer-Encodings", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
 		{"a coding before chunked", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
 		{"signed Content-Length", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: +" + strconv.Itoa(len(smuggled)) + "\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
+		{"head past 8 KiB", false, req("PUT /jobs/1 HTTP/1.1", fresh, cl0, "X-Pad: "+strings.Repeat("a", 9<<10)+"\r\n"), []string{"431 invalid-request"}, 0},
 		{"bare CR in a header", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 2\rX: y\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
 		{"pipelined after a refused write", false, body("POST /public/..%2Fjobs%2F1 HTTP/1.1", smuggled) + req("PUT /jobs/1 HTTP/1.1", stale, cl0), []string{"400 path-not-canonical", "409 stale-token"}, 0},
 		{"pipelined after a stale write", false, body("PUT /jobs/1 HTTP/1.1", smuggled, stale) + req("PUT /jobs/1 HTTP/1.1", fresh, cl0), []string{"409 stale-token", "200"}, 1},

@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"fmt"
-	"net/http"
-	"net/url"
 	"strings"
 	"unicode/utf8"
 )
@@ -138,32 +136,4 @@ func originPath(target string) (string, error) {
 		target = target[:i]
 	}
 	return target, nil
-}
-
-// forwardPath sets out's path to the upstream's base path joined with the
-// path of target, byte for byte as the client sent it: out.EscapedPath()
-// then returns those bytes, whatever encoding net/url would have chosen.
-// A target that is not origin-form is left as out has it (the gate never
-// forwards such a write).
-func forwardPath(out, upstream *url.URL, target string) {
-	p, err := originPath(target)
-	if err != nil {
-		return
-	}
-	base := upstream.EscapedPath()
-	raw := strings.TrimSuffix(base, "/") + p
-	dec, err := url.PathUnescape(raw)
-	if err != nil {
-		return
-	}
-	out.Path, out.RawPath = dec, raw
-}
-
-// requestTarget is r's request target as the client sent it, or, for a
-// request built in-process without one, its URL's.
-func requestTarget(r *http.Request) string {
-	if r.RequestURI != "" {
-		return r.RequestURI
-	}
-	return r.URL.RequestURI()
 }

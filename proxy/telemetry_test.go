@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -189,5 +191,25 @@ func TestSpanNameWithoutRule(t *testing.T) {
 	}
 	if strings.Join(names, ",") != "POST gate,GET gate" {
 		t.Fatalf("span names %v", names)
+	}
+}
+
+// TestTelemetryAllocatesNothing: once a series exists, counting a write
+// and recording a request's duration allocate nothing.
+func TestTelemetryAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	e := newEnv(t, testRules, func(o *Options) { o.MeterProvider = mp; o.ServerName = "127.0.0.1:8080" })
+	x := &exchange{c: &fasthttp.RequestCtx{}, ctx: context.Background(), start: time.Now(), method: http.MethodPut, route: "/jobs/{id}"}
+	x.c.SetStatusCode(http.StatusOK)
+	e.gate.count(x, CodeAdmitted) // creates the series
+	e.gate.end(x)
+	if n := testing.AllocsPerRun(100, func() {
+		e.gate.count(x, CodeAdmitted)
+		e.gate.end(x)
+	}); n != 0 {
+		t.Fatalf("%v allocations per write", n)
 	}
 }

@@ -141,9 +141,7 @@ func (g *Gate) upstreamRequest(x *exchange, out *fasthttp.Request, upgrade bool)
 	h.Del("Expect") // the gate has the body, or streams it: no 100-continue upstream
 	h.Del("Forwarded")
 	h.Del("Content-Length")
-	uri := make([]byte, 0, len(g.upstreamBase)+len(in.RequestURI()))
-	uri = append(append(uri, g.upstreamBase...), originForm(in.RequestURI())...)
-	h.SetRequestURIBytes(uri)
+	h.SetRequestURIBytes(upstreamTarget(g.upstreamBase, g.upstream.RawQuery, in.RequestURI()))
 	h.SetHost(g.upstream.Host)
 	var ip [64]byte
 	if a, ok := netip.AddrFromSlice(x.c.RemoteIP()); ok {
@@ -156,6 +154,27 @@ func (g *Gate) upstreamRequest(x *exchange, out *fasthttp.Request, upgrade bool)
 		h.Set("X-Forwarded-Proto", "http")
 	}
 	h.Set(reqid.Header, x.id)
+}
+
+// upstreamTarget is the request target the upstream gets for a client's
+// target: the upstream URL's base path (base, without its trailing slash)
+// joined with the path the client sent, byte for byte, and the upstream
+// URL's query (baseQuery) joined with the client's ("?x=1" and "?y=2" give
+// "?x=1&y=2"), as httputil.ReverseProxy joins them.
+func upstreamTarget(base, baseQuery string, target []byte) []byte {
+	o := originForm(target)
+	path, query, hasQuery := bytes.Cut(o, []byte("?"))
+	out := make([]byte, 0, len(base)+len(o)+len(baseQuery)+2)
+	out = append(append(out, base...), path...)
+	switch {
+	case baseQuery != "" && hasQuery && len(query) > 0:
+		out = append(append(append(append(out, '?'), baseQuery...), '&'), query...)
+	case baseQuery != "":
+		out = append(append(out, '?'), baseQuery...)
+	case hasQuery:
+		out = append(append(out, '?'), query...)
+	}
+	return out
 }
 
 // originForm is the path and query of a request target: itself when it
