@@ -117,3 +117,26 @@ func TestUpstreamTarget(t *testing.T) {
 		}
 	}
 }
+
+// TestTrailersAreNotForwarded: a chunked write's trailers arrive after the
+// gate decided, so none reaches the upstream, not even one naming a method
+// override or a token.
+func TestTrailersAreNotForwarded(t *testing.T) {
+	e := newEnv(t, testRules, func(o *Options) { o.BodyBuffer = -1 })
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+		if len(r.Trailer) != 0 || r.Header.Get("X-Http-Method-Override") != "" || len(r.Header.Values(HeaderToken)) != 1 {
+			w.WriteHeader(http.StatusTeapot)
+		}
+		return false
+	}
+	l := e.acquire("job:1", "a", time.Minute)
+	resp := rawExchange(t, e.gateSrv.Listener.Addr().String(), "PUT /jobs/1 HTTP/1.1\r\nHost: g\r\nFencing-Token: "+tok(l.Token)+
+		"\r\nTrailer: X-HTTP-Method-Override, Fencing-Token\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n"+
+		"X-HTTP-Method-Override: DELETE\r\nFencing-Token: 999\r\n\r\n", false)
+	if resp == nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the upstream saw the trailers (or the write failed): %+v", resp)
+	}
+	if got := e.up.requests(); len(got) != 1 || got[0].Body != "abc" || got[0].Token != tok(l.Token) {
+		t.Fatalf("upstream got %+v", got)
+	}
+}

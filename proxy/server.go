@@ -70,18 +70,17 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		},
 		// The read deadline covers the head; the handler moves it for the
 		// body (Options.BodyTimeout).
-		ReadTimeout:                        headerTimeout,
-		IdleTimeout:                        cmpOr(opts.IdleTimeout, DefaultIdleTimeout),
-		ReadBufferSize:                     cmpOr(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
-		StreamRequestBody:                  true,
-		DisablePreParseMultipartForm:       true,
-		NoDefaultServerHeader:              true,
-		NoDefaultContentType:               true,
-		NoDefaultDate:                      true,
-		DisableHeaderNamesNormalizing:      false,
-		CloseOnShutdown:                    true,
-		SleepWhenConcurrencyLimitsExceeded: 0,
-		Logger:                             slogPrinter{log},
+		ReadTimeout:                   headerTimeout,
+		IdleTimeout:                   cmpOr(opts.IdleTimeout, DefaultIdleTimeout),
+		ReadBufferSize:                cmpOr(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
+		StreamRequestBody:             true,
+		DisablePreParseMultipartForm:  true,
+		NoDefaultServerHeader:         true,
+		NoDefaultContentType:          true,
+		NoDefaultDate:                 true,
+		DisableHeaderNamesNormalizing: false,
+		CloseOnShutdown:               true,
+		Logger:                        slogPrinter{log},
 		ConnState: func(c net.Conn, st fasthttp.ConnState) {
 			s.mu.Lock()
 			switch st {
