@@ -9,19 +9,28 @@ import (
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttputil"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/fencing/storemetrics"
 )
 
 // BenchmarkServe is the gate's own cost per fenced write, without the
 // network: client, gate and upstream talk over in-memory pipes, the store
 // is the memory store, and each write is admitted at the mark. It reports
 // the gate's allocations per write (-benchmem; the client's and the
-// upstream's are included, and are fasthttp's, near zero).
+// upstream's are included, and are fasthttp's, near zero), bare and with
+// the telemetry fencegate serve runs with (SDK metrics for the gate and
+// the store, no tracing).
 //
 //	go test -run '^$' -bench Serve -benchmem ./proxy
 func BenchmarkServe(b *testing.B) {
+	b.Run("bare", func(b *testing.B) { benchmarkServe(b, false) })
+	b.Run("telemetry", func(b *testing.B) { benchmarkServe(b, true) })
+}
+
+func benchmarkServe(b *testing.B, telemetry bool) {
 	upLn := fasthttputil.NewInmemoryListener()
 	up := &fasthttp.Server{Handler: func(c *fasthttp.RequestCtx) { c.SetStatusCode(fasthttp.StatusNoContent) }}
 	go func() { _ = up.Serve(upLn) }()
@@ -32,8 +41,15 @@ func BenchmarkServe(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st := memstore.New(memstore.Options{})
-	g, err := New(Options{Upstream: u, Store: st, Rules: rules, Audit: Audit{Off: true}})
+	var st fencing.Store = memstore.New(memstore.Options{})
+	opts := Options{Upstream: u, Rules: rules, Audit: Audit{Off: true}}
+	if telemetry {
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+		st = storemetrics.Wrap(st, mp, nil)
+		opts.MeterProvider, opts.ServerName = mp, "127.0.0.1:8080"
+	}
+	opts.Store = st
+	g, err := New(opts)
 	if err != nil {
 		b.Fatal(err)
 	}
