@@ -3,6 +3,8 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -547,17 +549,18 @@ func TestRequestBodyStreams(t *testing.T) {
 // allows is tunnelled, also through the telemetry wrapper (which must keep
 // the Hijacker). Upgrades no rule allows are refused: see TestHostileClients.
 func TestUpgradePassthrough(t *testing.T) {
-	t.Run("plain", func(t *testing.T) { testUpgradePassthrough(t, Options{}) })
+	t.Run("plain", func(t *testing.T) { testUpgradePassthrough(t, Options{}, false) })
 	t.Run("telemetry", func(t *testing.T) {
 		testUpgradePassthrough(t, Options{
 			MeterProvider:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())),
 			TracerProvider: sdktrace.NewTracerProvider(),
-		})
+		}, false)
 	})
+	t.Run("https upstream", func(t *testing.T) { testUpgradePassthrough(t, Options{}, true) })
 }
 
-func testUpgradePassthrough(t *testing.T, opts Options) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func testUpgradePassthrough(t *testing.T, opts Options, useTLS bool) {
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") != "websocket" {
 			http.Error(w, "want upgrade", 400)
 			return
@@ -573,6 +576,12 @@ func testUpgradePassthrough(t *testing.T, opts Options) {
 		_, _ = brw.WriteString("echo " + line)
 		_ = brw.Flush()
 	}))
+	if useTLS {
+		up.StartTLS()
+		opts.UpstreamTLS = upstreamTLS(up)
+	} else {
+		up.Start()
+	}
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
 	opts.Upstream, opts.Store = u, memstore.New(memstore.Options{})
@@ -606,6 +615,50 @@ func testUpgradePassthrough(t *testing.T, opts Options) {
 	line, err := br.ReadString('\n')
 	if err != nil || line != "echo ping\n" {
 		t.Fatalf("got %q %v", line, err)
+	}
+}
+
+// upstreamTLS trusts the test server's certificate.
+func upstreamTLS(s *httptest.Server) *tls.Config {
+	pool := x509.NewCertPool()
+	pool.AddCert(s.Certificate())
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+}
+
+// TestHTTPSUpstream: with an https upstream, a fenced write and a read go
+// through over TLS, and a stale write is still refused.
+func TestHTTPSUpstream(t *testing.T) {
+	rc := &recorder{}
+	up := httptest.NewTLSServer(rc)
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	rules, _ := ParseRules(testRules)
+	st := memstore.New(memstore.Options{})
+	g, err := New(Options{Upstream: u, Store: st, Rules: rules, UpstreamTLS: upstreamTLS(up)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serveGate(t, g)
+	var targets []string
+	rc.handle = func(w http.ResponseWriter, r *http.Request, _ received) bool {
+		targets = append(targets, r.RequestURI) // under rc's lock
+		return false
+	}
+	a, _ := st.Acquire(context.Background(), fencing.AcquireRequest{Resource: "job:1", Owner: "a", TTL: time.Minute})
+	if r, err := doReq(srv.Client(), srv.URL, "PUT", "/jobs/1", "over tls", HeaderToken, tok(a.Token)); err != nil || r.Status != 200 {
+		t.Fatalf("write over TLS: %v %+v", err, r)
+	}
+	if r, err := doReq(srv.Client(), srv.URL, "GET", "/x/a%2Fb%2e?q=%41", ""); err != nil || r.Status != 200 {
+		t.Fatalf("read over TLS: %v %+v", err, r)
+	}
+	if r, _ := doReq(srv.Client(), srv.URL, "PUT", "/jobs/2", "x", HeaderToken, "0"); r.Status == 200 {
+		t.Fatalf("an unissued token went through: %+v", r)
+	}
+	if got := rc.requests(); len(got) != 2 || got[0].Body != "over tls" || got[0].Token != tok(a.Token) {
+		t.Fatalf("upstream got %+v", got)
+	}
+	if strings.Join(targets, " ") != "/jobs/1 /x/a%2Fb%2e?q=%41" {
+		t.Fatalf("upstream got targets %q, not the bytes sent", targets)
 	}
 }
 

@@ -154,6 +154,10 @@ func (g *Gate) upstreamRequest(x *exchange, out *fasthttp.Request, upgrade bool)
 		h.Set("X-Forwarded-Proto", "http")
 	}
 	h.Set(reqid.Header, x.id)
+	if g.client.IsTLS {
+		// The pool refuses a request whose URI's scheme is not its own.
+		out.URI().SetScheme("https")
+	}
 }
 
 // upstreamTarget is the request target the upstream gets for a client's
