@@ -431,6 +431,28 @@ func TestHostileClients(t *testing.T) {
 		{"a coding before chunked", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
 		{"signed Content-Length", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: +" + strconv.Itoa(len(smuggled)) + "\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
 		{"head past 8 KiB", false, req("PUT /jobs/1 HTTP/1.1", fresh, cl0, "X-Pad: "+strings.Repeat("a", 9<<10)+"\r\n"), []string{"431 invalid-request"}, 0},
+		// Request lines and headers a lenient parser might read two ways:
+		// refused, or read one way and re-framed (the next request is
+		// judged on its own). Transfer-Encoding: identity is ignored for
+		// Content-Length (RFC 9112 no longer defines it).
+		{"two spaces after method", false, "PUT  /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
+		{"two spaces before version", false, "PUT /jobs/1  HTTP/1.1\r\nHost: gate\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
+		{"tab separator", false, "PUT\t/jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
+		{"extra token in line", false, "PUT /jobs/1 HTTP/1.1 x\r\nHost: gate\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
+		{"no version", false, "PUT /jobs/1\r\nHost: gate\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
+		{"HTTP/2.0 line", false, "PUT /jobs/1 HTTP/2.0\r\nHost: gate\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n", []string{"409 stale-token"}, 0},
+		{"HTTP/1.10", false, "PUT /jobs/1 HTTP/1.10\r\nHost: gate\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
+		{"header without colon", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token 1\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
+		{"CL list", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: 0, " + strconv.Itoa(len(smuggled)) + "\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
+		{"CL spaces", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length:  0 \r\n\r\n" + smuggled, []string{"200", "409 stale-token"}, 1},
+		{"TE chunked uppercase", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: CHUNKED\r\n\r\n0\r\n\r\n" + smuggled, []string{"200", "409 stale-token"}, 1},
+		{"TE with space before colon", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
+		{"TE identity with CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, []string{"200"}, 1},
+		{"HTTP/1.0 TE chunked", false, "POST /public/a HTTP/1.0\r\nHost: gate\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
+		{"chunk size with leading spaces", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: chunked\r\n\r\n 0\r\n\r\n" + smuggled, []string{"400 invalid-body"}, 0},
+		{"NUL in path", false, "PUT /jobs/1\x00 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 2\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
+		{"fragment", false, "PUT /jobs/1#x HTTP/1.1\r\nHost: gate\r\nFencing-Token: 2\r\nContent-Length: 0\r\n\r\n", []string{"400 path-not-canonical"}, 0},
+		{"a second host header in lower case", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nhost: other\r\nFencing-Token: 2\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
 		{"bare CR in a header", false, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 2\rX: y\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
 		{"pipelined after a refused write", false, body("POST /public/..%2Fjobs%2F1 HTTP/1.1", smuggled) + req("PUT /jobs/1 HTTP/1.1", stale, cl0), []string{"400 path-not-canonical", "409 stale-token"}, 0},
 		{"pipelined after a stale write", false, body("PUT /jobs/1 HTTP/1.1", smuggled, stale) + req("PUT /jobs/1 HTTP/1.1", fresh, cl0), []string{"409 stale-token", "200"}, 1},
