@@ -81,15 +81,19 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
 		Logger:                        slogPrinter{log},
+		// Called on every request too (active, idle): lock only for the
+		// states that change the set.
 		ConnState: func(c net.Conn, st fasthttp.ConnState) {
-			s.mu.Lock()
 			switch st {
 			case fasthttp.StateNew:
+				s.mu.Lock()
 				s.conns[c] = struct{}{}
+				s.mu.Unlock()
 			case fasthttp.StateClosed, fasthttp.StateHijacked:
+				s.mu.Lock()
 				delete(s.conns, c)
+				s.mu.Unlock()
 			}
-			s.mu.Unlock()
 		},
 	}
 	return s
