@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,5 +130,63 @@ func TestSlowClientsAreBounded(t *testing.T) {
 	// seconds for a loaded machine.
 	if limit := headerTimeout + bodyTimeout + 10*time.Second; latest > limit {
 		t.Fatalf("a slow client stayed connected %v, past %v", latest, limit)
+	}
+}
+
+// TestGateSlowClientsAreBounded: on the gate's listener, 600 connections
+// send half a request head and stall, against a cap of 300 connections.
+// Those past the cap are ended at once; those within it are closed at the
+// header deadline. Then the lease holder's write goes through, and the
+// upstream received exactly that one request.
+func TestGateSlowClientsAreBounded(t *testing.T) {
+	const (
+		clients       = 600
+		maxConns      = 300
+		headerTimeout = time.Second
+	)
+	var got atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got.Add(1) }))
+	defer up.Close()
+	p := start(t, t.TempDir(), []string{
+		"FENCEGATE_STORE=memory:", "FENCEGATE_UPSTREAM=" + up.URL, "FENCEGATE_MAX_CONNS=300",
+		"FENCEGATE_READ_HEADER_TIMEOUT=" + headerTimeout.String(),
+	}, "api", "gate")
+	tk := acquireToken(t, p, "job:1", "holder", 60)
+
+	var wg sync.WaitGroup
+	var refused, cut atomic.Int64
+	started := time.Now()
+	for range clients {
+		wg.Go(func() {
+			c, err := net.Dial("tcp", p.addr["gate"])
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_, _ = io.WriteString(c, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Resource: job:1\r\nFencing-To")
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			answer, _ := io.ReadAll(c)
+			switch {
+			case strings.Contains(string(answer), "too-many-connections"):
+				refused.Add(1)
+			case strings.Contains(string(answer), "408"):
+				cut.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(started)
+	t.Logf("%d refused at the cap, %d cut at the header deadline, all ended after %v", refused.Load(), cut.Load(), elapsed)
+	if refused.Load() == 0 || cut.Load() == 0 {
+		t.Fatalf("refused %d, cut %d: want both", refused.Load(), cut.Load())
+	}
+	if limit := headerTimeout + 10*time.Second; elapsed > limit {
+		t.Fatalf("slow clients held the gate for %v, past %v", elapsed, limit)
+	}
+	if st, body, _ := call(t, "PUT", p.url("gate", "/jobs/1"), map[string]string{"Fencing-Token": tk, "Fencing-Resource": "job:1"}, `{}`); st != 200 {
+		t.Fatalf("the holder's write after the flood: %d %v", st, body)
+	}
+	if n := got.Load(); n != 1 {
+		t.Fatalf("upstream got %d requests, want 1", n)
 	}
 }
