@@ -4,20 +4,18 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"sync"
 
 	"github.com/fencegate/fencegate/fencing/problem"
 )
 
-// bodyReader is a streamed request body as the upstream client reads it.
-// It remembers the first error reading from the client, so a failed
+// bodyReader is a streamed request body as the upstream client reads it
+// (on the request's own goroutine: fasthttp's client writes the body in
+// Do). It remembers the first error reading from the client, so a failed
 // exchange can be told apart: the client's body (stalled, malformed, cut
-// short) or the upstream. The lock is for the reads of failure from
-// another goroutine (a shutdown's cut-off log).
+// short) or the upstream.
 type bodyReader struct {
 	r    io.Reader
 	left int // bytes still due by the Content-Length; negative: chunked
-	mu   sync.Mutex
 	err  error
 }
 
@@ -29,12 +27,8 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 			err = io.ErrUnexpectedEOF // the client's stream ended early
 		}
 	}
-	if err != nil && err != io.EOF {
-		b.mu.Lock()
-		if b.err == nil {
-			b.err = err
-		}
-		b.mu.Unlock()
+	if err != nil && err != io.EOF && b.err == nil {
+		b.err = err
 	}
 	return n, err
 }
@@ -45,8 +39,6 @@ func (b *bodyReader) failure() error {
 	if b == nil {
 		return nil
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	return b.err
 }
 

@@ -207,9 +207,7 @@ type Gate struct {
 	upstream       *url.URL
 	upstreamBase   string // the upstream URL's escaped path, without a trailing slash
 	client         *fasthttp.HostClient
-	upstreamTLS    *tls.Config
 	upstreamTO     time.Duration
-	store          fencing.Store
 	rules          []Rule
 	resourceHeader bool
 	log            *slog.Logger
@@ -252,9 +250,7 @@ func New(opts Options) (*Gate, error) {
 	g := &Gate{
 		upstream:       u,
 		upstreamBase:   strings.TrimSuffix(u.EscapedPath(), "/"),
-		upstreamTLS:    opts.UpstreamTLS,
 		upstreamTO:     cmp.Or(opts.UpstreamTimeout, DefaultUpstreamTimeout),
-		store:          opts.Store,
 		rules:          opts.Rules,
 		resourceHeader: opts.ResourceHeader,
 		log:            opts.Logger,
@@ -269,7 +265,7 @@ func New(opts Options) (*Gate, error) {
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
-	g.order = localOrder{b: g.barrier, store: g.store}
+	g.order = localOrder{b: g.barrier, store: opts.Store}
 	if opts.SharedBarrier != nil {
 		o, err := newSharedOrder(opts.SharedBarrier, opts, g.log, g.barrierTimeout+g.bodyTimeout, g.grace)
 		if err != nil {
@@ -277,7 +273,7 @@ func New(opts Options) (*Gate, error) {
 		}
 		g.order = o
 	}
-	g.client = g.newUpstreamClient(cmp.Or(opts.UpstreamConns, DefaultUpstreamConns))
+	g.client = g.newUpstreamClient(cmp.Or(opts.UpstreamConns, DefaultUpstreamConns), opts.UpstreamTLS)
 	if err := g.tel.init(opts); err != nil {
 		return nil, err
 	}
@@ -298,7 +294,6 @@ type exchange struct {
 	audit    *auditRecord
 	body     *bodyReader // a streamed body while it is forwarded, or nil
 	buffered *[]byte     // a body read in full (bufferBody), or nil
-	code     string      // the write's final outcome, once counted
 }
 
 // serve is the gate's request handler: it decides, fences and forwards one

@@ -140,3 +140,26 @@ func TestTrailersAreNotForwarded(t *testing.T) {
 		t.Fatalf("upstream got %+v", got)
 	}
 }
+
+// TestUpgradeNotSwitchedIsRelayed: when the upstream answers an allowed
+// upgrade without switching protocols, the client gets that answer like
+// any other: status and body, the request id, no hop-by-hop headers.
+func TestUpgradeNotSwitchedIsRelayed(t *testing.T) {
+	e := newEnv(t, "GET /ws upgrade websocket")
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+		w.Header().Set("Connection", "X-Hop")
+		w.Header().Set("X-Hop", "drop me")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = io.WriteString(w, "no socket for you")
+		return true
+	}
+	resp := rawExchange(t, e.gateSrv.Listener.Addr().String(), "GET /ws HTTP/1.1\r\nHost: g\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", false)
+	if resp == nil {
+		t.Fatal("no answer")
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusForbidden || string(body) != "no socket for you" ||
+		resp.Header.Get("X-Hop") != "" || resp.Header.Get("X-Request-Id") == "" {
+		t.Fatalf("got %d %q, header %v", resp.StatusCode, body, resp.Header)
+	}
+}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,7 +59,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{conns: make(map[net.Conn]struct{})}
-	headerTimeout := cmpOr(opts.HeaderTimeout, DefaultHeaderTimeout)
+	headerTimeout := cmp.Or(opts.HeaderTimeout, DefaultHeaderTimeout)
 	s.srv = &fasthttp.Server{
 		Handler:      g.serve,
 		ErrorHandler: g.readError,
@@ -71,8 +72,8 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		// The read deadline covers the head; the handler moves it for the
 		// body (Options.BodyTimeout).
 		ReadTimeout:                   headerTimeout,
-		IdleTimeout:                   cmpOr(opts.IdleTimeout, DefaultIdleTimeout),
-		ReadBufferSize:                cmpOr(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
+		IdleTimeout:                   cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
+		ReadBufferSize:                cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
 		StreamRequestBody:             true,
 		DisablePreParseMultipartForm:  true,
 		NoDefaultServerHeader:         true,
@@ -97,14 +98,6 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		},
 	}
 	return s
-}
-
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 // Serve accepts connections on ln until Shutdown or Close. It returns nil

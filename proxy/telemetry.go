@@ -272,7 +272,6 @@ func (g *Gate) count(x *exchange, code string) {
 	if safeMethod(x.method) {
 		return
 	}
-	x.code = code
 	k := writeKey{code, writeMethod(x.method)}
 	opts, ok := g.tel.writeOpts[k]
 	if !ok {

@@ -54,9 +54,7 @@ func (g *Gate) forwardUpgrade(x *exchange) {
 			g.upgradeFailed(x, err)
 			return
 		}
-		resp.Header.Del("Connection")
-		resp.Header.Del("Upgrade")
-		resp.Header.CopyTo(&x.c.Response.Header)
+		responseHeader(x, resp)
 		x.c.Response.SetBody(resp.Body())
 		return
 	}

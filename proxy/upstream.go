@@ -29,7 +29,7 @@ const upstreamReadBuffer = 8 << 10
 // (a retried write could be applied twice). Reads are retried once when a
 // pooled connection turns out closed. Paths and header names are sent as
 // they came, never normalized.
-func (g *Gate) newUpstreamClient(conns int) *fasthttp.HostClient {
+func (g *Gate) newUpstreamClient(conns int, tlsConfig *tls.Config) *fasthttp.HostClient {
 	u := g.upstream
 	addr := u.Host
 	if u.Port() == "" {
@@ -40,7 +40,6 @@ func (g *Gate) newUpstreamClient(conns int) *fasthttp.HostClient {
 		}
 	}
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
-	tlsConfig := g.upstreamTLS
 	if tlsConfig == nil && u.Scheme == "https" {
 		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
@@ -82,13 +81,10 @@ func (g *Gate) forward(x *exchange, t flight) {
 	case x.buffered != nil:
 		out.SetBodyRaw(*x.buffered)
 	case c.Request.Header.ContentLength() != 0 && c.Request.IsBodyStream():
+		// NewServer streams every request body: there is no other kind.
 		g.setBodyDeadline(c)
 		x.body = &bodyReader{r: c.RequestBodyStream(), left: c.Request.Header.ContentLength()}
 		out.SetBodyStream(x.body, c.Request.Header.ContentLength())
-	default:
-		if n := len(c.Request.Body()); n > 0 { // a body fasthttp read in full (not streamed)
-			out.SetBodyRaw(c.Request.Body())
-		}
 	}
 	out.SetTimeout(g.upstreamTO)
 	if g.beforeSend != nil {
@@ -218,16 +214,7 @@ func connectionOptions(v []byte) []string {
 // once its body has been relayed (or the relay failed).
 func (g *Gate) relay(x *exchange, resp *fasthttp.Response) {
 	c := x.c
-	id := x.id
-	resp.Header.CopyTo(&c.Response.Header)
-	h := &c.Response.Header
-	for _, name := range connectionOptions(resp.Header.Peek("Connection")) {
-		h.Del(name)
-	}
-	for _, name := range hopHeaders {
-		h.Del(name)
-	}
-	h.Set(reqid.Header, id)
+	responseHeader(x, resp)
 	if s := resp.BodyStream(); s != nil {
 		n := resp.Header.ContentLength()
 		if n < 0 {
@@ -238,6 +225,20 @@ func (g *Gate) relay(x *exchange, resp *fasthttp.Response) {
 	}
 	c.Response.SetBody(resp.Body())
 	fasthttp.ReleaseResponse(resp)
+}
+
+// responseHeader sets x's response status and headers to the upstream's,
+// minus hop-by-hop ones, with x's request id.
+func responseHeader(x *exchange, resp *fasthttp.Response) {
+	h := &x.c.Response.Header
+	resp.Header.CopyTo(h)
+	for _, name := range connectionOptions(resp.Header.Peek("Connection")) {
+		h.Del(name)
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+	h.Set(reqid.Header, x.id)
 }
 
 // upstreamBody is an upstream response's body while the server relays it;
