@@ -57,6 +57,10 @@ func run(in io.Reader, out io.Writer) error {
 		case e.Test == "" && e.Action == "output":
 			// Package-level: the closing ok/FAIL lines, panics, TestMain.
 			fmt.Fprint(w, e.Output)
+		case e.Test == "" && e.Action == "fail":
+			// The package failed with tests still running (a timeout, a
+			// panic, os.Exit): no event ends them, so show their output.
+			flushPending(w, pending, e.Package+" ")
 		case e.Test != "" && e.Action == "output":
 			b := pending[key]
 			if b == nil {
@@ -76,5 +80,17 @@ func run(in io.Reader, out io.Writer) error {
 		}
 		w.Flush()
 	}
+	flushPending(w, pending, "") // the stream ended mid-test
 	return sc.Err()
+}
+
+// flushPending shows, and forgets, the output of the tests still running
+// whose key starts with prefix.
+func flushPending(w io.Writer, pending map[string]*strings.Builder, prefix string) {
+	for key, b := range pending {
+		if strings.HasPrefix(key, prefix) {
+			fmt.Fprintf(w, "--- %s did not end:\n%s", key, b.String())
+			delete(pending, key)
+		}
+	}
 }
