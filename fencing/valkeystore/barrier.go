@@ -37,18 +37,10 @@ func admitRegisterSource() string {
 	return source("barrier_lib") + "local function fg_admit()\n" + mustRead("admit") + "\nend\n" + mustRead("admit_register")
 }
 
-func mustRead(name string) string {
-	b, err := luaFiles.ReadFile("lua/" + name + ".lua")
-	if err != nil {
-		panic(err)
-	}
-	return string(b)
-}
-
 // barrierRecheck bounds the time between two checks of a waiting write
 // when no wake-up arrives: pub/sub delivers at most once, and a message
 // lost to a reconnection or a failover must cost a delay, not a deadlock.
-const barrierRecheck = 250 * time.Millisecond
+var barrierRecheck = 250 * time.Millisecond
 
 var _ fencing.SharedBarrier = (*Store)(nil)
 

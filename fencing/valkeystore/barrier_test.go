@@ -98,7 +98,11 @@ func testSharedBarrier(t *testing.T, url string, do func(...string) (string, err
 		t.Fatalf("refused admissions changed the entries: %d -> %d", before, after)
 	}
 
-	// b waits while a lower entry remains, on either gate.
+	// b waits while a lower entry remains, on either gate. The periodic
+	// re-check is turned off: only a notification can wake the wait.
+	recheck := barrierRecheck
+	barrierRecheck = time.Hour
+	defer func() { barrierRecheck = recheck }()
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	if _, err := g2.WaitLower(short, eb); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitLower with two lower entries: %v, want it to block until its context ends", err)
@@ -117,8 +121,13 @@ func testSharedBarrier(t *testing.T, url string, do func(...string) (string, err
 	if err := g2.Leave(ctx, ea2); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
-		t.Fatalf("WaitLower after every lower entry left: %v", err)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("WaitLower after every lower entry left: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("WaitLower was not woken by the Leave of the last lower entry")
 	}
 	if err := g2.Leave(ctx, eb); err != nil || g2.Leave(ctx, eb) != nil {
 		t.Fatalf("Leave (twice): %v", err)

@@ -30,16 +30,16 @@ func script(name string, retryable bool) *valkey.Lua {
 
 // source is lua/<name>.lua with lua/lib.lua prepended: the text the server
 // runs, and whose SHA1 EVALSHA names.
-func source(name string) string {
-	lib, err := luaFiles.ReadFile("lua/lib.lua")
+func source(name string) string { return mustRead("lib") + mustRead(name) }
+
+// mustRead is the embedded script lua/name.lua; it panics if it is missing
+// (a build error, caught by any test).
+func mustRead(name string) string {
+	b, err := luaFiles.ReadFile("lua/" + name + ".lua")
 	if err != nil {
 		panic(err)
 	}
-	body, err := luaFiles.ReadFile("lua/" + name + ".lua")
-	if err != nil {
-		panic(err)
-	}
-	return string(lib) + string(body)
+	return string(b)
 }
 
 // Scripts run with EVALSHA; valkey-go falls back to EVAL (which loads the
