@@ -232,10 +232,6 @@ func (s *Store) checkLineage(meta *bolt.Bucket, fresh bool, state markerState, m
 // After a loss every resource has moved past the tokens issued before it.
 func (s *Store) LossDetected() string { return s.lossDetected }
 
-// Floor is the token floor of the store: every token at or below it was
-// issued before the file began (or before a detected loss) and is refused.
-func (s *Store) Floor() fencing.Token { return s.floor }
-
 // bump records, before tx commits, that it issues a token or raises a mark
 // up to top: the marker first (fsynced), then the file's generation.
 func (s *Store) bump(tx *bolt.Tx, top fencing.Token) error {

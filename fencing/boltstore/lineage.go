@@ -106,8 +106,7 @@ func decodeMarker(b []byte) (lineage, bool) {
 // markerFile is the open marker. Writes are serialized by bbolt's single
 // writer: they happen only inside read-write transactions.
 type markerFile struct {
-	f    *os.File
-	last lineage // what the marker says now
+	f *os.File
 }
 
 // markerState is what Open found beside the store file.
@@ -138,7 +137,6 @@ func openMarker(path string) (*markerFile, lineage, markerState, error) {
 	if !ok {
 		return m, lineage{}, markerUnreadable, nil
 	}
-	m.last = l
 	return m, l, markerOK, nil
 }
 
@@ -150,11 +148,7 @@ func (m *markerFile) write(l lineage) error {
 	if err := m.f.Truncate(markerSize); err != nil {
 		return err
 	}
-	if err := m.f.Sync(); err != nil {
-		return err
-	}
-	m.last = l
-	return nil
+	return m.f.Sync()
 }
 
 func (m *markerFile) close() error { return m.f.Close() }

@@ -153,16 +153,16 @@ func (s *Store) Leave(ctx context.Context, e fencing.BarrierEntry) error {
 	if err != nil {
 		return err
 	}
-	return s.barrierExec(ctx, "barrier leave", func(ctx context.Context) error {
+	return s.repeatable(ctx, "barrier leave", func(ctx context.Context) error {
 		_, err := s.pool.Exec(ctx, s.sql.leave, e.Resource, id, s.schema+" "+e.Resource)
 		return err
 	})
 }
 
-// barrierExec runs f, bounded by the statement timeout, trying again after
-// a lost connection or a retryable failure: the barrier's statements may
-// be repeated.
-func (s *Store) barrierExec(ctx context.Context, op string, f func(context.Context) error) error {
+// repeatable runs f, bounded by the statement timeout, trying again (at
+// most attempts times in all) after a lost connection or a serialization
+// failure: for statements that may be repeated (reads, the barrier's).
+func (s *Store) repeatable(ctx context.Context, op string, f func(context.Context) error) error {
 	ctx, cancel, err := s.begin(ctx, op)
 	defer cancel()
 	if err != nil {
@@ -198,7 +198,7 @@ func (s *Store) WaitLower(ctx context.Context, e fencing.BarrierEntry) (int, err
 		wake := s.listen.wakeChan(w)
 		var lower, exp int
 		var waitMs int64
-		err := s.barrierExec(ctx, "barrier check", func(ctx context.Context) error {
+		err := s.repeatable(ctx, "barrier check", func(ctx context.Context) error {
 			return s.pool.QueryRow(ctx, s.sql.check, e.Resource, int64(e.Token)).Scan(&exp, &lower, &waitMs)
 		})
 		if err != nil {

@@ -128,20 +128,12 @@ func isUniqueViolation(err error) bool {
 // It retries, at most attempts times in all, after a lost connection or a
 // serialization failure: a read changes nothing.
 func (s *Store) read(ctx context.Context, op, sql, resource string, extra ...any) (*row, error) {
-	ctx, cancel, err := s.begin(ctx, op)
-	defer cancel()
-	if err != nil {
-		return nil, err
-	}
-	for try := 1; ; try++ {
-		w, err := scanRow(s.pool.QueryRow(ctx, sql, resource), extra...)
-		if err == nil {
-			return w, nil
-		}
-		if !(connectionLost(err) || retryableRead(err)) || try == attempts || ctx.Err() != nil {
-			return nil, classify(op, err, false)
-		}
-	}
+	var w *row
+	err := s.repeatable(ctx, op, func(ctx context.Context) (err error) {
+		w, err = scanRow(s.pool.QueryRow(ctx, sql, resource), extra...)
+		return err
+	})
+	return w, err
 }
 
 func scanRow(q pgx.Row, extra ...any) (*row, error) {
@@ -259,20 +251,12 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
-	ctx, cancel, err := s.begin(ctx, "list")
-	defer cancel()
-	if err != nil {
-		return nil, err
-	}
-	for try := 1; ; try++ {
-		leases, err := s.list(ctx, req)
-		if err == nil {
-			return leases, nil
-		}
-		if !(connectionLost(err) || retryableRead(err)) || try == attempts || ctx.Err() != nil {
-			return nil, classify("list", err, false)
-		}
-	}
+	var leases []fencing.Lease
+	err := s.repeatable(ctx, "list", func(ctx context.Context) (err error) {
+		leases, err = s.list(ctx, req)
+		return err
+	})
+	return leases, err
 }
 
 func (s *Store) list(ctx context.Context, req fencing.ListRequest) ([]fencing.Lease, error) {
