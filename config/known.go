@@ -26,7 +26,8 @@ var ClientVars = []Var{
 // own environment, can still run fencegate.
 func testSwitch(name string) bool {
 	switch strings.TrimPrefix(name, Prefix) {
-	case "QUICK", "VALKEY_BENCH", "PG_BENCH", "PG_MUTANT", "SOAK", "LINEARIZABILITY_DIR", "REPLAY":
+	case "QUICK", "VALKEY_BENCH", "PG_BENCH", "PG_MUTANT", "SOAK", "LINEARIZABILITY_DIR", "REPLAY",
+		"REPLAY_SKIP_TOKENS", "BOLTSTORE_TEST_HOLD":
 		return true
 	}
 	return strings.HasPrefix(name, Prefix+"REQUIRE_")

@@ -70,7 +70,7 @@ func TestEveryCommandHasHelp(t *testing.T) {
 	for _, args := range [][]string{
 		{}, {"serve"}, {"version"}, {"env"}, {"demo-upstream"}, {"run"}, {"completion"},
 		{"lease"}, {"lease", "acquire"}, {"lease", "renew"}, {"lease", "release"},
-		{"lease", "status"}, {"lease", "list"}, {"lease", "checkpoint"},
+		{"lease", "status"}, {"lease", "list"}, {"lease", "checkpoint"}, {"check"}, {"health"},
 	} {
 		// Were --help taken for an argument, serve and demo-upstream
 		// would listen: keep them off the default ports.

@@ -29,15 +29,19 @@ func health(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	fs.SetOutput(stderr)
 	url := fs.String("url", "", "the URL to ask (default http://<FENCEGATE_API_ADDR>/readyz)")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: fencegate health [--url URL] [--timeout 5s]\n\nExits 0 when fencegate's /readyz answers ready, 1 otherwise.")
+	usage := func(w io.Writer) {
+		fmt.Fprintln(w, "Usage: fencegate health [--url URL] [--timeout 5s]\n\nExits 0 when fencegate's /readyz answers ready, 1 otherwise.")
+		fs.SetOutput(w)
 		fs.PrintDefaults()
 	}
+	fs.Usage = func() {} // printed below: on stdout when asked for, like every command's help
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			usage(stdout)
 			return nil
 		}
-		return withExit(exitUsage, nil) // flag already printed why
+		usage(stderr) // flag already printed why
+		return withExit(exitUsage, nil)
 	}
 	if fs.NArg() > 0 {
 		return withExit(exitUsage, fmt.Errorf("health takes no arguments, got %q", fs.Args()))

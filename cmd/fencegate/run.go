@@ -36,7 +36,7 @@ it), then run CMD with these variables added to its environment:
   FENCEGATE_API_URL  the lease API (FENCEGATE_API_TOKEN is passed on as is)
 
 While CMD runs the lease is renewed every TTL/3, and transient failures are
-retried. SIGINT and SIGTERM are forwarded to CMD. When CMD exits the lease
+retried every TTL/10. SIGINT and SIGTERM are forwarded to CMD. When CMD exits the lease
 is released (marked finished with --finish-on-success if CMD exited 0) and
 fencegate run exits with CMD's status (128+N if a signal N ended it).
 
