@@ -209,7 +209,9 @@ func (c Config) Validate() error {
 		check("AuditLog", err)
 	}
 	check("Barrier", c.validateBarrier())
-	check("GateID", ValidateGateID(c.GateID, true))
+	if c.GateID != "" { // empty: the default, host name and process id
+		check("GateID", ValidateGateID(c.GateID))
+	}
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		check("LogFormat", fmt.Errorf("%q is not a log format", c.LogFormat))
 	}
@@ -398,13 +400,9 @@ func (c Config) validateBarrier() error {
 	return fmt.Errorf("shared needs a store shared by several gates (valkey:// or postgres://); the %s store serves one gate", spec.Kind)
 }
 
-// ValidateGateID checks a gate id: 1 to 100 bytes of A-Z a-z 0-9 . _ -
-// (empty allowed when optional).
-func ValidateGateID(id string, optional bool) error {
+// ValidateGateID checks a gate id: 1 to 100 bytes of A-Z a-z 0-9 . _ -.
+func ValidateGateID(id string) error {
 	if id == "" {
-		if optional {
-			return nil
-		}
 		return errors.New("must not be empty")
 	}
 	if len(id) > 100 {

@@ -17,10 +17,7 @@ import (
 // returns nil when serve would start with it, else an error that exits 2.
 // A store that is down is not a configuration error: check does not
 // contact it.
-func check(args, environ []string, stdout io.Writer) error {
-	if len(args) > 0 {
-		return withExit(exitUsage, fmt.Errorf("check takes no arguments; it reads the FENCEGATE_* variables"))
-	}
+func check(environ []string, stdout io.Writer) error {
 	cfg, err := config.Load(environ)
 	if err != nil {
 		return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))

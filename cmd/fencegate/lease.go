@@ -376,14 +376,10 @@ func (c *cli) apiFailure(err error) error {
 	return err
 }
 
-// transient reports whether a failed call may succeed if tried again: the
-// server or its store could not answer, or the outcome is unknown. A
-// refusal (4xx) is final.
+// transient reports whether a failed call that got no problem answer may
+// succeed if tried again: the server or its store could not answer, or the
+// outcome is unknown (apiFailure handles problem answers first).
 func transient(err error) bool {
-	var pe *leaseapi.ProblemError
-	if errors.As(err, &pe) {
-		return pe.Status >= http.StatusInternalServerError
-	}
 	return errors.Is(err, fencing.ErrUnavailable) || errors.Is(err, fencing.ErrAmbiguous) || errors.Is(err, context.DeadlineExceeded)
 }
 

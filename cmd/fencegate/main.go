@@ -215,7 +215,7 @@ with secrets redacted. Exit 0 when serve would start, 2 when not.`,
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, args []string) error { return check(args, c.environ, c.stdout) },
+		RunE: func(cmd *cobra.Command, args []string) error { return check(c.environ, c.stdout) },
 	}
 }
 
