@@ -12,23 +12,12 @@ import (
 	"time"
 )
 
-// runBinary runs the fencegate binary with exactly env and returns its exit
-// status and combined output.
+// runBinary runs the fencegate binary (see fg) and returns its exit status
+// and its output, stdout then stderr.
 func runBinary(t *testing.T, env []string, args ...string) (int, string) {
 	t.Helper()
-	cmd := exec.Command(binary, args...)
-	cmd.Dir = t.TempDir()
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...) // never the test's own environment
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return 0, string(out)
-	case errors.As(err, &ee):
-		return ee.ExitCode(), string(out)
-	}
-	t.Fatalf("running fencegate %v: %v", args, err)
-	return 0, ""
+	r := fg(t, env, "", args...)
+	return r.code, r.stdout + r.stderr
 }
 
 func TestCheckExitStatus(t *testing.T) {
