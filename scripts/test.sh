@@ -27,7 +27,8 @@
 #   - python3: the Python worker example;
 #   - a C compiler, as -race needs cgo.
 # With FENCEGATE_REQUIRE_VALKEY, _POSTGRES, _NGINX and _PROMTOOL set to 1
-# (here, in full mode) tests fail instead of skipping when these are missing.
+# (here, in full mode) tests fail instead of skipping when these are missing;
+# a missing curl, zsh, fish or python3 stops full mode before any test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -102,6 +103,13 @@ else
 		echo "         install it (e.g. apt-get install nginx) and run again" >&2
 		exit 1
 	fi
+	for bin in curl zsh fish python3; do
+		if ! has "$bin"; then
+			echo "test.sh: the CLI and example end-to-end tests need $bin and it could not be installed;" >&2
+			echo "         install it (e.g. apt-get install curl zsh fish python3) and run again" >&2
+			exit 1
+		fi
+	done
 	export FENCEGATE_REQUIRE_VALKEY=1 FENCEGATE_REQUIRE_POSTGRES=1 FENCEGATE_REQUIRE_NGINX=1 FENCEGATE_REQUIRE_PROMTOOL=1
 	race=(-race)
 fi
