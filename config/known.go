@@ -16,8 +16,12 @@ import (
 // (fencegate lease, fencegate run), not by the server. Load accepts them so
 // that one environment can serve both, and ignores them.
 var ClientVars = []Var{
-	{Name: Prefix + "API_URL", Default: "http://127.0.0.1:7070", Accepts: "base URL of the lease API for the client commands; the server ignores it"},
+	{Name: Prefix + "API_URL", Default: DefaultAPIURL, Accepts: "base URL of the lease API for the client commands; the server ignores it"},
 }
+
+// DefaultAPIURL is where the client commands find the lease API when
+// FENCEGATE_API_URL is unset: the server's default API address.
+const DefaultAPIURL = "http://127.0.0.1:7070"
 
 // testSwitches are the FENCEGATE_* variables that scripts/test.sh and the
 // tests read (FENCEGATE_REQUIRE_VALKEY, FENCEGATE_REQUIRE_PROMTOOL, ...,

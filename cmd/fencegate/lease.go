@@ -14,20 +14,17 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fencegate/fencegate/config"
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/leaseapi"
 )
-
-// defaultAPIURL is where the client commands find the lease API when
-// FENCEGATE_API_URL is unset: the server's default FENCEGATE_API_ADDR.
-const defaultAPIURL = "http://127.0.0.1:7070"
 
 // callTimeout bounds one lease API call of the CLI beyond its acquire wait,
 // so a server that stopped answering does not hang a script.
 const callTimeout = 30 * time.Second
 
 const leaseHelp = `The lease commands call the lease API at FENCEGATE_API_URL (default
-` + defaultAPIURL + `), with "Authorization: Bearer $FENCEGATE_API_TOKEN" when
+` + config.DefaultAPIURL + `), with "Authorization: Bearer $FENCEGATE_API_TOKEN" when
 that is set. The API's JSON answer is printed on stdout, on one line, as
 the API sent it; a refusal prints its application/problem+json document on
 stderr.
@@ -314,7 +311,7 @@ func leasePath(resource, suffix string) string {
 func (c *cli) apiURL() (string, error) {
 	raw := c.getenv("FENCEGATE_API_URL")
 	if raw == "" {
-		return defaultAPIURL, nil
+		return config.DefaultAPIURL, nil
 	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

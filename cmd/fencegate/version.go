@@ -81,7 +81,7 @@ func vcsSetting(info *debug.BuildInfo, key string) string {
 func printEnv(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "VARIABLE\tDEFAULT\tACCEPTS")
-	for _, v := range config.Help() {
+	for _, v := range append(config.Help(), config.ClientVars...) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", v.Name, v.Default, v.Accepts)
 	}
 	return tw.Flush()
