@@ -24,7 +24,7 @@ const DefaultPolicyCheckInterval = 5 * time.Second
 // red) and every operation fails closed with fencing.ErrUnavailable
 // (nothing is sent: writes are answered 503 not-done). The change is
 // logged once when it appears and once when it is gone, and persistence
-// changes (AOF and RDB turned off or on) are logged once per change.
+// changes (AOF turned off or on) are logged once per change.
 //
 // Limits: a change is seen at the next check, not at once: writes in between
 // are served by the evicting server. Nothing evicted is trusted afterwards
