@@ -51,6 +51,18 @@ type Store interface {
 	Close() error
 }
 
+// QuickAdmitter is a Store that can answer some admissions at once,
+// without waiting on I/O or on a lock held across I/O (the memory store;
+// the file store at the high-water mark). A server that must not block,
+// such as the gate's event loops, asks it first.
+type QuickAdmitter interface {
+	// AdmitNow admits req exactly as Admit would, in the same atomic
+	// step, and reports true; or it changes nothing and reports false
+	// when admitting would wait, or would refuse or fail: Admit then
+	// answers.
+	AdmitNow(req AdmitRequest) (Admission, bool)
+}
+
 // Clock tells the time. Stores that own time (memory, file) take one so
 // tests can move it; Valkey uses the server's TIME instead.
 type Clock interface {

@@ -23,7 +23,7 @@ func TestDoomedTokenFloodDoesNotStarveTheHolder(t *testing.T) {
 	const flooders = 500
 	clock := newFakeClock()
 	var (
-		stale    fencing.Token
+		stale    atomic.Uint64 // set once the server runs: read by the admissions
 		mu       sync.Mutex
 		parked   chan struct{} // the refused admission currently held back
 		refused  atomic.Int64
@@ -36,7 +36,7 @@ func TestDoomedTokenFloodDoesNotStarveTheHolder(t *testing.T) {
 		Store: memstore.New(memstore.Options{Clock: clock}),
 		hook: func(req fencing.AdmitRequest, admit func() (fencing.Admission, error)) (fencing.Admission, error) {
 			a, err := admit()
-			if err == nil || req.Token != stale {
+			if err == nil || uint64(req.Token) != stale.Load() {
 				return a, err
 			}
 			refused.Add(1)
@@ -58,7 +58,7 @@ func TestDoomedTokenFloodDoesNotStarveTheHolder(t *testing.T) {
 	old := e.acquire("job:1", "old", 10*time.Second)
 	clock.Advance(11 * time.Second)
 	holder := e.acquire("job:1", "holder", time.Hour)
-	stale = old.Token
+	stale.Store(uint64(old.Token))
 	if r := e.do("PUT", "/jobs/1", "first", HeaderToken, tok(holder.Token)); r.Status != 200 {
 		t.Fatalf("holder's first write: %d %s", r.Status, r.Body)
 	}
@@ -75,7 +75,7 @@ func TestDoomedTokenFloodDoesNotStarveTheHolder(t *testing.T) {
 					return
 				default:
 				}
-				r, err := doReq(flood, e.gateSrv.URL, "PUT", "/jobs/1", "stale", HeaderToken, tok(stale))
+				r, err := doReq(flood, e.gateSrv.URL, "PUT", "/jobs/1", "stale", HeaderToken, tok(fencing.Token(stale.Load())))
 				if err == nil && r.Status != http.StatusConflict {
 					unexpected.Store(r.Status)
 				}

@@ -36,14 +36,17 @@
 // a second target is fenced on both resources. Writes are forwarded with
 // exactly the path bytes that were judged. See Gate.decide.
 //
-// The engine: the gate serves HTTP/1.1 with fasthttp (see Server) and
-// forwards with a pooled fasthttp client, so a request costs no goroutine
-// hand-off and almost no allocation. Request heads are parsed strictly (a
-// duplicate Content-Length, both framings on one request, obs-fold in a
-// name, bare CR: refused or the connection closed, RFC 9112), bodies up to
-// Options.BodyBuffer bytes are read in full before the write is admitted,
-// and larger or chunked ones stream to the upstream without being held in
-// memory.
+// The engine (see Server): on Linux, event loops (one per CPU, epoll) serve
+// the gate's listener and forward plain requests themselves, without a
+// goroutine per request; a request they do not take (a large or chunked
+// body, an upgrade, Expect, HTTP/1.0, a head fasthttp refuses) hands its
+// connection to a fasthttp server, which serves it from then on and
+// forwards with a pooled fasthttp client. Request heads are parsed by
+// fasthttp on both paths, strictly (a duplicate Content-Length, both
+// framings on one request, obs-fold in a name, bare CR: refused or the
+// connection closed, RFC 9112), bodies up to Options.BodyBuffer bytes are
+// read in full before the write is admitted, and larger or chunked ones
+// stream to the upstream without being held in memory.
 //
 // Telemetry (see Options.MeterProvider and Options.TracerProvider): every
 // unsafe request is counted once in fencegate.gate.writes by its final
@@ -207,6 +210,7 @@ type Gate struct {
 	upstream       *url.URL
 	upstreamBase   string // the upstream URL's escaped path, without a trailing slash
 	client         *fasthttp.HostClient
+	upstreamConns  int
 	upstreamTO     time.Duration
 	rules          []Rule
 	resourceHeader bool
@@ -217,7 +221,8 @@ type Gate struct {
 	bodyBuffer     int
 	holds          fencing.HoldRecorder
 	barrier        *barrier.Barrier
-	order          orderer // localOrder over barrier, or a *sharedOrder (shared.go)
+	order          orderer               // localOrder over barrier, or a *sharedOrder (shared.go)
+	quick          fencing.QuickAdmitter // the store, when it can admit at once; or nil
 	tel            telemetry
 	// barrierOff skips the barrier wait. Only tests set it, to show the
 	// reordering the barrier prevents.
@@ -266,6 +271,7 @@ func New(opts Options) (*Gate, error) {
 		g.log = slog.New(slog.DiscardHandler)
 	}
 	g.order = localOrder{b: g.barrier, store: opts.Store}
+	g.quick, _ = opts.Store.(fencing.QuickAdmitter)
 	if opts.SharedBarrier != nil {
 		o, err := newSharedOrder(opts.SharedBarrier, opts, g.log, g.barrierTimeout+g.bodyTimeout, g.grace)
 		if err != nil {
@@ -273,7 +279,8 @@ func New(opts Options) (*Gate, error) {
 		}
 		g.order = o
 	}
-	g.client = g.newUpstreamClient(cmp.Or(opts.UpstreamConns, DefaultUpstreamConns), opts.UpstreamTLS)
+	g.upstreamConns = cmp.Or(opts.UpstreamConns, DefaultUpstreamConns)
+	g.client = g.newUpstreamClient(g.upstreamConns, opts.UpstreamTLS)
 	if err := g.tel.init(opts); err != nil {
 		return nil, err
 	}
@@ -294,11 +301,30 @@ type exchange struct {
 	audit    *auditRecord
 	body     *bodyReader // a streamed body while it is forwarded, or nil
 	buffered *[]byte     // a body read in full (bufferBody), or nil
+	bodyErr  error       // the body read with the head failed (the event loops)
 }
 
-// serve is the gate's request handler: it decides, fences and forwards one
-// request (see decide for the contract).
+// serve is the gate's request handler on the fasthttp engine: it decides,
+// fences and forwards one request (see decide for the contract).
 func (g *Gate) serve(c *fasthttp.RequestCtx) {
+	x, d := g.open(c)
+	defer g.end(x)
+	switch g.verdict(x, d) {
+	case passForward:
+		g.forward(x, nil)
+	case passUpgrade:
+		g.forwardUpgrade(x)
+	case passFence:
+		if t, ok := g.admitWrite(x, d); ok {
+			g.forward(x, t)
+		}
+	}
+}
+
+// open begins x's passage through the gate: its request id, the gate's
+// decision on it, its telemetry and audit record. Every open is ended by
+// end once x's answer is set.
+func (g *Gate) open(c *fasthttp.RequestCtx) (*exchange, Decision) {
 	x := &exchange{c: c, ctx: context.Background(), start: time.Now()}
 	x.id = reqid.Choose(c.Request.Header.Peek(reqid.Header))
 	c.Response.Header.Set(reqid.Header, x.id)
@@ -310,12 +336,29 @@ func (g *Gate) serve(c *fasthttp.RequestCtx) {
 		x.route = d.Rule.Pattern
 	}
 	g.begin(x)
-	defer g.end(x)
+	return x, d
+}
 
+// pass is what verdict leaves to do with a request.
+type pass int
+
+const (
+	passAnswered pass = iota // refused: x's answer is set
+	passForward              // forward as is, unfenced
+	passUpgrade              // forward as a protocol upgrade (forwardUpgrade)
+	passFence                // a fenced write: admitWrite, then forward
+)
+
+// verdict applies decision d to x without waiting on anything: a refusal
+// is answered; a fenced write gets its body read in full first when it is
+// small (see bufferBody), so a client that stalls it never holds a place at
+// the barrier.
+func (g *Gate) verdict(x *exchange, d Decision) pass {
+	c := x.c
 	switch d.Verdict {
 	case Refuse:
 		g.refuse(x, d.Problem)
-		return
+		return passAnswered
 	case Forward:
 		if d.Unfenced {
 			g.count(x, CodeUnfenced)
@@ -325,55 +368,91 @@ func (g *Gate) serve(c *fasthttp.RequestCtx) {
 			// (HTTP2-Settings) go with it as hop-by-hop.
 			c.Request.Header.Del("Upgrade")
 		} else if len(c.Request.Header.Peek("Upgrade")) > 0 {
-			g.forwardUpgrade(x) // an upgrade a rule allows
-			return
+			return passUpgrade // an upgrade a rule allows
 		}
-		g.forward(x, nil)
-		return
+		return passForward
 	}
-	token := d.Token
 	resource := d.Targets[0].Resource
-	x.audit.checked(resource, token)
+	x.audit.checked(resource, d.Token)
 	if x.span != nil && x.span.IsRecording() {
-		x.span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(token)))
+		x.span.SetAttributes(attrResource.String(resource), attrToken.Int64(int64(d.Token)))
 	}
-	// A small body is read in full first: a client that stalls it never
-	// holds a place at the barrier.
 	if p := g.bufferBody(x); p != nil {
-		g.refuseWrite(x, p, resource, token)
-		return
+		g.refuseWrite(x, p, resource, d.Token)
+		return passAnswered
 	}
+	return passFence
+}
 
+// admitWrite admits fenced write x (passFence) in the store and waits for
+// its turn at the barrier. It returns the write's place, to forward under,
+// or false when x was refused (its answer set). It may wait: for the
+// store, and behind lower tokens in flight, up to BarrierTimeout.
+func (g *Gate) admitWrite(x *exchange, d Decision) (flight, bool) {
 	// Registered before (local barrier) or with (shared barrier) the
 	// admission check: any write admitted before this one is already
 	// registered, so the wait below cannot miss it. A write with a
 	// Destination registers and is admitted on both resources.
-	t, resource, adm, err := g.order.admit(x.ctx, d.Targets, token)
+	t, resource, adm, err := g.order.admit(x.ctx, d.Targets, d.Token)
 	x.audit.admitted(adm)
 	if err != nil {
-		g.refuseWrite(x, err, resource, token)
-		return
+		g.refuseWrite(x, err, resource, d.Token)
+		return nil, false
 	}
-	if err := g.wait(x.ctx, t); err != nil {
+	return t, g.waitTurn(x, d, t)
+}
+
+// admitNow is admitWrite without waiting, for the event loops: with this
+// gate's own barrier, one target and a store that can answer at once
+// (fencing.QuickAdmitter), it registers and admits the write. It returns
+// the write's place and whether it may be forwarded now; nil when it could
+// not admit at once (nothing is left registered: admitWrite must run).
+// When the write must wait its turn, waitTurn does that.
+func (g *Gate) admitNow(x *exchange, d Decision) (*barrier.Ticket, bool) {
+	lo, ok := g.order.(localOrder)
+	if !ok || g.quick == nil || len(d.Targets) != 1 {
+		return nil, false
+	}
+	target := d.Targets[0]
+	t := lo.b.Register(target.Resource, d.Token)
+	adm, ok := g.quick.AdmitNow(fencing.AdmitRequest{Resource: target.Resource, Token: d.Token, RequireLive: target.Strict})
+	if !ok {
 		t.Leave()
-		if errors.Is(err, barrier.ErrClosed) {
-			p := problem.New(http.StatusServiceUnavailable, "gate-stopping",
-				"the gate is shutting down; this write was admitted but not forwarded: retry it with the same token")
-			p.Headers = http.Header{"Retry-After": {"1"}}
-			g.refuseWrite(x, p, resource, token)
-			return
-		}
-		if fencing.IsStoreFault(err) { // the shared barrier's store failed
-			g.refuseWrite(x, err, resource, token)
-			return
-		}
+		return nil, false
+	}
+	x.audit.admitted(adm)
+	if g.barrierOff {
+		return t, true
+	}
+	now, err := t.Pass()
+	return t, now && err == nil
+}
+
+// waitTurn waits until admitted write x may be forwarded: no lower token
+// in flight on its resources. It reports false when x was refused (its
+// place left, its answer set).
+func (g *Gate) waitTurn(x *exchange, d Decision, t flight) bool {
+	err := g.wait(x.ctx, t)
+	if err == nil {
+		return true
+	}
+	t.Leave()
+	resource, token := d.Targets[0].Resource, d.Token
+	switch {
+	case errors.Is(err, barrier.ErrClosed):
+		p := problem.New(http.StatusServiceUnavailable, "gate-stopping",
+			"the gate is shutting down; this write was admitted but not forwarded: retry it with the same token")
+		p.Headers = http.Header{"Retry-After": {"1"}}
+		g.refuseWrite(x, p, resource, token)
+	case fencing.IsStoreFault(err): // the shared barrier's store failed
+		g.refuseWrite(x, err, resource, token)
+	default:
 		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
 			"a write with a lower token for this resource is still in flight through this gate (or, with the shared barrier, any gate), or the barrier is held closed after a write whose outcome is unknown (upstream timeout, body cut off, restart); this write was admitted but not forwarded: retry it with the same token")
 		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(g.order.heldUntil(d.Targets)))}}
 		g.refuseWrite(x, p, resource, token)
-		return
 	}
-	g.forward(x, t)
+	return false
 }
 
 func (g *Gate) wait(ctx context.Context, t flight) error {
@@ -388,9 +467,12 @@ func (g *Gate) wait(ctx context.Context, t flight) error {
 // larger and chunked bodies are left to stream. It returns the problem to
 // answer if the body could not be read.
 func (g *Gate) bufferBody(x *exchange) *problem.Error {
+	if x.bodyErr != nil {
+		return bodyProblem(x.bodyErr, false, false)
+	}
 	n := x.c.Request.Header.ContentLength()
-	if n <= 0 || n > g.bodyBuffer {
-		return nil
+	if n <= 0 || n > g.bodyBuffer || !x.c.Request.IsBodyStream() {
+		return nil // none, streamed, or read with the head (the event loops)
 	}
 	// The body's deadline was set when the head was read (see NewServer).
 	buf := bodyBuffers.Get().(*[]byte)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,8 +34,8 @@ func TestRegisteredBeforeAdmission(t *testing.T) {
 	clock := newFakeClock()
 	var (
 		e          *env
-		low        fencing.Token
-		registered = -1 // writes with token low registered once its admission returned
+		low        atomic.Uint64 // set once the server runs: read by the admissions
+		registered = -1          // writes with token low registered once its admission returned
 		admitted   = make(chan struct{})
 		release    = make(chan struct{})
 	)
@@ -42,7 +43,7 @@ func TestRegisteredBeforeAdmission(t *testing.T) {
 		Store: memstore.New(memstore.Options{Clock: clock}),
 		hook: func(req fencing.AdmitRequest, admit func() (fencing.Admission, error)) (fencing.Admission, error) {
 			a, err := admit()
-			if req.Token == low {
+			if uint64(req.Token) == low.Load() {
 				registered = e.gate.registered(req.Resource, req.Token)
 				close(admitted)
 				<-release
@@ -53,7 +54,7 @@ func TestRegisteredBeforeAdmission(t *testing.T) {
 	a := e.acquire("job:5", "a", 10*time.Second)
 	clock.Advance(11 * time.Second)
 	b := e.acquire("job:5", "b", 10*time.Second)
-	low = a.Token
+	low.Store(uint64(a.Token))
 	var once sync.Once
 	open := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(open) // before the servers close, should the test stop early
@@ -78,7 +79,7 @@ func TestRegisteredBeforeAdmission(t *testing.T) {
 	}
 	// Read after close(admitted) and the answers: no race.
 	if registered != 1 {
-		t.Fatalf("%d writes with token %d registered during its admission check, want 1", registered, low)
+		t.Fatalf("%d writes with token %d registered during its admission check, want 1", registered, low.Load())
 	}
 	var bodies []string
 	for _, g := range e.up.requests() {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -39,6 +40,10 @@ type ServerOptions struct {
 	// refused (431) and its connection closed. Zero means
 	// DefaultMaxHeaderBytes.
 	MaxHeaderBytes int
+	// MaxConns caps the open client connections: one beyond it gets a 503
+	// too-many-connections answer, written before its request is read,
+	// and is closed. Zero means no cap.
+	MaxConns int
 	// Logger receives connection errors the server cannot answer (a
 	// client gone mid-response); nil discards.
 	Logger *slog.Logger
@@ -46,10 +51,28 @@ type ServerOptions struct {
 
 // Server serves a Gate on a listener: HTTP/1.1 with keep-alive and
 // pipelining, strict framing, request bodies streamed to the handler.
+//
+// Two engines serve it. On Linux, a TCP listener in front of an http
+// upstream is served by event loops (one per CPU, see loop_linux.go) that
+// forward plain requests themselves and hand every other connection to a
+// fasthttp server; elsewhere, the fasthttp server serves every
+// connection. Both apply the same parser, decisions and answers.
 type Server struct {
-	srv   *fasthttp.Server
+	g             *Gate
+	srv           *fasthttp.Server
+	headerTimeout time.Duration
+	idleTimeout   time.Duration
+	maxHead       int
+	maxConns      int64
+	open          atomic.Int64 // client connections, against maxConns
+	// noLoops keeps the event loops off: the fasthttp server serves
+	// every connection. Only tests set it, to compare the engines.
+	noLoops bool
+
 	mu    sync.Mutex
-	conns map[net.Conn]struct{} // open connections, closed by Close
+	conns map[net.Conn]struct{} // open connections of the fasthttp engine, closed by Close
+	loops *loopEngine           // nil: the fasthttp server serves the listener
+	ln    net.Listener
 }
 
 // NewServer returns a server for g.
@@ -58,10 +81,16 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{conns: make(map[net.Conn]struct{})}
-	headerTimeout := cmp.Or(opts.HeaderTimeout, DefaultHeaderTimeout)
+	s := &Server{
+		g:             g,
+		conns:         make(map[net.Conn]struct{}),
+		headerTimeout: cmp.Or(opts.HeaderTimeout, DefaultHeaderTimeout),
+		idleTimeout:   cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
+		maxHead:       cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
+		maxConns:      int64(opts.MaxConns),
+	}
 	s.srv = &fasthttp.Server{
-		Handler:      g.serve,
+		Handler:      s.serve,
 		ErrorHandler: g.readError,
 		// Once the head is in, the body has its own deadline, and at most
 		// BodyBuffer bytes of it (at most 8 KiB, at least 1) are read
@@ -71,9 +100,9 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		},
 		// The read deadline covers the head; the handler moves it for the
 		// body (Options.BodyTimeout).
-		ReadTimeout:                   headerTimeout,
-		IdleTimeout:                   cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
-		ReadBufferSize:                cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
+		ReadTimeout:                   s.headerTimeout,
+		IdleTimeout:                   s.idleTimeout,
+		ReadBufferSize:                s.maxHead,
 		StreamRequestBody:             true,
 		DisablePreParseMultipartForm:  true,
 		NoDefaultServerHeader:         true,
@@ -94,16 +123,48 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 				s.mu.Lock()
 				delete(s.conns, c)
 				s.mu.Unlock()
+			case fasthttp.StateIdle, fasthttp.StateActive:
+				if e := s.engine(); e != nil {
+					e.setIdle(c, st == fasthttp.StateIdle)
+				}
 			}
 		},
 	}
 	return s
 }
 
+// serve is the fasthttp server's handler: the gate's, closing the
+// connection after the answer once the server is shutting down.
+func (s *Server) serve(c *fasthttp.RequestCtx) {
+	s.g.serve(c)
+	if e := s.engine(); e != nil && e.closing.Load() {
+		c.SetConnectionClose()
+	}
+}
+
+func (s *Server) engine() *loopEngine {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.loops
+}
+
 // Serve accepts connections on ln until Shutdown or Close. It returns nil
 // after those.
 func (s *Server) Serve(ln net.Listener) error {
-	err := s.srv.Serve(ln)
+	e, err := newLoopEngine(s, ln)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.ln, s.loops = ln, e
+	s.mu.Unlock()
+	if e != nil {
+		return e.serve()
+	}
+	if s.maxConns > 0 {
+		ln = &capListener{Listener: ln, s: s}
+	}
+	err = s.srv.Serve(ln)
 	if err != nil && errors.Is(err, net.ErrClosed) {
 		return nil
 	}
@@ -113,17 +174,89 @@ func (s *Server) Serve(ln net.Listener) error {
 // Shutdown stops accepting, closes idle connections, and waits until the
 // requests in progress are answered or ctx ends (then it returns ctx's
 // error and leaves the rest to Close).
-func (s *Server) Shutdown(ctx context.Context) error { return s.srv.ShutdownWithContext(ctx) }
+func (s *Server) Shutdown(ctx context.Context) error {
+	if e := s.engine(); e != nil {
+		err := e.shutdown(ctx)
+		s.closeListener()
+		return err
+	}
+	return s.srv.ShutdownWithContext(ctx)
+}
 
 // Close closes every open connection at once: requests in progress are cut
 // off.
 func (s *Server) Close() error {
+	if e := s.engine(); e != nil {
+		e.close()
+		s.closeListener()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for c := range s.conns {
 		_ = c.Close()
 	}
 	return nil
+}
+
+func (s *Server) closeListener() {
+	s.mu.Lock()
+	ln := s.ln
+	s.mu.Unlock()
+	if ln != nil {
+		_ = ln.Close()
+	}
+}
+
+// admitConn counts a new client connection against MaxConns: false
+// when it is one too many (it is then not counted).
+func (s *Server) admitConn() bool {
+	if n := s.open.Add(1); s.maxConns > 0 && n > s.maxConns {
+		s.open.Add(-1)
+		return false
+	}
+	return true
+}
+
+// releaseConn uncounts a closed client connection.
+func (s *Server) releaseConn() { s.open.Add(-1) }
+
+// tooManyConnections is the answer to a connection beyond MaxConns.
+var tooManyConnections = problem.TooManyConnections().Response()
+
+// capListener applies MaxConns for the fasthttp engine.
+type capListener struct {
+	net.Listener
+	s *Server
+}
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.s.admitConn() {
+			return &countedConn{Conn: c, s: l.s}, nil
+		}
+		// Best effort: a client that already sent its request may see
+		// the connection reset instead of the answer.
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = c.Write(tooManyConnections)
+		_ = c.Close()
+	}
+}
+
+// countedConn is a connection counted against MaxConns until closed.
+type countedConn struct {
+	net.Conn
+	s    *Server
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.s.releaseConn)
+	return err
 }
 
 // readError answers a request that fasthttp could not read: a head it
@@ -142,7 +275,7 @@ func (g *Gate) readError(c *fasthttp.RequestCtx, err error) {
 	case !strings.Contains(err.Error(), "error when reading request headers"):
 		p = bodyProblem(err, false, false) // fasthttp marks every head error so
 	case isTimeout(err):
-		p = problem.New(http.StatusRequestTimeout, "invalid-request", "the request's line and headers did not arrive in time")
+		p = headTimeoutProblem()
 	default:
 		p = problem.New(http.StatusBadRequest, "invalid-request", "the request could not be parsed as HTTP/1.1: "+truncate(headParseError(err)))
 	}
@@ -151,6 +284,12 @@ func (g *Gate) readError(c *fasthttp.RequestCtx, err error) {
 	c.SetContentType(problem.ContentType)
 	c.SetBody(p.Body())
 	c.SetConnectionClose()
+}
+
+// headTimeoutProblem is the answer to a request whose head did not arrive
+// within HeaderTimeout.
+func headTimeoutProblem() *problem.Error {
+	return problem.New(http.StatusRequestTimeout, "invalid-request", "the request's line and headers did not arrive in time")
 }
 
 // headParseError is fasthttp's reason for refusing a head, without the

@@ -232,6 +232,7 @@ func (g *Gate) relay(x *exchange, resp *fasthttp.Response) {
 func responseHeader(x *exchange, resp *fasthttp.Response) {
 	h := &x.c.Response.Header
 	resp.Header.CopyTo(h)
+	h.SetNoDefaultContentType(true) // none is added where the upstream sent none
 	for _, name := range connectionOptions(resp.Header.Peek("Connection")) {
 		h.Del(name)
 	}

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -42,19 +39,7 @@ func newConnLimit(ln net.Listener, max, reserve int) *connLimit {
 }
 
 // refusal is the answer to a connection beyond the cap and the reserve.
-var refusal = func() []byte {
-	body, _ := json.Marshal(map[string]any{
-		"type": problem.TypePrefix + codeTooManyConnections, "title": problem.Title(http.StatusServiceUnavailable),
-		"status": http.StatusServiceUnavailable, "code": codeTooManyConnections,
-		"detail": "the server has too many open connections; retry later",
-	})
-	var b bytes.Buffer
-	fmt.Fprintf(&b, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: %s\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
-		problem.ContentType, len(body), body)
-	return b.Bytes()
-}()
-
-const codeTooManyConnections = "too-many-connections"
+var refusal = problem.TooManyConnections().Response()
 
 func (l *connLimit) Accept() (net.Conn, error) {
 	for {
@@ -127,10 +112,7 @@ func overflowHandler(h http.Handler, health func(*http.Request) bool) http.Handl
 		}
 		c, buf, err := http.NewResponseController(w).Hijack()
 		if err != nil {
-			p := problem.New(http.StatusServiceUnavailable, codeTooManyConnections,
-				"the server has too many open connections; retry later")
-			p.Headers = http.Header{"Retry-After": {"1"}}
-			problem.Write(w, r, nil, p)
+			problem.Write(w, r, nil, problem.TooManyConnections())
 			return
 		}
 		_ = c.SetWriteDeadline(time.Now().Add(time.Second))

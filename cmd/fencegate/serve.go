@@ -159,18 +159,20 @@ type server interface {
 // listen opens the listener with the slow-client bounds: a deadline for the
 // headers and one for the body (counted from the end of the headers on
 // the lease API; the gate moves it when it starts forwarding a request),
-// an idle timeout, and a cap on concurrent connections (see connLimit; the
-// gate keeps no reserve, as it serves no health checks).
+// an idle timeout, and a cap on concurrent connections (see connLimit for
+// the lease API; the gate's server applies its own, without a reserve, as
+// it serves no health checks).
 func (l *listener) listen() error {
 	ln, err := net.Listen("tcp", l.addr)
 	if err != nil {
 		return fmt.Errorf("%s listener: %w", l.name, err)
 	}
 	if l.gate != nil {
-		l.ln = newConnLimit(ln, l.cfg.MaxConns, 0)
+		l.ln = ln
 		l.srv = proxy.NewServer(l.gate, proxy.ServerOptions{
 			HeaderTimeout: l.cfg.ReadHeaderTimeout,
 			IdleTimeout:   l.cfg.IdleTimeout,
+			MaxConns:      l.cfg.MaxConns,
 			Logger:        l.log,
 		})
 		return nil

@@ -141,21 +141,13 @@ func (t *Ticket) Wait(ctx context.Context, timeout time.Duration) error {
 	var timer *time.Timer
 	for {
 		b.mu.Lock()
-		if b.closed {
-			b.mu.Unlock()
-			return ErrClosed
-		}
-		if t.horizon == 0 {
-			t.horizon = b.seq + 1
-		}
-		f := b.res[t.resource]
-		if !b.blocked(f, t) {
-			t.passed = true
+		f, ok, err := t.pass()
+		if err != nil || ok {
 			b.mu.Unlock()
 			if timer != nil {
 				timer.Stop()
 			}
-			return nil
+			return err
 		}
 		if f.changed == nil {
 			f.changed = make(chan struct{})
@@ -174,6 +166,35 @@ func (t *Ticket) Wait(ctx context.Context, timeout time.Duration) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// Pass is Wait without the wait: it reports whether the write may be
+// forwarded now (as Wait would return nil at once), or ErrClosed. When it
+// reports false, a later Wait waits for the same writes: those registered
+// before Pass was called.
+func (t *Ticket) Pass() (bool, error) {
+	t.b.mu.Lock()
+	defer t.b.mu.Unlock()
+	_, ok, err := t.pass()
+	return ok, err
+}
+
+// pass is one check of Wait: ErrClosed, or whether t may pass now, with
+// the resource's entry to wait on when it may not. b.mu must be held.
+func (t *Ticket) pass() (*inflight, bool, error) {
+	b := t.b
+	if b.closed {
+		return nil, false, ErrClosed
+	}
+	if t.horizon == 0 {
+		t.horizon = b.seq + 1
+	}
+	f := b.res[t.resource]
+	if b.blocked(f, t) {
+		return f, false, nil
+	}
+	t.passed = true
+	return f, true, nil
 }
 
 // Leave deregisters the write now and wakes the writes waiting on its

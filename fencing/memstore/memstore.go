@@ -202,6 +202,13 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	})
 }
 
+// AdmitNow implements fencing.QuickAdmitter: the memory store never waits
+// on I/O, so it answers every admission that Admit would grant.
+func (s *Store) AdmitNow(req fencing.AdmitRequest) (fencing.Admission, bool) {
+	a, err := s.Admit(context.Background(), req)
+	return a, err == nil
+}
+
 // Ping implements fencing.Store.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.lock(); err != nil {

@@ -8,9 +8,11 @@
 package problem
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -156,6 +158,32 @@ func (p *Error) Body() []byte {
 			"status": p.Status, "detail": p.Detail, "code": p.Code})
 	}
 	return append(b, '\n')
+}
+
+// TooManyConnections is the answer of a server to a connection beyond its
+// cap, written before any request is read from it.
+func TooManyConnections() *Error {
+	p := New(http.StatusServiceUnavailable, "too-many-connections", "the server has too many open connections; retry later")
+	p.Headers = http.Header{"Retry-After": {"1"}}
+	return p
+}
+
+// Response is p as a whole HTTP/1.1 response that closes its connection
+// (status line, p's headers, Content-Type, Content-Length, body), for a
+// server to write on a raw connection before or instead of reading a
+// request from it.
+func (p *Error) Response() []byte {
+	body := p.Body()
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "HTTP/1.1 %d %s\r\n", p.Status, Title(p.Status))
+	for k, vs := range p.Headers {
+		for _, v := range vs {
+			fmt.Fprintf(&b, "%s: %s\r\n", k, v)
+		}
+	}
+	fmt.Fprintf(&b, "Content-Type: %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n", ContentType, len(body))
+	b.Write(body)
+	return b.Bytes()
 }
 
 // LogFault logs the cause of a server-side problem (status 500 and up)

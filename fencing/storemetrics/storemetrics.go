@@ -309,6 +309,24 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	return a, err
 }
 
+// AdmitNow times and traces the wrapped store's AdmitNow when it has one
+// (fencing.QuickAdmitter); otherwise it admits nothing. An answer is
+// measured as an Admit; a false one is not measured (Admit follows).
+func (s *Store) AdmitNow(req fencing.AdmitRequest) (fencing.Admission, bool) {
+	q, ok := s.next.(fencing.QuickAdmitter)
+	if !ok {
+		return fencing.Admission{}, false
+	}
+	start := time.Now()
+	a, ok := q.AdmitNow(req)
+	if ok {
+		ctx, c := s.begin(context.Background(), s.admit, req.Resource)
+		c.start = start
+		c.end(ctx, nil)
+	}
+	return a, ok
+}
+
 // Ping times and traces the wrapped store's Ping.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, c := s.begin(ctx, s.ping, "")

@@ -1,0 +1,636 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The event-loop engine serves a gate's TCP listener on Linux without a
+// goroutine per connection or per request: one epoll loop per CPU owns its
+// client connections and the upstream connections they use, and moves each
+// request through its steps (head, body, decision, admission, sending,
+// response, relay) as its sockets become ready. Admission runs on a
+// goroutine of its own, as it may wait (for the store, and at the barrier);
+// the loop goes on with the request when it is done.
+//
+// The loops forward only the plainest requests, and only after fasthttp's
+// own parser (the one the general path uses) has read their head: HTTP/1.1,
+// strict CRLF line ends, no Transfer-Encoding, no Upgrade or Expect, a
+// Content-Length body of at most Options.BodyBuffer bytes, an http
+// upstream. Anything else (a malformed head, a large or chunked body, an
+// upgrade) hands the connection, with the bytes it sent so far, to the
+// fasthttp server of the general path, which serves it from then on: the
+// edge rules and answers are those of one parser and one set of handlers.
+// The request sent upstream is serialized by fasthttp from the same
+// request object as on the general path.
+
+// loopReadBuffer is what one read from a socket takes at most.
+const loopReadBuffer = 64 << 10
+
+// loopTick is how often a loop checks its deadlines: a timeout fires up to
+// this late.
+const loopTick = 20 * time.Millisecond
+
+// upstreamIdleFor is how long an idle upstream connection is kept.
+const upstreamIdleFor = time.Minute
+
+// loopEngine is the event loops of one Server.
+type loopEngine struct {
+	s        *Server
+	g        *Gate
+	lnFD     int
+	loops    []*eventLoop
+	next     atomic.Uint32
+	upConns  atomic.Int64 // upstream connections open or being dialed
+	maxUp    int64
+	closing  atomic.Bool // Shutdown or Close: accept nothing, end idle connections
+	done     chan struct{}
+	doneOnce sync.Once
+	wg       sync.WaitGroup
+
+	mu     sync.Mutex
+	handed map[*handedConn]bool // connections served by the fallback; true while idle
+}
+
+// newLoopEngine returns the event loops for ln, or nil when ln cannot be
+// served by them (not a TCP listener, or an https upstream: the loops
+// speak plain TCP only).
+func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
+	tl, ok := ln.(*net.TCPListener)
+	if !ok || s.g.client.IsTLS || s.noLoops {
+		return nil, nil
+	}
+	raw, err := tl.SyscallConn()
+	if err != nil {
+		return nil, nil
+	}
+	lnFD := -1
+	var dupErr error
+	if err := raw.Control(func(fd uintptr) { lnFD, dupErr = unix.Dup(int(fd)) }); err != nil {
+		return nil, err
+	}
+	if dupErr != nil {
+		return nil, dupErr
+	}
+	if err := unix.SetNonblock(lnFD, true); err != nil {
+		unix.Close(lnFD)
+		return nil, err
+	}
+	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.upstreamConns), done: make(chan struct{}),
+		handed: make(map[*handedConn]bool)}
+	for range runtime.GOMAXPROCS(0) {
+		l, err := newEventLoop(e)
+		if err != nil {
+			e.closeLoops()
+			unix.Close(lnFD)
+			return nil, err
+		}
+		e.loops = append(e.loops, l)
+	}
+	return e, nil
+}
+
+// serve runs the loops until Shutdown or Close.
+func (e *loopEngine) serve() error {
+	for _, l := range e.loops {
+		e.wg.Go(l.run)
+	}
+	<-e.done
+	e.wg.Wait()
+	return nil
+}
+
+func (e *loopEngine) stopAccepting() {
+	if e.closing.Swap(true) {
+		return
+	}
+	for _, l := range e.loops {
+		l.post(func() { _ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, e.lnFD, nil) })
+	}
+}
+
+// shutdown stops accepting, ends idle connections, and waits for the
+// others to finish their request (see Server.Shutdown).
+func (e *loopEngine) shutdown(ctx context.Context) error {
+	e.stopAccepting()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		open := atomic.Int64{}
+		for _, l := range e.loops {
+			l.call(func() {
+				l.endIdle()
+				open.Add(int64(len(l.clients)))
+			})
+		}
+		for _, h := range e.handedConns(true) {
+			_ = h.Close()
+		}
+		e.mu.Lock()
+		open.Add(int64(len(e.handed)))
+		e.mu.Unlock()
+		if open.Load() == 0 {
+			e.stop()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// close closes every connection at once and stops the loops.
+func (e *loopEngine) close() {
+	e.stopAccepting()
+	for _, l := range e.loops {
+		l.call(func() {
+			for c := range l.clients {
+				c.close()
+			}
+		})
+	}
+	for _, h := range e.handedConns(false) {
+		_ = h.Close()
+	}
+	e.stop()
+}
+
+// handedConns lists the connections served by the fallback: the idle
+// ones, or all.
+func (e *loopEngine) handedConns(idleOnly bool) []*handedConn {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var hs []*handedConn
+	for h, idle := range e.handed {
+		if idle || !idleOnly {
+			hs = append(hs, h)
+		}
+	}
+	return hs
+}
+
+func (e *loopEngine) stop() {
+	e.doneOnce.Do(func() {
+		for _, l := range e.loops {
+			l.post(func() { l.stopped = true })
+		}
+		close(e.done)
+		go func() {
+			e.wg.Wait()
+			e.closeLoops()
+			unix.Close(e.lnFD)
+		}()
+	})
+}
+
+func (e *loopEngine) closeLoops() {
+	for _, l := range e.loops {
+		l.closeAll()
+	}
+}
+
+// eventLoop is one epoll loop and the connections it owns. Only its
+// goroutine touches them; other goroutines hand it work with post.
+type eventLoop struct {
+	e       *loopEngine
+	ep      int
+	wake    int // an eventfd: post writes it
+	posted  atomic.Bool
+	mu      sync.Mutex
+	inbox   []func()
+	fds     map[int]fdOwner
+	clients map[*loopConn]struct{}
+	idle    []*upConn   // idle upstream connections, most recent last
+	waiting []*loopConn // requests waiting for an upstream connection
+	stopped bool
+	exited  chan struct{} // closed when run returns
+	now     time.Time
+
+	buf []byte        // one read
+	rd  bytes.Reader  // parsing: a head's bytes...
+	br  *bufio.Reader // ...as fasthttp reads them
+	bw  *bufio.Writer // serializing a request, into wb
+	wb  bytes.Buffer
+}
+
+// fdOwner is a socket of a loop: a client or an upstream connection.
+type fdOwner interface{ ready(events uint32) }
+
+func newEventLoop(e *loopEngine) (*eventLoop, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(ep)
+		return nil, err
+	}
+	l := &eventLoop{e: e, ep: ep, wake: wake, fds: make(map[int]fdOwner), clients: make(map[*loopConn]struct{}),
+		buf: make([]byte, loopReadBuffer), exited: make(chan struct{})}
+	l.br = bufio.NewReaderSize(&l.rd, upstreamReadBuffer+1)
+	l.bw = bufio.NewWriterSize(&l.wb, 4<<10)
+	for fd, ev := range map[int]uint32{wake: unix.EPOLLIN, e.lnFD: unix.EPOLLIN | unix.EPOLLEXCLUSIVE} {
+		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: ev, Fd: int32(fd)}); err != nil {
+			unix.Close(ep)
+			unix.Close(wake)
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// post runs f on l's goroutine.
+func (l *eventLoop) post(f func()) {
+	l.mu.Lock()
+	l.inbox = append(l.inbox, f)
+	l.mu.Unlock()
+	if l.posted.CompareAndSwap(false, true) {
+		var one = [8]byte{1}
+		_, _ = unix.Write(l.wake, one[:])
+	}
+}
+
+// call runs f on l's goroutine and waits for it; it does not run f once
+// the loop has stopped.
+func (l *eventLoop) call(f func()) {
+	done := make(chan struct{})
+	l.post(func() { f(); close(done) })
+	select {
+	case <-done:
+	case <-l.exited:
+	}
+}
+
+func (l *eventLoop) run() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer close(l.exited)
+	events := make([]unix.EpollEvent, 256)
+	l.now = time.Now()
+	lastSweep := l.now
+	for !l.stopped {
+		n, err := unix.EpollWait(l.ep, events, int(loopTick/time.Millisecond))
+		if err != nil && err != unix.EINTR {
+			l.e.g.log.Error("gate event loop failed", "error", err)
+			return
+		}
+		l.now = time.Now()
+		for i := range max(n, 0) {
+			fd := int(events[i].Fd)
+			switch {
+			case fd == l.wake:
+				l.runInbox()
+			case fd == l.e.lnFD:
+				l.accept()
+			default:
+				if o := l.fds[fd]; o != nil {
+					o.ready(events[i].Events)
+				}
+			}
+		}
+		if l.now.Sub(lastSweep) >= loopTick {
+			lastSweep = l.now
+			l.sweep()
+		}
+	}
+}
+
+func (l *eventLoop) runInbox() {
+	var b [8]byte
+	_, _ = unix.Read(l.wake, b[:])
+	l.posted.Store(false)
+	l.mu.Lock()
+	work := l.inbox
+	l.inbox = nil
+	l.mu.Unlock()
+	for _, f := range work {
+		f()
+	}
+}
+
+// accept takes the listener's pending connections and deals them out to
+// the loops in turn.
+func (l *eventLoop) accept() {
+	e := l.e
+	for range 64 {
+		fd, sa, err := unix.Accept4(e.lnFD, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		if err != nil {
+			if err != unix.EAGAIN && err != unix.EINTR && err != unix.ECONNABORTED {
+				e.g.log.Warn("gate accept failed", "error", err)
+			}
+			return
+		}
+		if e.closing.Load() {
+			unix.Close(fd)
+			continue
+		}
+		if !e.s.admitConn() {
+			_, _ = unix.Write(fd, tooManyConnections)
+			unix.Close(fd)
+			continue
+		}
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		to := e.loops[int(e.next.Add(1))%len(e.loops)]
+		if to == l {
+			l.add(fd, sa)
+		} else {
+			to.post(func() { to.add(fd, sa) })
+		}
+	}
+}
+
+// add starts serving client connection fd.
+func (l *eventLoop) add(fd int, sa unix.Sockaddr) {
+	c := &loopConn{l: l, fd: fd, remote: tcpAddr(sa)}
+	c.ctx.Init2(c, nil, false)
+	c.deadline = l.now.Add(l.e.s.headerTimeout)
+	l.clients[c] = struct{}{}
+	l.fds[fd] = c
+	c.writable = true
+	if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
+		c.close()
+	}
+}
+
+func tcpAddr(sa unix.Sockaddr) *net.TCPAddr {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return &net.TCPAddr{IP: net.IP(a.Addr[:]).To16(), Port: a.Port}
+	case *unix.SockaddrInet6:
+		return &net.TCPAddr{IP: net.IP(a.Addr[:]), Port: a.Port}
+	}
+	return &net.TCPAddr{}
+}
+
+// watch registers socket fd with the loop (op EPOLL_CTL_ADD), or changes
+// its registration (EPOLL_CTL_MOD): edge-triggered, for reading always,
+// for writing only when out says so. A socket is watched for writing only
+// while a write to it is blocked: otherwise every acknowledgement from the
+// peer would wake the loop.
+func (l *eventLoop) watch(fd, op int, out bool) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+	if out {
+		ev.Events |= unix.EPOLLOUT
+	}
+	return unix.EpollCtl(l.ep, op, fd, &ev)
+}
+
+// sweep fires the deadlines that passed, and drops upstream connections
+// idle too long.
+func (l *eventLoop) sweep() {
+	for c := range l.clients {
+		if !c.deadline.IsZero() && l.now.After(c.deadline) {
+			c.expire()
+		}
+	}
+	for len(l.idle) > 0 && l.now.Sub(l.idle[0].idleSince) > upstreamIdleFor {
+		l.idle[0].close()
+	}
+	if len(l.waiting) > 0 && l.e.upConns.Load() < l.e.maxUp {
+		c := l.waiting[0]
+		l.waiting = l.waiting[1:]
+		l.dial(c)
+	}
+}
+
+// endIdle closes the client connections between requests (Shutdown).
+func (l *eventLoop) endIdle() {
+	for c := range l.clients {
+		if c.state == stHead && len(c.in) == 0 {
+			c.close()
+		}
+	}
+}
+
+// closeAll closes what the loop still holds, once it has stopped.
+func (l *eventLoop) closeAll() {
+	for c := range l.clients {
+		c.close()
+	}
+	for len(l.idle) > 0 {
+		l.idle[0].close()
+	}
+	unix.Close(l.ep)
+	unix.Close(l.wake)
+}
+
+// upstream gives c an upstream connection: an idle one, a new one, or a
+// place in the queue when UpstreamConns are all busy.
+func (l *eventLoop) upstream(c *loopConn) {
+	if len(l.idle) > 0 {
+		// The one idle longest: requests spread over the connections,
+		// and so over an upstream's workers.
+		u := l.idle[0]
+		l.idle = l.idle[1:]
+		u.attach(c)
+		return
+	}
+	if l.e.upConns.Load() >= l.e.maxUp {
+		l.waiting = append(l.waiting, c)
+		return
+	}
+	l.dial(c)
+}
+
+// dial opens a new upstream connection for c on a goroutine (name
+// resolution and connecting may block), then hands it to the loop.
+func (l *eventLoop) dial(c *loopConn) {
+	l.e.upConns.Add(1)
+	c.dialing = true
+	g := l.e.g
+	go func() {
+		fd, err := dialFD(g.client.Addr)
+		l.post(func() {
+			if err != nil {
+				l.e.upConns.Add(-1)
+				if c.dialing {
+					c.dialing = false
+					c.upstreamFailed(err)
+					c.run()
+				}
+				return
+			}
+			u := &upConn{l: l, fd: fd}
+			l.fds[fd] = u
+			if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
+				u.close()
+				if c.dialing {
+					c.dialing = false
+					c.upstreamFailed(&net.OpError{Op: "dial", Net: "tcp", Err: err})
+					c.run()
+				}
+				return
+			}
+			u.writable = true
+			if !c.dialing { // c went away meanwhile
+				u.release()
+				return
+			}
+			c.dialing = false
+			u.attach(c)
+			c.run()
+		})
+	}()
+}
+
+// dialFD connects to addr and returns the connection's descriptor, in
+// non-blocking mode, owned by the caller.
+func dialFD(addr string) (int, error) {
+	nc, err := (&net.Dialer{Timeout: 5 * time.Second}).Dial("tcp", addr)
+	if err != nil {
+		return -1, err
+	}
+	defer nc.Close()
+	raw, err := nc.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var dupErr error
+	if err := raw.Control(func(s uintptr) { fd, dupErr = unix.Dup(int(s)) }); err != nil {
+		return -1, err
+	}
+	if dupErr != nil {
+		return -1, &net.OpError{Op: "dial", Net: "tcp", Err: dupErr}
+	}
+	unix.CloseOnExec(fd)
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return -1, &net.OpError{Op: "dial", Net: "tcp", Err: err}
+	}
+	return fd, nil
+}
+
+// handoff gives c's connection, with the bytes it sent that the loop has
+// not consumed, to the fallback fasthttp server, which serves it from now
+// on.
+func (l *eventLoop) handoff(c *loopConn) {
+	l.forget(c)
+	_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
+	f := os.NewFile(uintptr(c.fd), "gate-client")
+	nc, err := net.FileConn(f) // a duplicate, in Go's poller
+	f.Close()
+	if err != nil {
+		l.e.s.releaseConn()
+		return
+	}
+	h := &handedConn{Conn: nc, pre: bytes.Clone(c.in), e: l.e}
+	l.e.mu.Lock()
+	l.e.handed[h] = false
+	l.e.mu.Unlock()
+	go func() { _ = l.e.s.srv.ServeConn(h) }()
+}
+
+// forget drops c from the loop's tables.
+func (l *eventLoop) forget(c *loopConn) {
+	delete(l.clients, c)
+	delete(l.fds, c.fd)
+	l.unqueue(c)
+}
+
+// unqueue takes c out of the queue for an upstream connection.
+func (l *eventLoop) unqueue(c *loopConn) {
+	for i, w := range l.waiting {
+		if w == c {
+			l.waiting = append(l.waiting[:i], l.waiting[i+1:]...)
+			break
+		}
+	}
+}
+
+// handedConn is a client connection handed to the fallback server: it
+// reads the bytes the loop took first, and counts against the connection
+// cap until it is closed.
+type handedConn struct {
+	net.Conn
+	pre  []byte
+	e    *loopEngine
+	once sync.Once
+}
+
+func (h *handedConn) Read(p []byte) (int, error) {
+	if len(h.pre) > 0 {
+		n := copy(p, h.pre)
+		h.pre = h.pre[n:]
+		return n, nil
+	}
+	return h.Conn.Read(p)
+}
+
+func (h *handedConn) Close() error {
+	err := h.Conn.Close()
+	h.once.Do(func() {
+		h.e.mu.Lock()
+		delete(h.e.handed, h)
+		h.e.mu.Unlock()
+		h.e.s.releaseConn()
+	})
+	return err
+}
+
+// setIdle records whether h waits between requests (the fallback's
+// ConnState), so Shutdown can end it.
+func (e *loopEngine) setIdle(c net.Conn, idle bool) {
+	h, ok := c.(*handedConn)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	if _, open := e.handed[h]; open {
+		e.handed[h] = idle
+	}
+	e.mu.Unlock()
+	if idle && e.closing.Load() {
+		_ = h.Close()
+	}
+}
+
+// rawRead and rawWrite are read(2) and write(2) on a non-blocking socket,
+// without telling the Go scheduler: they never block, and the loops make
+// two of each per request.
+func rawRead(fd int, p []byte) (int, error) {
+	n, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+func rawWrite(fd int, p []byte) (int, error) {
+	n, _, errno := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+// syscallErr wraps a failed socket call as the net package would.
+func syscallErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &net.OpError{Op: op, Net: "tcp", Err: os.NewSyscallError(op, err)}
+}
+
+var (
+	errUpstreamClosed = errors.New("the upstream closed the connection before answering")
+	errUpstreamHead   = errors.New("the upstream's response head is malformed or too large")
+	errUpstreamBody   = errors.New("the upstream's response body is malformed")
+	errTimeout        = os.ErrDeadlineExceeded
+)

@@ -1,0 +1,468 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/memstore"
+)
+
+// rawUpstream is an upstream on a bare socket: it records each request's
+// bytes exactly as they arrived (head, and a Content-Length body) and
+// answers with the canned response its X-Respond header names.
+type rawUpstream struct {
+	ln  net.Listener
+	mu  sync.Mutex
+	got []string
+}
+
+// cannedResponses are the upstream's answers, by X-Respond. Each covers a
+// framing the event loops relay differently.
+var cannedResponses = map[string]string{
+	"":        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Up: 1\r\nContent-Length: 3\r\n\r\nok\n",
+	"chunked": "HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\n5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\n\r\n",
+	"close":   "HTTP/1.1 200 OK\r\nConnection: close\r\nX-Up: closing\r\n\r\nuntil the end",
+	"204":     "HTTP/1.1 204 No Content\r\nX-Up: none\r\n\r\n",
+	"304":     "HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nContent-Length: 10\r\n\r\n",
+	"103":     "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
+	"hop":     "HTTP/1.1 200 OK\r\nConnection: X-Hop, keep-alive\r\nX-Hop: drop\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n",
+	"big":     "HTTP/1.1 200 OK\r\nContent-Length: 200000\r\n\r\n" + strings.Repeat("0123456789", 20000),
+	"headcl":  "HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n",
+}
+
+func newRawUpstream(t *testing.T) *rawUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &rawUpstream{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go u.serve(c)
+		}
+	}()
+	return u
+}
+
+func (u *rawUpstream) serve(c net.Conn) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for {
+		var head bytes.Buffer
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			head.WriteString(line)
+			if line == "\r\n" {
+				break
+			}
+		}
+		req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head.Bytes())))
+		if err != nil {
+			return
+		}
+		body := make([]byte, max(req.ContentLength, 0))
+		if _, err := io.ReadFull(br, body); err != nil {
+			return
+		}
+		u.mu.Lock()
+		u.got = append(u.got, head.String()+string(body))
+		u.mu.Unlock()
+		resp := cannedResponses[req.Header.Get("X-Respond")]
+		if req.Method == http.MethodHead && req.Header.Get("X-Respond") == "" {
+			resp = cannedResponses["headcl"]
+		}
+		if _, err := io.WriteString(c, resp); err != nil || strings.Contains(resp, "Connection: close") {
+			return
+		}
+	}
+}
+
+// take returns the requests received since the last take, with the
+// upstream's own address (each gate has its own upstream) as "UPSTREAM".
+func (u *rawUpstream) take() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	got := u.got
+	u.got = nil
+	for i := range got {
+		got[i] = strings.ReplaceAll(got[i], u.ln.Addr().String(), "UPSTREAM")
+	}
+	return got
+}
+
+// engineCases are requests, each sent alone on a connection, that the
+// event loops serve themselves, and some they hand to the fallback.
+var engineCases = []struct{ name, raw string }{
+	{"read", "GET /r?x=1&y=%41 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r1\r\nAccept: */*\r\n\r\n"},
+	{"fenced write", "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r2\r\nFencing-Token: 1\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{\"step\":1}"},
+	{"stale write", "PUT /jobs/2 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r3\r\nFencing-Token: 1\r\nContent-Length: 2\r\n\r\nno"},
+	{"write without token", "DELETE /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r4\r\n\r\n"},
+	{"write closing", "DELETE /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r5\r\nFencing-Token: 1\r\nConnection: close\r\n\r\n"},
+	{"claims replaced", "POST /health HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r6\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Proto: https\r\nForwarded: for=6.6.6.6\r\nContent-Length: 0\r\n\r\n"},
+	{"hop-by-hop", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r7\r\nConnection: X-Secret, Fencing-Token\r\nX-Secret: s\r\nTe: trailers, deflate\r\nKeep-Alive: 5\r\nProxy-Authorization: x\r\nX-Respond: hop\r\n\r\n"},
+	{"head", "HEAD /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r8\r\n\r\n"},
+	{"chunked answer", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r9\r\nX-Respond: chunked\r\n\r\n"},
+	{"close-delimited answer", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r10\r\nX-Respond: close\r\n\r\n"},
+	{"204", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r11\r\nX-Respond: 204\r\n\r\n"},
+	{"304", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r12\r\nX-Respond: 304\r\n\r\n"},
+	{"interim answer", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r13\r\nX-Respond: 103\r\n\r\n"},
+	{"large answer", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r14\r\nX-Respond: big\r\n\r\n"},
+	{"pipelined", "GET /a HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r15\r\n\r\nPUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r16\r\nFencing-Token: 1\r\nContent-Length: 1\r\n\r\nxGET /c HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r17\r\n\r\n"},
+	{"denied", "GET /admin/x HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r18\r\n\r\n"},
+	{"not canonical", "PUT /jobs/../jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r19\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n"},
+	{"absolute form", "GET http://evil/r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r20\r\n\r\n"},
+	// Handed to the fallback server.
+	{"chunked write", "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r21\r\nFencing-Token: 1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"},
+	{"HTTP/1.0", "GET /r HTTP/1.0\r\nHost: gate\r\nX-Request-Id: r22\r\n\r\n"},
+	{"expect", "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r23\r\nFencing-Token: 1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nok"},
+	{"large write", "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r24\r\nFencing-Token: 1\r\nContent-Length: 40000\r\n\r\n" + strings.Repeat("w", 40000)},
+	{"bare LF", "GET /r HTTP/1.1\nHost: gate\nX-Request-Id: r25\n\n"},
+	{"duplicate length", "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r26\r\nFencing-Token: 1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"},
+	{"no host", "GET /r HTTP/1.1\r\nX-Request-Id: r27\r\n\r\n"},
+	{"pipelined then chunked", "GET /a HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r28\r\n\r\nPUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r29\r\nFencing-Token: 1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nz\r\n0\r\n\r\n"},
+}
+
+// engineGate is a gate served by one engine, with its own upstream.
+type engineGate struct {
+	addr string
+	up   *rawUpstream
+}
+
+func newEngineGate(t *testing.T, loops bool) *engineGate {
+	t.Helper()
+	ctx := context.Background()
+	st := memstore.New(memstore.Options{})
+	for _, res := range []string{"job:1", "job:2", "job:2"} {
+		if _, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: res, Owner: "o" + res, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.Admit(ctx, fencing.AdmitRequest{Resource: "job:2", Token: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Release(ctx, fencing.ReleaseRequest{Resource: "job:2", Owner: "ojob:2", Token: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: "job:2", Owner: "new", TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	} else if _, err := st.Admit(ctx, fencing.AdmitRequest{Resource: "job:2", Token: l.Token}); err != nil {
+		t.Fatal(err)
+	}
+	up := newRawUpstream(t)
+	rules, err := ParseRules(testRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse("http://" + up.ln.Addr().String() + "/base?k=v")
+	g, err := New(Options{Upstream: u, Store: st, Rules: rules, ServerName: "gate:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(g, ServerOptions{HeaderTimeout: 300 * time.Millisecond})
+	s.noLoops = !loops
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Close() })
+	return &engineGate{addr: ln.Addr().String(), up: up}
+}
+
+// exchange sends raw on a fresh connection and returns every response
+// that comes back, as comparable text: status, headers (sorted, without
+// Date), body.
+func (e *engineGate) exchange(t *testing.T, raw string) []string {
+	t.Helper()
+	c, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	methods := regexp.MustCompile(`(?m)^(GET|PUT|POST|DELETE|HEAD) `).FindAllStringSubmatch(raw, -1)
+	br := bufio.NewReader(c)
+	var out []string
+	final := 0
+	for {
+		wait := 2 * time.Second
+		if final >= len(methods) {
+			wait = 100 * time.Millisecond // anything more is unexpected
+		}
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+		var req *http.Request
+		if final < len(methods) {
+			req = &http.Request{Method: methods[final][1]}
+		}
+		resp, err := http.ReadResponse(br, req)
+		if err != nil {
+			return out
+		}
+		if resp.StatusCode >= 200 {
+			final++
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var b strings.Builder
+		fmt.Fprintf(&b, "%d %v close=%v body=%q err=%v\n", resp.StatusCode, resp.ContentLength, resp.Close, body, err)
+		resp.Header.Del("Date")
+		_ = resp.Header.WriteSubset(&b, nil)
+		out = append(out, b.String())
+	}
+}
+
+// TestEnginesAgree sends the same requests through a gate served by the
+// event loops and one served by fasthttp alone, and finds the same bytes
+// at the upstream and the same answers at the client.
+func TestEnginesAgree(t *testing.T) {
+	loops, plain := newEngineGate(t, true), newEngineGate(t, false)
+	for _, tc := range engineCases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, want := loops.exchange(t, tc.raw), plain.exchange(t, tc.raw)
+			if strings.Join(got, "\n") != strings.Join(want, "\n") {
+				t.Errorf("answers differ\nevent loops:\n%s\nfasthttp:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			if len(want) == 0 {
+				t.Error("no answer at all")
+			}
+			gotUp, wantUp := loops.up.take(), plain.up.take()
+			if strings.Join(gotUp, "\n--\n") != strings.Join(wantUp, "\n--\n") {
+				t.Errorf("the upstream got different requests\nevent loops:\n%q\nfasthttp:\n%q", gotUp, wantUp)
+			}
+		})
+	}
+}
+
+// TestLoopsServeTheListener: on Linux a TCP listener is served by the
+// event loops, which keep plain requests and hand a connection to the
+// fallback server only when a request needs it (here a chunked body).
+func TestLoopsServeTheListener(t *testing.T) {
+	up := newRawUpstream(t)
+	u, _ := url.Parse("http://" + up.ln.Addr().String())
+	st := memstore.New(memstore.Options{})
+	l, err := st.Acquire(context.Background(), fencing.AcquireRequest{Resource: "job:1", Owner: "o", TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, _ := ParseRules(testRules)
+	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := serveGate(t, g)
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	e := gs.srv.engine()
+	handed := func() int { return len(e.handedConns(false)) }
+	ask := func(raw string) net.Conn {
+		c, err := net.Dial("tcp", gs.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("%q: %v %v", raw, resp, err)
+		}
+		return c
+	}
+	ask("PUT /jobs/1 HTTP/1.1\r\nHost: g\r\nFencing-Token: " + tok(l.Token) + "\r\nContent-Length: 1\r\n\r\nx")
+	if n := handed(); n != 0 {
+		t.Fatalf("%d connections handed off after a plain request", n)
+	}
+	ask("PUT /jobs/1 HTTP/1.1\r\nHost: g\r\nFencing-Token: " + tok(l.Token) + "\r\nTransfer-Encoding: chunked\r\n\r\n1\r\ny\r\n0\r\n\r\n")
+	if n := handed(); n != 1 {
+		t.Fatalf("%d connections handed off after a chunked request, want 1", n)
+	}
+	if got := up.take(); len(got) != 2 || !strings.HasSuffix(got[0], "\r\n\r\nx") || !strings.Contains(got[1], "Transfer-Encoding: chunked") {
+		t.Fatalf("the upstream got %q", got)
+	}
+}
+
+// TestLoopUpstreamBreaksOff: when the upstream closes in the middle of a
+// response body, the client's connection is closed too, at once: it
+// cannot take the short body for a whole one.
+func TestLoopUpstreamBreaksOff(t *testing.T) {
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { upLn.Close() })
+	go func() {
+		for {
+			c, err := upLn.Accept()
+			if err != nil {
+				return
+			}
+			if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b")
+			}
+			c.Close()
+		}
+	}()
+	u, _ := url.Parse("http://" + upLn.Addr().String())
+	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := serveGate(t, g)
+	c, err := net.Dial("tcp", gs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "GET /x HTTP/1.1\r\nHost: g\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if string(body) != "only ten b" || err != io.ErrUnexpectedEOF {
+		t.Fatalf("got %q, %v; want the ten bytes, then the connection closed", body, err)
+	}
+}
+
+// TestChunkScanner feeds chunked bodies to the scanner whole and cut at
+// every byte, and checks where it finds their end, or that it refuses
+// broken framing.
+func TestChunkScanner(t *testing.T) {
+	good := []string{
+		"0\r\n\r\n",
+		"5\r\nhello\r\n0\r\n\r\n",
+		"5;a=b;c\r\nhello\r\nA\r\n0123456789\r\n0\r\n\r\n",
+		"3\r\nabc\r\n0\r\nX-Trailer: 1\r\nY: 2\r\n\r\n",
+		"1a\r\n" + strings.Repeat("z", 26) + "\r\n0;last\r\n\r\n",
+	}
+	for _, body := range good {
+		for cut := 0; cut <= len(body); cut++ {
+			stream := body + "NEXT" // bytes past the end stay unread
+			var s chunkScanner
+			n1, done, err := s.scan([]byte(stream[:cut]))
+			if err != nil {
+				t.Fatalf("%q cut at %d: %v", body, cut, err)
+			}
+			total := n1
+			if !done {
+				n2, done2, err := s.scan([]byte(stream[cut:]))
+				if err != nil || !done2 {
+					t.Fatalf("%q cut at %d: done=%v err=%v", body, cut, done2, err)
+				}
+				total += n2
+			}
+			if total != len(body) {
+				t.Fatalf("%q cut at %d: the body ends at %d, want %d", body, cut, total, len(body))
+			}
+		}
+	}
+	bad := []string{
+		"\r\n", "x\r\n", "5\nhello\r\n", "5\r\nhelloXX", "3\r\nabc\r\n0\r\nX\n\r\n",
+		"3\r\nabc\r\n0\r\n\rX", "ffffffffffffffffff\r\n", "5 x\n",
+	}
+	for _, body := range bad {
+		var s chunkScanner
+		if _, done, err := s.scan([]byte(body)); err == nil {
+			t.Errorf("%q: no error (done=%v)", body, done)
+		}
+	}
+}
+
+// TestLoopSlowReaderBoundsMemory: a client that reads a large answer
+// slowly holds the loop's relay to the client's pace, not the upstream's:
+// the gate never holds much more than one read of it.
+func TestLoopSlowReaderBoundsMemory(t *testing.T) {
+	const size = 64 << 20
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { upLn.Close() })
+	go func() {
+		c, err := upLn.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
+		_, _ = io.Copy(c, &patternReader{n: size})
+	}()
+	u, _ := url.Parse("http://" + upLn.Addr().String())
+	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := serveGate(t, g)
+	c, err := net.Dial("tcp", gs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.(*net.TCPConn).SetReadBuffer(16 << 10)
+	if _, err := io.WriteString(c, "GET /big HTTP/1.1\r\nHost: g\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, peak runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	buf := make([]byte, 256<<10)
+	var n int64
+	sum := sha256.New()
+	for i := 0; ; i++ {
+		m, err := resp.Body.Read(buf)
+		n += int64(m)
+		sum.Write(buf[:m])
+		if err != nil {
+			break
+		}
+		if i%64 == 0 {
+			time.Sleep(time.Millisecond) // a slow reader
+			runtime.ReadMemStats(&peak)
+			if grown := int64(peak.HeapInuse) - int64(before.HeapInuse); grown > 16<<20 {
+				t.Fatalf("the gate's heap grew by %d MiB while relaying", grown>>20)
+			}
+		}
+	}
+	if n != size || hex.EncodeToString(sum.Sum(nil)) != patternSum(size) {
+		t.Fatalf("relayed %d bytes (want %d), or not the upstream's", n, size)
+	}
+}

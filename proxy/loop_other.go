@@ -1,0 +1,18 @@
+//go:build !linux
+
+package proxy
+
+import (
+	"context"
+	"net"
+)
+
+// loopEngine: the event loops run on Linux only; elsewhere the fasthttp
+// server serves every connection.
+type loopEngine struct{ closing interface{ Load() bool } }
+
+func newLoopEngine(*Server, net.Listener) (*loopEngine, error) { return nil, nil }
+func (e *loopEngine) serve() error                             { return nil }
+func (e *loopEngine) shutdown(context.Context) error           { return nil }
+func (e *loopEngine) close()                                   {}
+func (e *loopEngine) setIdle(net.Conn, bool)                   {}
