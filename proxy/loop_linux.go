@@ -91,7 +91,7 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 	}
 	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.upstreamConns), done: make(chan struct{}),
 		handed: make(map[*handedConn]bool)}
-	for range runtime.GOMAXPROCS(0) {
+	for range loopCount(runtime.GOMAXPROCS(0)) {
 		l, err := newEventLoop(e)
 		if err != nil {
 			e.closeLoops()
@@ -102,6 +102,14 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 	}
 	return e, nil
 }
+
+// loopCount is how many event loops serve a listener with procs CPUs for
+// Go: one per two CPUs. The other half is left to what a loop hands work
+// to (admissions that wait, the fallback server, the lease API, the
+// garbage collector) and to the service the gate sits beside. Measured on
+// two CPUs shared with the client and the upstream: one loop forwarded
+// about 10 % more writes than two, for a quarter less CPU per write.
+func loopCount(procs int) int { return max(1, procs/2) }
 
 // serve runs the loops until Shutdown or Close.
 func (e *loopEngine) serve() error {

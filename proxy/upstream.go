@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"iter"
 	"net"
 	"net/http"
 	"net/netip"
@@ -67,6 +68,19 @@ func (g *Gate) newUpstreamClient(conns int, tlsConfig *tls.Config) *fasthttp.Hos
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
+// hasHopHeader reports whether a header has any of hopHeaders, in any
+// case: most have none, and one pass is cheaper than deleting each.
+func hasHopHeader(all iter.Seq2[[]byte, []byte]) bool {
+	for k := range all {
+		for _, name := range hopHeaders {
+			if len(k) == len(name) && strings.EqualFold(string(k), name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // forward sends x's request to the upstream and relays the answer. t is
 // the write's place at the barrier (nil for an unfenced request): it is
 // left when the upstream's response headers arrive, or held for the grace
@@ -125,11 +139,13 @@ func (g *Gate) upstreamRequest(x *exchange, out *fasthttp.Request, upgrade bool)
 			h.Del(name)
 		}
 	}
-	for _, name := range hopHeaders {
-		if upgrade && (name == "Connection" || name == "Upgrade") {
-			continue
+	if hasHopHeader(in.All()) {
+		for _, name := range hopHeaders {
+			if upgrade && (name == "Connection" || name == "Upgrade") {
+				continue
+			}
+			h.Del(name)
 		}
-		h.Del(name)
 	}
 	if te := in.Peek("Te"); bytes.Contains(bytes.ToLower(te), []byte("trailers")) {
 		h.Set("Te", "trailers")
@@ -236,8 +252,10 @@ func responseHeader(x *exchange, resp *fasthttp.Response) {
 	for _, name := range connectionOptions(resp.Header.Peek("Connection")) {
 		h.Del(name)
 	}
-	for _, name := range hopHeaders {
-		h.Del(name)
+	if hasHopHeader(resp.Header.All()) {
+		for _, name := range hopHeaders {
+			h.Del(name)
+		}
 	}
 	h.Set(reqid.Header, x.id)
 }
