@@ -365,7 +365,7 @@ func (l *eventLoop) accept() {
 
 // add starts serving client connection fd.
 func (l *eventLoop) add(fd int, sa unix.Sockaddr) {
-	c := &loopConn{l: l, fd: fd, remote: tcpAddr(sa)}
+	c := &loopConn{sock: sock{fd: fd}, l: l, remote: tcpAddr(sa)}
 	c.ctx.Init2(c, nil, false)
 	c.deadline = l.now.Add(l.e.s.headerTimeout)
 	l.clients[c] = struct{}{}
@@ -474,7 +474,7 @@ func (l *eventLoop) dial(c *loopConn) {
 				}
 				return
 			}
-			u := &upConn{l: l, fd: fd}
+			u := &upConn{sock: sock{fd: fd}, l: l}
 			l.fds[fd] = u
 			if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
 				u.close()

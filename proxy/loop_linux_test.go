@@ -313,34 +313,9 @@ func TestLoopsServeTheListener(t *testing.T) {
 // response body, the client's connection is closed too, at once: it
 // cannot take the short body for a whole one.
 func TestLoopUpstreamBreaksOff(t *testing.T) {
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { upLn.Close() })
-	go func() {
-		for {
-			c, err := upLn.Accept()
-			if err != nil {
-				return
-			}
-			if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
-				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b")
-			}
-			c.Close()
-		}
-	}()
-	u, _ := url.Parse("http://" + upLn.Addr().String())
-	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := serveGate(t, g)
-	c, err := net.Dial("tcp", gs.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialGateBefore(t, func(up net.Conn) {
+		_, _ = io.WriteString(up, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b")
+	})
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.WriteString(c, "GET /x HTTP/1.1\r\nHost: g\r\n\r\n"); err != nil {
 		t.Fatal(err)
@@ -404,35 +379,10 @@ func TestChunkScanner(t *testing.T) {
 // the gate never holds much more than one read of it.
 func TestLoopSlowReaderBoundsMemory(t *testing.T) {
 	const size = 64 << 20
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { upLn.Close() })
-	go func() {
-		c, err := upLn.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		br := bufio.NewReader(c)
-		if _, err := http.ReadRequest(br); err != nil {
-			return
-		}
-		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
-		_, _ = io.Copy(c, &patternReader{n: size})
-	}()
-	u, _ := url.Parse("http://" + upLn.Addr().String())
-	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := serveGate(t, g)
-	c, err := net.Dial("tcp", gs.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialGateBefore(t, func(up net.Conn) {
+		fmt.Fprintf(up, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
+		_, _ = io.Copy(up, &patternReader{n: size})
+	})
 	_ = c.(*net.TCPConn).SetReadBuffer(16 << 10)
 	if _, err := io.WriteString(c, "GET /big HTTP/1.1\r\nHost: g\r\n\r\n"); err != nil {
 		t.Fatal(err)
@@ -465,4 +415,40 @@ func TestLoopSlowReaderBoundsMemory(t *testing.T) {
 	if n != size || hex.EncodeToString(sum.Sum(nil)) != patternSum(size) {
 		t.Fatalf("relayed %d bytes (want %d), or not the upstream's", n, size)
 	}
+}
+
+// dialGateBefore serves a gate (memory store, no rules) in front of an
+// upstream that reads each request and answers it with answer, then
+// closes; it returns a connection to the gate.
+func dialGateBefore(t *testing.T, answer func(up net.Conn)) net.Conn {
+	t.Helper()
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { upLn.Close() })
+	go func() {
+		for {
+			up, err := upLn.Accept()
+			if err != nil {
+				return
+			}
+			if _, err := http.ReadRequest(bufio.NewReader(up)); err == nil {
+				answer(up)
+			}
+			up.Close()
+		}
+	}()
+	u, _ := url.Parse("http://" + upLn.Addr().String())
+	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := serveGate(t, g)
+	c, err := net.Dial("tcp", gs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

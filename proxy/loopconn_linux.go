@@ -33,20 +33,15 @@ const (
 // net.Conn only as far as fasthttp.RequestCtx asks (the addresses): the
 // loop does the I/O.
 type loopConn struct {
+	sock
 	l        *eventLoop
-	fd       int
 	remote   *net.TCPAddr
 	state    connState
 	deadline time.Time // of the current step; zero: none
 	closed   bool
 
-	in       []byte // read from the client, not consumed yet
-	out      []byte // to write to the client
-	readable bool   // edge-triggered readiness, cleared on EAGAIN
-	writable bool
-	hup      bool // the peer closed or failed: read to the end
-	eof      bool // the client closed its side
-	served   int  // requests answered on this connection
+	out    []byte // to write to the client
+	served int    // requests answered on this connection
 
 	ctx      fasthttp.RequestCtx // the current request, reused
 	x        *exchange
@@ -71,16 +66,7 @@ type relayState struct {
 }
 
 func (c *loopConn) ready(ev uint32) {
-	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		c.readable = true
-	}
-	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		c.hup = true
-	}
-	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 && !c.writable {
-		c.writable = true
-		_ = c.l.watch(c.fd, unix.EPOLL_CTL_MOD, false)
-	}
+	c.note(c.l, ev)
 	c.run()
 }
 
@@ -141,27 +127,55 @@ func (c *loopConn) flush() bool {
 	return true
 }
 
-// fill reads what the client sent into c.in; false when nothing was read.
-func (c *loopConn) fill() bool {
-	if !c.readable || c.eof {
+// sock is a loop's socket as the loop sees it: its edge-triggered
+// readiness, remembered until a call returns EAGAIN, and what was read
+// from it and not consumed yet.
+type sock struct {
+	fd       int
+	in       []byte
+	readable bool
+	writable bool
+	hup      bool // the peer closed or failed: read to the end
+	eof      bool
+}
+
+// note records the readiness an epoll event reports; writable again after
+// a blocked write, the socket is no longer watched for writing.
+func (s *sock) note(l *eventLoop, ev uint32) {
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		s.readable = true
+	}
+	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		s.hup = true
+	}
+	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 && !s.writable {
+		s.writable = true
+		_ = l.watch(s.fd, unix.EPOLL_CTL_MOD, false)
+	}
+}
+
+// fill reads what the peer sent into s.in, through buf; false when
+// nothing was read (EAGAIN, the end of the stream, or an error: eof).
+func (s *sock) fill(buf []byte) bool {
+	if !s.readable || s.eof {
 		return false
 	}
-	n, err := rawRead(c.fd, c.l.buf)
+	n, err := rawRead(s.fd, buf)
 	switch {
 	case err == unix.EINTR:
 		return true
 	case err == unix.EAGAIN:
-		c.readable = false
+		s.readable = false
 		return false
 	case err != nil || n == 0:
-		c.eof = true
-		c.readable = false
+		s.eof = true
+		s.readable = false
 		return false
 	}
-	if n < len(c.l.buf) && !c.hup {
-		c.readable = false // drained: the next byte is a new edge (the end of the stream is not)
+	if n < len(buf) && !s.hup {
+		s.readable = false // drained: the next byte is a new edge (the end of the stream is not)
 	}
-	c.in = append(c.in, c.l.buf[:n]...)
+	s.in = append(s.in, buf[:n]...)
 	return true
 }
 
@@ -178,7 +192,7 @@ func (c *loopConn) readHead() bool {
 			return false
 		}
 		started := len(c.in) > 0
-		if !c.fill() {
+		if !c.fill(c.l.buf) {
 			if c.eof {
 				if len(c.in) == 0 {
 					c.close()
@@ -262,7 +276,7 @@ func (c *loopConn) plain() bool {
 // readBody waits for the request's body, then starts the exchange.
 func (c *loopConn) readBody() bool {
 	for len(c.in) < c.bodyLen {
-		if !c.fill() {
+		if !c.fill(c.l.buf) {
 			if c.eof {
 				c.start(io.ErrUnexpectedEOF)
 				return true
@@ -417,7 +431,7 @@ func (c *loopConn) readResponse() bool {
 				c.upstreamBroke(errUpstreamHead)
 				return true
 			}
-			if !u.fill() {
+			if !u.fill(u.l.buf) {
 				if u.eof {
 					c.upstreamBroke(errUpstreamClosed)
 					return true
@@ -530,7 +544,7 @@ func (c *loopConn) relayBody() bool {
 		if len(c.out) >= loopReadBuffer && !c.flush() {
 			return false // the client reads slowly: wait for it
 		}
-		if !u.fill() {
+		if !u.fill(u.l.buf) {
 			if u.eof && r.left == -2 {
 				u.reusable = false
 				c.out = append(c.out, "0\r\n\r\n"...)
@@ -745,14 +759,9 @@ func (c *loopConn) SetWriteDeadline(time.Time) error { return nil }
 // upConn is a connection to the upstream, owned by a loop: attached to one
 // client connection while a request uses it, idle in the pool otherwise.
 type upConn struct {
+	sock
 	l         *eventLoop
-	fd        int
 	client    *loopConn
-	in        []byte
-	readable  bool
-	writable  bool
-	hup       bool
-	eof       bool
 	reused    bool // it served a request before
 	reusable  bool // it may serve another after this one
 	idleSince time.Time
@@ -760,49 +769,16 @@ type upConn struct {
 }
 
 func (u *upConn) ready(ev uint32) {
-	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		u.readable = true
-	}
-	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		u.hup = true
-	}
-	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 && !u.writable {
-		u.writable = true
-		_ = u.l.watch(u.fd, unix.EPOLL_CTL_MOD, false)
-	}
+	u.note(u.l, ev)
 	if c := u.client; c != nil {
 		c.run()
 		return
 	}
 	// Idle: anything from the upstream now (its close, or bytes no
 	// request asked for) ends the connection.
-	if u.readable && (u.fill() || u.eof) {
+	if u.readable && (u.fill(u.l.buf) || u.eof) {
 		u.close()
 	}
-}
-
-// fill reads from the upstream into u.in; false when nothing was read.
-func (u *upConn) fill() bool {
-	if !u.readable || u.eof {
-		return false
-	}
-	n, err := rawRead(u.fd, u.l.buf)
-	switch {
-	case err == unix.EINTR:
-		return true
-	case err == unix.EAGAIN:
-		u.readable = false
-		return false
-	case err != nil || n == 0:
-		u.eof = true
-		u.readable = false
-		return false
-	}
-	if n < len(u.l.buf) && !u.hup {
-		u.readable = false // as loopConn.fill
-	}
-	u.in = append(u.in, u.l.buf[:n]...)
-	return true
 }
 
 // attach gives u to c's request.
