@@ -740,6 +740,7 @@ func (c *loopConn) close() {
 		if c.t != nil {
 			c.t.Hold(c.l.e.g.grace) // the write may be in the upstream
 			c.t = nil
+			c.l.e.g.count(c.x, CodeClientGone)
 		}
 		c.l.e.g.end(c.x)
 		c.x = nil
