@@ -306,3 +306,31 @@ func waitUntil(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestTicketPass: Pass answers as Wait would at once, without waiting,
+// and a Wait after a false Pass waits for the same writes: those
+// registered before the Pass, not a lower token registered after it.
+func TestTicketPass(t *testing.T) {
+	b := New()
+	low := b.Register("r", 1)
+	high := b.Register("r", 2)
+	if ok, err := low.Pass(); !ok || err != nil {
+		t.Fatalf("the lowest token cannot pass: %v %v", ok, err)
+	}
+	if ok, err := high.Pass(); ok || err != nil {
+		t.Fatalf("token 2 passed with token 1 in flight: %v %v", ok, err)
+	}
+	later := b.Register("r", 1) // after high's Pass: not waited for
+	low.Leave()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := high.Wait(ctx, time.Hour); err != nil {
+		t.Fatalf("token 2 waited for a write registered after its Pass: %v", err)
+	}
+	later.Leave()
+	high.Leave()
+	b.Close(0)
+	if ok, err := b.Register("r", 3).Pass(); ok || !errors.Is(err, ErrClosed) {
+		t.Fatalf("Pass on a closed barrier: %v %v", ok, err)
+	}
+}

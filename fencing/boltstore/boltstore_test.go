@@ -323,3 +323,11 @@ func TestAdmitAtTheMarkAllocatesNothing(t *testing.T) {
 	defer st.Close()
 	fencingtest.CheckAdmitAtTheMarkAllocs(t, st)
 }
+
+// TestQuickAdmit: the file store answers an admission at the mark at once,
+// from its cache; a raise, which writes the file, is left to Admit.
+func TestQuickAdmit(t *testing.T) {
+	st := open(t, filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{})
+	defer st.Close()
+	fencingtest.CheckQuickAdmit(t, st, false)
+}

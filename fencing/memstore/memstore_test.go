@@ -91,3 +91,9 @@ func TestAdmitAtTheMarkAllocatesNothing(t *testing.T) {
 	defer st.Close()
 	fencingtest.CheckAdmitAtTheMarkAllocs(t, st)
 }
+
+// TestQuickAdmit: the memory store answers every admission Admit would
+// grant at once, raises included (the gate's event loops rely on it).
+func TestQuickAdmit(t *testing.T) {
+	fencingtest.CheckQuickAdmit(t, memstore.New(memstore.Options{}), true)
+}

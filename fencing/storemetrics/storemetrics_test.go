@@ -274,3 +274,28 @@ func BenchmarkAdmitAtTheMark(b *testing.B) {
 		})
 	}
 }
+
+// TestQuickAdmit: the decorator forwards AdmitNow to a store that has it,
+// measures an answer as an admit, and admits nothing at once for a store
+// without it.
+func TestQuickAdmit(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	st := storemetrics.Wrap(memstore.New(memstore.Options{}), mp, tracenoop.NewTracerProvider())
+	fencingtest.CheckQuickAdmit(t, st, true)
+	if got := counts(t, reader)["admit/ok"]; got != 3 { // the raise and the mark at once, and one Admit
+		t.Fatalf("admit/ok counted %d times, want 3", got)
+	}
+	plain := storemetrics.Wrap(struct{ fencing.Store }{memstore.New(memstore.Options{})}, mp, nil)
+	ctx := context.Background()
+	l, err := plain.Acquire(ctx, fencing.AcquireRequest{Resource: "r", Owner: "o", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plain.Admit(ctx, fencing.AdmitRequest{Resource: "r", Token: l.Token}); err != nil {
+		t.Fatal(err)
+	}
+	if a, ok := plain.AdmitNow(fencing.AdmitRequest{Resource: "r", Token: l.Token}); ok {
+		t.Fatalf("AdmitNow at the mark through a store without it: %+v", a)
+	}
+}
