@@ -16,6 +16,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fencegate/fencegate/internal/connlimit"
 )
 
 // The event-loop engine serves a gate's TCP listener on Linux without a
@@ -348,8 +350,8 @@ func (l *eventLoop) accept() {
 			unix.Close(fd)
 			continue
 		}
-		if !e.s.admitConn() {
-			_, _ = unix.Write(fd, tooManyConnections)
+		if _, ok := e.s.limit.Acquire(); !ok {
+			_, _ = unix.Write(fd, connlimit.Refusal)
 			unix.Close(fd)
 			continue
 		}
@@ -535,10 +537,16 @@ func (l *eventLoop) handoff(c *loopConn) {
 	nc, err := net.FileConn(f) // a duplicate, in Go's poller
 	f.Close()
 	if err != nil {
-		l.e.s.releaseConn()
+		l.e.s.limit.Release()
 		return
 	}
-	h := &handedConn{Conn: nc, pre: bytes.Clone(c.in), e: l.e}
+	h := &handedConn{pre: bytes.Clone(c.in), e: l.e}
+	h.Conn = connlimit.Counted(nc, func() {
+		l.e.mu.Lock()
+		delete(l.e.handed, h)
+		l.e.mu.Unlock()
+		l.e.s.limit.Release()
+	})
 	l.e.mu.Lock()
 	l.e.handed[h] = false
 	l.e.mu.Unlock()
@@ -564,12 +572,11 @@ func (l *eventLoop) unqueue(c *loopConn) {
 
 // handedConn is a client connection handed to the fallback server: it
 // reads the bytes the loop took first, and counts against the connection
-// cap until it is closed.
+// cap (and in the engine's table) until it is closed.
 type handedConn struct {
-	net.Conn
-	pre  []byte
-	e    *loopEngine
-	once sync.Once
+	*connlimit.Conn
+	pre []byte
+	e   *loopEngine
 }
 
 func (h *handedConn) Read(p []byte) (int, error) {
@@ -579,17 +586,6 @@ func (h *handedConn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	return h.Conn.Read(p)
-}
-
-func (h *handedConn) Close() error {
-	err := h.Conn.Close()
-	h.once.Do(func() {
-		h.e.mu.Lock()
-		delete(h.e.handed, h)
-		h.e.mu.Unlock()
-		h.e.s.releaseConn()
-	})
-	return err
 }
 
 // setIdle records whether h waits between requests (the fallback's

@@ -729,7 +729,7 @@ func (c *loopConn) close() {
 	c.closed = true
 	c.l.forget(c)
 	unix.Close(c.fd)
-	c.l.e.s.releaseConn()
+	c.l.e.s.limit.Release()
 	if u := c.up; u != nil {
 		c.up = nil
 		u.client = nil

@@ -10,12 +10,12 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/internal/connlimit"
 )
 
 // Defaults for the zero values of ServerOptions.
@@ -63,8 +63,7 @@ type Server struct {
 	headerTimeout time.Duration
 	idleTimeout   time.Duration
 	maxHead       int
-	maxConns      int64
-	open          atomic.Int64 // client connections, against maxConns
+	limit         *connlimit.Counter // client connections, against MaxConns
 	// noLoops keeps the event loops off: the fasthttp server serves
 	// every connection. Only tests set it, to compare the engines.
 	noLoops bool
@@ -87,7 +86,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		headerTimeout: cmp.Or(opts.HeaderTimeout, DefaultHeaderTimeout),
 		idleTimeout:   cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
 		maxHead:       cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
-		maxConns:      int64(opts.MaxConns),
+		limit:         connlimit.NewCounter(opts.MaxConns, 0),
 	}
 	s.srv = &fasthttp.Server{
 		Handler:      s.serve,
@@ -161,10 +160,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	if e != nil {
 		return e.serve()
 	}
-	if s.maxConns > 0 {
-		ln = &capListener{Listener: ln, s: s}
-	}
-	err = s.srv.Serve(ln)
+	err = s.srv.Serve(&connlimit.Listener{Listener: ln, Counter: s.limit})
 	if err != nil && errors.Is(err, net.ErrClosed) {
 		return nil
 	}
@@ -205,58 +201,6 @@ func (s *Server) closeListener() {
 	if ln != nil {
 		_ = ln.Close()
 	}
-}
-
-// admitConn counts a new client connection against MaxConns: false
-// when it is one too many (it is then not counted).
-func (s *Server) admitConn() bool {
-	if n := s.open.Add(1); s.maxConns > 0 && n > s.maxConns {
-		s.open.Add(-1)
-		return false
-	}
-	return true
-}
-
-// releaseConn uncounts a closed client connection.
-func (s *Server) releaseConn() { s.open.Add(-1) }
-
-// tooManyConnections is the answer to a connection beyond MaxConns.
-var tooManyConnections = problem.TooManyConnections().Response()
-
-// capListener applies MaxConns for the fasthttp engine.
-type capListener struct {
-	net.Listener
-	s *Server
-}
-
-func (l *capListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		if l.s.admitConn() {
-			return &countedConn{Conn: c, s: l.s}, nil
-		}
-		// Best effort: a client that already sent its request may see
-		// the connection reset instead of the answer.
-		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = c.Write(tooManyConnections)
-		_ = c.Close()
-	}
-}
-
-// countedConn is a connection counted against MaxConns until closed.
-type countedConn struct {
-	net.Conn
-	s    *Server
-	once sync.Once
-}
-
-func (c *countedConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.s.releaseConn)
-	return err
 }
 
 // readError answers a request that fasthttp could not read: a head it

@@ -4,11 +4,9 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/internal/connlimit"
 )
 
 // healthReserve is how many connections the lease API accepts beyond its cap.
@@ -17,70 +15,12 @@ import (
 // /readyz keep answering while slow or abusive clients fill the cap.
 const healthReserve = 32
 
-// connLimit caps a listener's concurrent connections. The first max are
-// served normally. The next healthReserve are marked overflow (see
-// overflowHandler). Beyond those, a new connection gets a fixed 503
-// problem+json answer, written before its request is read, and is closed
-// at once: the process never holds more than max+healthReserve client
-// connections, so it cannot run out of file descriptors. (Blocking accept,
-// as netutil.LimitListener does, would leave clients and health checks
-// waiting in the kernel's backlog with no answer.)
-type connLimit struct {
-	net.Listener
-	max     int64
-	reserve int64
-	active  atomic.Int64
-}
-
 // newConnLimit caps ln at max connections, plus reserve kept for health
-// checks.
-func newConnLimit(ln net.Listener, max, reserve int) *connLimit {
-	return &connLimit{Listener: ln, max: int64(max), reserve: int64(reserve)}
-}
-
-// refusal is the answer to a connection beyond the cap and the reserve.
-var refusal = problem.TooManyConnections().Response()
-
-func (l *connLimit) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		n := l.active.Add(1)
-		if n <= l.max+l.reserve {
-			return &limitedConn{Conn: c, l: l, overflow: n > l.max}, nil
-		}
-		l.active.Add(-1)
-		// Best effort: a client that already sent its request may see
-		// the connection reset instead of the answer.
-		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = c.Write(refusal)
-		_ = c.Close()
-	}
-}
-
-// limitedConn is an accepted connection, counted until it is closed.
-type limitedConn struct {
-	net.Conn
-	l        *connLimit
-	overflow bool
-	once     sync.Once
-}
-
-func (c *limitedConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(func() { c.l.active.Add(-1) })
-	return err
-}
-
-// CloseWrite half-closes a TCP connection: net/http uses it for a lingering
-// close after an answer to a request whose body it did not read.
-func (c *limitedConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return nil
+// checks: the first max are served normally, the next reserve are marked
+// overflow (see overflowHandler), and any beyond those get the 503
+// too-many-connections answer and are closed (see connlimit).
+func newConnLimit(ln net.Listener, max, reserve int) *connlimit.Listener {
+	return &connlimit.Listener{Listener: ln, Counter: connlimit.NewCounter(max, reserve)}
 }
 
 type overflowKey struct{}
@@ -88,7 +28,7 @@ type overflowKey struct{}
 // connContext marks the requests of an overflow connection; it is the
 // listener's http.Server.ConnContext.
 func connContext(ctx context.Context, c net.Conn) context.Context {
-	if lc, ok := c.(*limitedConn); ok && lc.overflow {
+	if lc, ok := c.(*connlimit.Conn); ok && lc.Overflow {
 		return context.WithValue(ctx, overflowKey{}, true)
 	}
 	return ctx
@@ -110,15 +50,12 @@ func overflowHandler(h http.Handler, health func(*http.Request) bool) http.Handl
 			h.ServeHTTP(w, r)
 			return
 		}
-		c, buf, err := http.NewResponseController(w).Hijack()
+		c, _, err := http.NewResponseController(w).Hijack()
 		if err != nil {
 			problem.Write(w, r, nil, problem.TooManyConnections())
 			return
 		}
-		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = buf.Write(refusal)
-		_ = buf.Flush()
-		_ = c.Close()
+		connlimit.Refuse(c)
 	})
 }
 

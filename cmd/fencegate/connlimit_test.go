@@ -57,9 +57,9 @@ func TestConnLimit(t *testing.T) {
 	waitActive := func(n int64) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
-		for limited.active.Load() != n {
+		for limited.Active() != n {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d connections counted, want %d", limited.active.Load(), n)
+				t.Fatalf("%d connections counted, want %d", limited.Active(), n)
 			}
 			time.Sleep(time.Millisecond)
 		}
