@@ -636,5 +636,4 @@ var (
 	errUpstreamClosed = errors.New("the upstream closed the connection before answering")
 	errUpstreamHead   = errors.New("the upstream's response head is malformed or too large")
 	errUpstreamBody   = errors.New("the upstream's response body is malformed")
-	errTimeout        = os.ErrDeadlineExceeded
 )

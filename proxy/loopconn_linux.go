@@ -693,11 +693,7 @@ func (c *loopConn) expire() {
 			c.close() // idle, or nothing sent in time
 			return
 		}
-		p := headTimeoutProblem()
-		c.out = append(c.out, "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/problem+json\r\nConnection: close\r\nContent-Length: "...)
-		body := p.Body()
-		c.out = strconv.AppendInt(c.out, int64(len(body)), 10)
-		c.out = append(append(c.out, "\r\n\r\n"...), body...)
+		c.out = append(c.out, headTimeoutProblem().Response()...)
 		c.state = stClosing
 		c.deadline = c.l.now.Add(time.Second)
 	case stBody:
@@ -711,7 +707,7 @@ func (c *loopConn) expire() {
 			c.upstreamFailed(fasthttp.ErrNoFreeConns)
 		}
 	case stSend, stResponse:
-		c.upstreamFailed(errTimeout)
+		c.upstreamFailed(os.ErrDeadlineExceeded)
 	case stRelay, stClosing:
 		c.close()
 		return
