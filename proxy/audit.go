@@ -3,7 +3,9 @@ package proxy
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -63,13 +65,13 @@ func (g *Gate) openAudit(x *exchange) {
 		p = p[:256]
 	}
 	x.audit = &auditRecord{start: x.start, id: x.id, method: x.method, path: p}
-	g.inFlight.Store(x.audit, struct{}{})
+	g.inFlight.add(x.audit)
 }
 
 // closeAudit ends a write's registration as in flight.
 func (g *Gate) closeAudit(x *exchange) {
 	if x.audit != nil {
-		g.inFlight.Delete(x.audit)
+		g.inFlight.remove(x.audit)
 	}
 }
 
@@ -162,12 +164,38 @@ func (rec *auditRecord) attrs(code string) []slog.Attr {
 // the upstream. It returns how many it logged, and logs regardless of
 // Audit.Off.
 func (g *Gate) LogCutOff() int {
-	n := 0
-	g.inFlight.Range(func(k, _ any) bool {
-		rec := k.(*auditRecord)
+	recs := g.inFlight.list()
+	for _, rec := range recs {
 		g.log.LogAttrs(context.Background(), slog.LevelWarn, CutOffMessage, rec.attrs("cut-off")...)
-		n++
-		return true
-	})
-	return n
+	}
+	return len(recs)
+}
+
+// auditSet is the audit records of the writes in the gate. A map under a
+// lock, not a sync.Map: adding and removing allocate nothing once the map
+// has grown, and LogCutOff, which lists them, runs once.
+type auditSet struct {
+	mu   sync.Mutex
+	recs map[*auditRecord]struct{}
+}
+
+func (s *auditSet) add(rec *auditRecord) {
+	s.mu.Lock()
+	if s.recs == nil {
+		s.recs = make(map[*auditRecord]struct{})
+	}
+	s.recs[rec] = struct{}{}
+	s.mu.Unlock()
+}
+
+func (s *auditSet) remove(rec *auditRecord) {
+	s.mu.Lock()
+	delete(s.recs, rec)
+	s.mu.Unlock()
+}
+
+func (s *auditSet) list() []*auditRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Collect(maps.Keys(s.recs))
 }

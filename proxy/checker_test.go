@@ -64,7 +64,20 @@ func jitter(max time.Duration) func() {
 // some deliberately reusing an old token), through the gate to an upstream
 // that checks per-resource token order. Every write must end applied
 // exactly once (2xx) or refused with a problem body and never applied.
+// It runs on the memory store, and on it through a batch path (the loops
+// admitting in batches, as with the Valkey store).
 func TestConcurrencyChecker(t *testing.T) {
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		checkConcurrency(t, memstore.New(memstore.Options{}))
+	})
+	t.Run("batched", func(t *testing.T) {
+		t.Parallel()
+		checkConcurrency(t, &batchedStore{Store: memstore.New(memstore.Options{})})
+	})
+}
+
+func checkConcurrency(t *testing.T, st fencing.Store) {
 	const (
 		workers  = 16
 		duration = 4 * time.Second
@@ -73,7 +86,6 @@ func TestConcurrencyChecker(t *testing.T) {
 	up := &orderChecker{last: map[string]fencing.Token{}, applied: map[string]int{}}
 	upSrv := httptest.NewServer(up)
 	defer upSrv.Close()
-	st := memstore.New(memstore.Options{})
 	u, _ := url.Parse(upSrv.URL)
 	g, err := New(Options{Upstream: u, Store: st, ResourceHeader: true, UpstreamTimeout: 10 * time.Second})
 	if err != nil {

@@ -223,6 +223,7 @@ type Gate struct {
 	barrier        *barrier.Barrier
 	order          orderer               // localOrder over barrier, or a *sharedOrder (shared.go)
 	quick          fencing.QuickAdmitter // the store, when it can admit at once; or nil
+	batch          fencing.BatchAdmitter // the store, when it admits in batches; or nil
 	tel            telemetry
 	// barrierOff skips the barrier wait. Only tests set it, to show the
 	// reordering the barrier prevents.
@@ -231,7 +232,7 @@ type Gate struct {
 	// Only tests set it, to add latency on the way to the upstream.
 	beforeSend func()
 	audit      Audit
-	inFlight   sync.Map // *auditRecord of every write still in the gate
+	inFlight   auditSet // the audit record of every write still in the gate
 }
 
 // New builds a Gate. It checks the options but contacts neither the store
@@ -272,6 +273,9 @@ func New(opts Options) (*Gate, error) {
 	}
 	g.order = localOrder{b: g.barrier, store: opts.Store}
 	g.quick, _ = opts.Store.(fencing.QuickAdmitter)
+	if b, ok := opts.Store.(fencing.BatchAdmitter); ok && b.AdmitBatch(context.Background(), nil, nil, nil) {
+		g.batch = b // an empty batch: only whether the store batches
+	}
 	if opts.SharedBarrier != nil {
 		o, err := newSharedOrder(opts.SharedBarrier, opts, g.log, g.barrierTimeout+g.bodyTimeout, g.grace)
 		if err != nil {
@@ -307,7 +311,7 @@ type exchange struct {
 // serve is the gate's request handler on the fasthttp engine: it decides,
 // fences and forwards one request (see decide for the contract).
 func (g *Gate) serve(c *fasthttp.RequestCtx) {
-	x, d := g.open(c)
+	x, d := g.open(c, nil)
 	defer g.end(x)
 	switch g.verdict(x, d) {
 	case passForward:
@@ -323,15 +327,16 @@ func (g *Gate) serve(c *fasthttp.RequestCtx) {
 
 // open begins x's passage through the gate: its request id, the gate's
 // decision on it, its telemetry and audit record. Every open is ended by
-// end once x's answer is set.
-func (g *Gate) open(c *fasthttp.RequestCtx) (*exchange, Decision) {
+// end once x's answer is set. scratch, when not nil, is a map open may
+// clear and reuse for the headers decide reads (see decisionHeader).
+func (g *Gate) open(c *fasthttp.RequestCtx, scratch http.Header) (*exchange, Decision) {
 	x := &exchange{c: c, ctx: context.Background(), start: time.Now()}
 	x.id = reqid.Choose(c.Request.Header.Peek(reqid.Header))
 	c.Response.Header.Set(reqid.Header, x.id)
 	target := string(c.Request.Header.RequestURI())
 	x.method = methodString(c.Request.Header.Method())
 	x.path, _, _ = strings.Cut(target, "?")
-	d := g.decide(Incoming{Method: x.method, Target: target, Host: string(c.Request.Header.Host()), Header: decisionHeader(&c.Request.Header)})
+	d := g.decide(Incoming{Method: x.method, Target: target, Host: string(c.Request.Header.Host()), Header: decisionHeader(&c.Request.Header, scratch)})
 	if d.Rule != nil {
 		x.route = d.Rule.Pattern
 	}

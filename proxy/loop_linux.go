@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
 	"os"
 	"runtime"
 	"sync"
@@ -24,9 +25,13 @@ import (
 // goroutine per connection or per request: one epoll loop per CPU owns its
 // client connections and the upstream connections they use, and moves each
 // request through its steps (head, body, decision, admission, sending,
-// response, relay) as its sockets become ready. Admission runs on a
-// goroutine of its own, as it may wait (for the store, and at the barrier);
-// the loop goes on with the request when it is done.
+// response, relay) as its sockets become ready. A store that answers at
+// once (fencing.QuickAdmitter) admits inside the loop; a store that admits
+// in batches (fencing.BatchAdmitter) gets the loop's writes together, from
+// one worker goroutine per loop (loopadmit_linux.go); otherwise admission
+// runs on a goroutine of its own. A write that must wait its turn at the
+// barrier waits on a goroutine too; the loop goes on with the request when
+// it is done.
 //
 // The loops forward only the plainest requests, and only after fasthttp's
 // own parser (the one the general path uses) has read their head: HTTP/1.1,
@@ -229,13 +234,18 @@ type eventLoop struct {
 	waiting []*loopConn // requests waiting for an upstream connection
 	stopped bool
 	exited  chan struct{} // closed when run returns
-	now     time.Time
+
+	admits    []pendingAdmit      // writes for the store's next batch (loopadmit_linux.go)
+	admitting bool                // a batch is with the store
+	admitCh   chan []pendingAdmit // to the admission worker, once started
+	now       time.Time
 
 	buf []byte        // one read
 	rd  bytes.Reader  // parsing: a head's bytes...
 	br  *bufio.Reader // ...as fasthttp reads them
 	bw  *bufio.Writer // serializing a request, into wb
 	wb  bytes.Buffer
+	hdr http.Header // the headers decide reads, reused (see decisionHeader)
 }
 
 // fdOwner is a socket of a loop: a client or an upstream connection.
@@ -254,6 +264,7 @@ func newEventLoop(e *loopEngine) (*eventLoop, error) {
 	l := &eventLoop{e: e, ep: ep, wake: wake, fds: make(map[int]fdOwner), clients: make(map[*loopConn]struct{}),
 		buf: make([]byte, loopReadBuffer), exited: make(chan struct{})}
 	l.br = bufio.NewReaderSize(&l.rd, upstreamReadBuffer+1)
+	l.hdr = make(http.Header, 2)
 	l.bw = bufio.NewWriterSize(&l.wb, 4<<10)
 	for fd, ev := range map[int]uint32{wake: unix.EPOLLIN, e.lnFD: unix.EPOLLIN | unix.EPOLLEXCLUSIVE} {
 		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: ev, Fd: int32(fd)}); err != nil {
@@ -291,6 +302,11 @@ func (l *eventLoop) run() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	defer close(l.exited)
+	defer func() {
+		if l.admitCh != nil {
+			close(l.admitCh)
+		}
+	}()
 	events := make([]unix.EpollEvent, 256)
 	l.now = time.Now()
 	lastSweep := l.now
@@ -314,6 +330,7 @@ func (l *eventLoop) run() {
 				}
 			}
 		}
+		l.sendAdmits()
 		if l.now.Sub(lastSweep) >= loopTick {
 			lastSweep = l.now
 			l.sweep()

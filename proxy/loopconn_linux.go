@@ -9,10 +9,13 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
+
+	"github.com/fencegate/fencegate/fencing/reqid"
 )
 
 // connState is where a loop connection's current request is.
@@ -133,6 +136,7 @@ func (c *loopConn) flush() bool {
 type sock struct {
 	fd       int
 	in       []byte
+	keep     []byte // the array in starts on, reused once in is consumed
 	readable bool
 	writable bool
 	hup      bool // the peer closed or failed: read to the end
@@ -175,9 +179,20 @@ func (s *sock) fill(buf []byte) bool {
 	if n < len(buf) && !s.hup {
 		s.readable = false // drained: the next byte is a new edge (the end of the stream is not)
 	}
-	s.in = append(s.in, buf[:n]...)
+	if len(s.in) == 0 {
+		if cap(s.keep) > keepBuffer {
+			s.keep = nil // one large read does not pin its buffer
+		}
+		s.in = append(s.keep[:0], buf[:n]...)
+		s.keep = s.in
+	} else {
+		s.in = append(s.in, buf[:n]...)
+	}
 	return true
 }
+
+// keepBuffer is the largest read buffer a socket keeps between reads.
+const keepBuffer = 16 << 10
 
 // readHead waits for a request head and parses it.
 func (c *loopConn) readHead() bool {
@@ -297,7 +312,7 @@ func (c *loopConn) readBody() bool {
 func (c *loopConn) start(bodyErr error) {
 	g := c.l.e.g
 	c.deadline = time.Time{}
-	x, d := g.open(&c.ctx)
+	x, d := g.open(&c.ctx, c.l.hdr)
 	x.bodyErr = bodyErr
 	c.x = x
 	switch p := g.verdict(x, d); {
@@ -308,8 +323,13 @@ func (c *loopConn) start(bodyErr error) {
 			return
 		}
 		// The store or the barrier would make the loop wait: the
-		// admission, or the wait for its turn, goes on a goroutine.
+		// admission goes to the store's next batch, or, like the wait
+		// for its turn, on a goroutine.
 		c.state = stAdmit
+		if t == nil && g.batches(d) {
+			c.l.queueAdmit(c, d)
+			return
+		}
 		go func() {
 			var f flight
 			ok := false
@@ -485,18 +505,28 @@ func (c *loopConn) answered() {
 	}
 	r.chunked = chunkScanner{}
 	c.relay = r
-	responseHeader(x, &c.resp)
-	h := &x.c.Response.Header
+	x.c.Response.SetStatusCode(status) // for the telemetry of end
 	if c.ctx.Request.Header.ConnectionClose() || c.l.e.closing.Load() {
 		c.closeEnd = true
 	}
-	c.out = appendResponseHead(c.out, h, r, c.closeEnd)
+	rh.SetNoDefaultContentType(true) // none is added where the upstream sent none
+	c.out = appendResponseHead(c.out, rh, x.id, r, c.closeEnd)
 	c.state = stRelay
 }
 
 // appendResponseHead serializes a response head for the client: status,
 // the headers h holds except the framing ones, then the framing r says.
-func appendResponseHead(dst []byte, h *fasthttp.ResponseHeader, r relayState, closeConn bool) []byte {
+// With a request id, h is the upstream's head, written as responseHeader
+// and this function would write it together on the fasthttp path, without
+// copying it first: the hop-by-hop headers and those its Connection header
+// names are left out, and X-Request-Id is id (in the upstream's place for
+// it, or last).
+func appendResponseHead(dst []byte, h *fasthttp.ResponseHeader, id string, r relayState, closeConn bool) []byte {
+	var named []string // the headers the upstream's Connection names
+	if id != "" {
+		named = connectionOptions(h.Peek("Connection"))
+	}
+	idDone := id == ""
 	status := h.StatusCode()
 	dst = append(dst, "HTTP/1.1 "...)
 	dst = strconv.AppendInt(dst, int64(status), 10)
@@ -512,7 +542,18 @@ func appendResponseHead(dst []byte, h *fasthttp.ResponseHeader, r relayState, cl
 		case "Content-Length", "Transfer-Encoding", "Connection":
 			continue
 		}
+		if id != "" {
+			if isHopHeader(k) || nameIn(k, named) {
+				continue
+			}
+			if !idDone && string(k) == reqid.Header {
+				v, idDone = []byte(id), true
+			}
+		}
 		dst = append(append(append(append(dst, k...), ": "...), v...), "\r\n"...)
+	}
+	if !idDone {
+		dst = append(append(append(append(dst, reqid.Header...), ": "...), id...), "\r\n"...)
 	}
 	switch {
 	case r.left >= 0 && (!r.noBody || len(h.Peek("Content-Length")) > 0):
@@ -528,6 +569,16 @@ func appendResponseHead(dst []byte, h *fasthttp.ResponseHeader, r relayState, cl
 		dst = append(dst, "Connection: close\r\n"...)
 	}
 	return append(dst, "\r\n"...)
+}
+
+// nameIn reports whether header name k is one of names, in any case.
+func nameIn(k []byte, names []string) bool {
+	for _, n := range names {
+		if strings.EqualFold(n, string(k)) {
+			return true
+		}
+	}
+	return false
 }
 
 // relayBody moves the response body from the upstream to the client.
@@ -609,7 +660,7 @@ func (c *loopConn) answer() {
 	if h.ConnectionClose() || c.ctx.Request.Header.ConnectionClose() || c.x.bodyErr != nil || c.l.e.closing.Load() {
 		c.closeEnd = true // asked for, the body's framing is lost, or the server is stopping
 	}
-	c.out = appendResponseHead(c.out, h, relayState{left: int64(len(body))}, c.closeEnd)
+	c.out = appendResponseHead(c.out, h, "", relayState{left: int64(len(body))}, c.closeEnd)
 	c.out = append(c.out, body...)
 	c.finish()
 }

@@ -256,9 +256,13 @@ func (p slogPrinter) Printf(format string, args ...any) {
 
 // decisionHeader is the subset of a request's headers decide reads, as an
 // http.Header: Connection, Upgrade, Destination, the fencing headers, and
-// any that an upstream might take for a method or path override.
-func decisionHeader(h *fasthttp.RequestHeader) http.Header {
-	var out http.Header
+// any that an upstream might take for a method or path override; nil when
+// there are none. into, when not nil, is cleared and filled instead of a
+// new map (an event loop reuses one).
+func decisionHeader(h *fasthttp.RequestHeader, into http.Header) http.Header {
+	out := into
+	clear(out)
+	found := false
 	for k, v := range h.All() {
 		if !decisionHeaderName(k) {
 			continue
@@ -266,8 +270,20 @@ func decisionHeader(h *fasthttp.RequestHeader) http.Header {
 		if out == nil {
 			out = make(http.Header, 2)
 		}
-		name := string(k)
+		found = true
+		var name string
+		switch string(k) { // the usual names, without a copy
+		case HeaderToken:
+			name = HeaderToken
+		case HeaderResource:
+			name = HeaderResource
+		default:
+			name = string(k)
+		}
 		out[name] = append(out[name], string(v))
+	}
+	if !found {
+		return nil
 	}
 	return out
 }

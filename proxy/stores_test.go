@@ -1,19 +1,27 @@
 package proxy
 
 import (
+	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
+	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/boltstore"
 	"github.com/fencegate/fencegate/fencing/memstore"
 )
 
 // forEachStore runs test against a gate in front of each embedded store:
-// memory and file (bbolt), both on a fake clock.
+// memory and file (bbolt), both on a fake clock; and the memory store
+// through a batch path, as the event loops admit with the Valkey store.
 func forEachStore(t *testing.T, test func(t *testing.T, e *env)) {
 	t.Run("memory", func(t *testing.T) {
 		clock := newFakeClock()
 		test(t, newEnvStore(t, testRules, memstore.New(memstore.Options{Clock: clock}), clock))
+	})
+	t.Run("batched", func(t *testing.T) {
+		clock := newFakeClock()
+		test(t, newEnvStore(t, testRules, &batchedStore{Store: memstore.New(memstore.Options{Clock: clock})}, clock))
 	})
 	t.Run("file", func(t *testing.T) {
 		clock := newFakeClock()
@@ -24,4 +32,30 @@ func forEachStore(t *testing.T, test func(t *testing.T, e *env)) {
 		t.Cleanup(func() { _ = st.Close() })
 		test(t, newEnvStore(t, testRules, st, clock))
 	})
+}
+
+// batchedStore is a memory store seen through a batch path: AdmitBatch
+// admits one request after another, and it has no AdmitNow, so the loops
+// send every fenced write to a batch, as they do with the Valkey store.
+// hold, when set, makes each AdmitBatch wait until it is closed.
+type batchedStore struct {
+	fencing.Store
+	hold    chan struct{}
+	batches atomic.Int64
+	items   atomic.Int64
+}
+
+func (b *batchedStore) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) bool {
+	if len(reqs) == 0 {
+		return true
+	}
+	if b.hold != nil {
+		<-b.hold
+	}
+	b.batches.Add(1)
+	b.items.Add(int64(len(reqs)))
+	for i := range reqs {
+		out[i], errs[i] = b.Admit(ctx, reqs[i])
+	}
+	return true
 }

@@ -72,10 +72,18 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // case: most have none, and one pass is cheaper than deleting each.
 func hasHopHeader(all iter.Seq2[[]byte, []byte]) bool {
 	for k := range all {
-		for _, name := range hopHeaders {
-			if len(k) == len(name) && strings.EqualFold(string(k), name) {
-				return true
-			}
+		if isHopHeader(k) {
+			return true
+		}
+	}
+	return false
+}
+
+// isHopHeader reports whether k is one of hopHeaders, in any case.
+func isHopHeader(k []byte) bool {
+	for _, name := range hopHeaders {
+		if len(k) == len(name) && strings.EqualFold(string(k), name) {
+			return true
 		}
 	}
 	return false
@@ -213,8 +221,8 @@ func originForm(target []byte) []byte {
 
 // connectionOptions are the header names a Connection header lists.
 func connectionOptions(v []byte) []string {
-	if len(v) == 0 {
-		return nil
+	if len(v) == 0 || bytes.EqualFold(v, []byte("keep-alive")) || bytes.EqualFold(v, []byte("close")) {
+		return nil // the common values, without a copy
 	}
 	var names []string
 	for opt := range strings.SplitSeq(string(v), ",") {

@@ -327,6 +327,26 @@ func (s *Store) AdmitNow(req fencing.AdmitRequest) (fencing.Admission, bool) {
 	return a, ok
 }
 
+// AdmitBatch times and traces the wrapped store's AdmitBatch when it has
+// one (fencing.BatchAdmitter), each admission measured as an Admit lasting
+// the whole batch; otherwise it admits nothing and reports false.
+func (s *Store) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) bool {
+	b, ok := s.next.(fencing.BatchAdmitter)
+	if !ok {
+		return false
+	}
+	start := time.Now()
+	if !b.AdmitBatch(ctx, reqs, out, errs) {
+		return false
+	}
+	for i := range reqs {
+		cctx, c := s.begin(ctx, s.admit, reqs[i].Resource)
+		c.start = start
+		c.end(cctx, errs[i])
+	}
+	return true
+}
+
 // Ping times and traces the wrapped store's Ping.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, c := s.begin(ctx, s.ping, "")

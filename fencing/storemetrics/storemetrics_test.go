@@ -299,3 +299,32 @@ func TestQuickAdmit(t *testing.T) {
 		t.Fatalf("AdmitNow at the mark through a store without it: %+v", a)
 	}
 }
+
+// batching is a memory store with a batch path (one Admit after another),
+// for the decorator's AdmitBatch.
+type batching struct{ *memstore.Store }
+
+func (b batching) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) bool {
+	for i := range reqs {
+		out[i], errs[i] = b.Admit(ctx, reqs[i])
+	}
+	return true
+}
+
+func TestBatchAdmit(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	st := storemetrics.Wrap(batching{memstore.New(memstore.Options{})}, mp, tracenoop.NewTracerProvider())
+	before := counts(t, reader)
+	fencingtest.CheckBatchAdmit(t, st)
+	after := counts(t, reader)
+	// The check sends one batch of 8 (3 admitted, 5 refused) and Admits
+	// each request again; every answer of the batch is measured.
+	if ok := after["admit/ok"] - before["admit/ok"]; ok != 2+3+3 { // 2 Admits setting up, 3 in the batch, 3 after
+		t.Fatalf("admit/ok counted %d times, want 8", ok)
+	}
+	plain := storemetrics.Wrap(memstore.New(memstore.Options{}), mp, nil)
+	if plain.AdmitBatch(context.Background(), nil, nil, nil) {
+		t.Fatal("AdmitBatch through a store without one reported true")
+	}
+}

@@ -416,3 +416,35 @@ func TestCloseDuringCallIsAmbiguous(t *testing.T) {
 		t.Fatalf("acquire in flight during Close: %v, want ErrAmbiguous", err)
 	}
 }
+
+// TestBatchAfterScriptFlush: a batch sent after SCRIPT FLUSH gets NOSCRIPT
+// for every call; each is run again through Admit's path, which loads the
+// script, and answered as if nothing had happened. A batch on a closed
+// store fails every call as unavailable and sends nothing.
+func TestBatchAfterScriptFlush(t *testing.T) {
+	srv := valkeytest.Start(t)
+	s := open(t, srv.URL(), freshPrefix())
+	ctx := context.Background()
+	a := mustAcquire(t, s, "bf:a", "alice")
+	b := mustAcquire(t, s, "bf:b", "bob")
+	mustAdmit(t, s, "bf:a", a.Token)
+	srv.MustDo("SCRIPT", "FLUSH")
+	reqs := []fencing.AdmitRequest{{Resource: "bf:a", Token: a.Token}, {Resource: "bf:b", Token: b.Token}, {Resource: "bf:a", Token: a.Token + 1}}
+	out := make([]fencing.Admission, len(reqs))
+	errs := make([]error, len(reqs))
+	s.AdmitBatch(ctx, reqs, out, errs)
+	var notIssued *fencing.TokenNotIssuedError
+	if errs[0] != nil || errs[1] != nil || out[0].HighWater != a.Token || out[0].Raised || !out[1].Raised || !errors.As(errs[2], &notIssued) {
+		t.Fatalf("batch after SCRIPT FLUSH: %+v, %v", out, errs)
+	}
+	if got := srv.MustDo("SCRIPT", "EXISTS", admitSrcSHA1); got != "1" {
+		t.Fatalf("admit script not reloaded by the batch: %s", got)
+	}
+	s.Close()
+	s.AdmitBatch(ctx, reqs[:2], out, errs)
+	for i, err := range errs[:2] {
+		if !errors.Is(err, fencing.ErrUnavailable) {
+			t.Fatalf("batch on a closed store: answer %d is %v, want unavailable", i, err)
+		}
+	}
+}

@@ -187,3 +187,13 @@ func serverMicros(t testing.TB, srv *valkeytest.Server) uint64 {
 	fmt.Sscan(parts[1], &usec)
 	return sec*1_000_000 + usec
 }
+
+func TestBatchAdmit(t *testing.T) {
+	srv := valkeytest.Start(t)
+	fencingtest.CheckBatchAdmit(t, open(t, srv.URL(), freshPrefix()))
+}
+
+func TestBatchAdmitCluster(t *testing.T) {
+	cl := valkeytest.StartCluster(t, 3)
+	fencingtest.CheckBatchAdmit(t, open(t, cl.URL(), freshPrefix()))
+}

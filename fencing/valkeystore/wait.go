@@ -81,7 +81,7 @@ import (
 
 // admitSrc is admit.lua as the store runs it, and admitSrcSHA1 its SHA1,
 // for EVALSHA on a dedicated connection (valkey.Lua runs only on a
-// valkey.Client).
+// valkey.Client) and in the pipelines of AdmitBatch.
 var (
 	admitSrc     = source("admit")
 	admitSrcSHA1 = func() string { h := sha1.Sum([]byte(admitSrc)); return hex.EncodeToString(h[:]) }()

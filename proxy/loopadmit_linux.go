@@ -1,0 +1,120 @@
+//go:build linux
+
+package proxy
+
+import (
+	"context"
+	"sync"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/barrier"
+)
+
+// A store that admits in batches (fencing.BatchAdmitter, the Valkey store)
+// gets each loop's writes together: while one batch is with the store, the
+// loop collects the writes that need it, and hands them to its admission
+// worker as the next batch when the first comes back. So a busy loop makes
+// one store round trip, one goroutine hand-off and one wake-up per batch,
+// not per write; an idle one sends each write at once, alone.
+
+// pendingAdmit is a write of a loop waiting for the store's batch.
+type pendingAdmit struct {
+	c  *loopConn
+	x  *exchange
+	d  Decision
+	t  *barrier.Ticket // registered by the worker
+	ok bool            // admitted and its turn: forward it
+}
+
+// batches reports whether fenced write d goes to the store in a batch: a
+// batching store, this gate's own barrier, one target.
+func (g *Gate) batches(d Decision) bool {
+	_, local := g.order.(localOrder)
+	return g.batch != nil && local && len(d.Targets) == 1
+}
+
+// queueAdmit adds write c (in stAdmit) to the loop's next batch.
+func (l *eventLoop) queueAdmit(c *loopConn, d Decision) {
+	if l.admitCh == nil {
+		l.admitCh = make(chan []pendingAdmit, 1)
+		go l.admitWorker(l.admitCh)
+	}
+	l.admits = append(l.admits, pendingAdmit{c: c, x: c.x, d: d})
+}
+
+// sendAdmits hands the writes collected to the worker, unless a batch is
+// already with the store.
+func (l *eventLoop) sendAdmits() {
+	if len(l.admits) == 0 || l.admitting {
+		return
+	}
+	l.admitting = true
+	l.admitCh <- l.admits
+	l.admits = nil
+}
+
+// admitWorker admits the batches of one loop until ch is closed (the loop
+// has stopped). A write admitted whose turn has not come waits for it on a
+// goroutine of its own, as on the loops' general path.
+func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
+	g := l.e.g
+	var (
+		reqs []fencing.AdmitRequest
+		out  []fencing.Admission
+		errs []error
+	)
+	for batch := range ch {
+		reqs = reqs[:0]
+		for i := range batch {
+			p := &batch[i]
+			tg := p.d.Targets[0]
+			// Registered before the admission, as admitWrite does: a
+			// write admitted before this one is already registered.
+			p.t = g.barrier.Register(tg.Resource, p.d.Token)
+			reqs = append(reqs, fencing.AdmitRequest{Resource: tg.Resource, Token: p.d.Token, RequireLive: tg.Strict})
+		}
+		out = append(out[:0], make([]fencing.Admission, len(reqs))...)
+		errs = append(errs[:0], make([]error, len(reqs))...)
+		admitAll(g.batch, g.order.(localOrder).store, reqs, out, errs)
+		ready := batch[:0]
+		for i, p := range batch {
+			if errs[i] != nil {
+				p.t.Leave()
+				g.refuseWrite(p.x, errs[i], reqs[i].Resource, reqs[i].Token)
+				ready = append(ready, p)
+				continue
+			}
+			p.x.audit.admitted(out[i])
+			if now, err := p.t.Pass(); g.barrierOff || now && err == nil {
+				p.ok = true
+				ready = append(ready, p)
+				continue
+			}
+			go func() {
+				ok := g.waitTurn(p.x, p.d, p.t)
+				l.post(func() { p.c.admitted(p.t, ok) })
+			}()
+		}
+		l.post(func() {
+			l.admitting = false
+			for _, p := range ready {
+				p.c.admitted(p.t, p.ok)
+			}
+			l.sendAdmits()
+		})
+	}
+}
+
+// admitAll runs b's AdmitBatch; should b have no batch path after all, it
+// admits each request in s on its own, concurrently.
+func admitAll(b fencing.BatchAdmitter, s fencing.Store, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) {
+	ctx := context.Background()
+	if b.AdmitBatch(ctx, reqs, out, errs) {
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range reqs {
+		wg.Go(func() { out[i], errs[i] = s.Admit(ctx, reqs[i]) })
+	}
+	wg.Wait()
+}
