@@ -224,8 +224,10 @@ func (e *loopEngine) closeLoops() {
 type eventLoop struct {
 	e       *loopEngine
 	ep      int
-	wake    int // an eventfd: post writes it
-	posted  atomic.Bool
+	wake    int         // an eventfd: post writes it while the loop sleeps
+	posted  atomic.Bool // the eventfd was written and not read yet
+	asleep  atomic.Bool // the loop is in (or about to enter) a blocking epoll_wait
+	queued  atomic.Bool // the inbox may hold work
 	mu      sync.Mutex
 	inbox   []func()
 	fds     map[int]fdOwner
@@ -276,12 +278,17 @@ func newEventLoop(e *loopEngine) (*eventLoop, error) {
 	return l, nil
 }
 
-// post runs f on l's goroutine.
+// post runs f on l's goroutine. A loop that is awake finds f when its
+// pass over the ready sockets ends; only a sleeping one is woken (by the
+// eventfd: a system call, and on a busy loop one per post). The loop marks
+// itself asleep before it checks its inbox one last time, and post queues
+// before it checks that mark, so one of the two sees the other.
 func (l *eventLoop) post(f func()) {
 	l.mu.Lock()
 	l.inbox = append(l.inbox, f)
 	l.mu.Unlock()
-	if l.posted.CompareAndSwap(false, true) {
+	l.queued.Store(true)
+	if l.asleep.Load() && l.posted.CompareAndSwap(false, true) {
 		var one = [8]byte{1}
 		_, _ = unix.Write(l.wake, one[:])
 	}
@@ -311,7 +318,13 @@ func (l *eventLoop) run() {
 	l.now = time.Now()
 	lastSweep := l.now
 	for !l.stopped {
-		n, err := unix.EpollWait(l.ep, events, int(loopTick/time.Millisecond))
+		timeout := int(loopTick / time.Millisecond)
+		l.asleep.Store(true)
+		if l.queued.Load() {
+			timeout = 0 // posted while this pass ran: look, without sleeping
+		}
+		n, err := unix.EpollWait(l.ep, events, timeout)
+		l.asleep.Store(false)
 		if err != nil && err != unix.EINTR {
 			l.e.g.log.Error("gate event loop failed", "error", err)
 			return
@@ -321,7 +334,9 @@ func (l *eventLoop) run() {
 			fd := int(events[i].Fd)
 			switch {
 			case fd == l.wake:
-				l.runInbox()
+				var b [8]byte
+				_, _ = unix.Read(l.wake, b[:])
+				l.posted.Store(false)
 			case fd == l.e.lnFD:
 				l.accept()
 			default:
@@ -329,6 +344,9 @@ func (l *eventLoop) run() {
 					o.ready(events[i].Events)
 				}
 			}
+		}
+		if l.queued.Load() {
+			l.runInbox()
 		}
 		l.sendAdmits()
 		if l.now.Sub(lastSweep) >= loopTick {
@@ -338,10 +356,9 @@ func (l *eventLoop) run() {
 	}
 }
 
+// runInbox runs what was posted.
 func (l *eventLoop) runInbox() {
-	var b [8]byte
-	_, _ = unix.Read(l.wake, b[:])
-	l.posted.Store(false)
+	l.queued.Store(false) // before taking the inbox: a later post sets it again
 	l.mu.Lock()
 	work := l.inbox
 	l.inbox = nil

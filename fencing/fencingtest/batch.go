@@ -65,13 +65,14 @@ func CheckBatchAdmit(t *testing.T, st fencing.Store) {
 		{Resource: "batch:live", Token: live, RequireLive: true},
 		{Resource: "", Token: 1},
 		{Resource: "batch:unknown", Token: 1},
+		{Resource: "batch:mark", Token: mark},
 	}
 	out := make([]fencing.Admission, len(reqs))
 	errs := make([]error, len(reqs))
 	if !b.AdmitBatch(ctx, reqs, out, errs) {
 		t.Fatal("AdmitBatch reported false")
 	}
-	wantOK := []bool{true, true, false, false, false, true, false, false}
+	wantOK := []bool{true, true, false, false, false, true, false, false, true}
 	for i, req := range reqs {
 		if (errs[i] == nil) != wantOK[i] {
 			t.Fatalf("batch answer %d (%+v): %+v, %v; want admitted %v", i, req, out[i], errs[i], wantOK[i])
@@ -88,8 +89,8 @@ func CheckBatchAdmit(t *testing.T, st fencing.Store) {
 			t.Fatalf("request %d (%+v): the batch admitted %+v, Admit %+v", i, req, out[i], a)
 		}
 	}
-	if !out[0].Raised || out[0].HighWater != raise || out[1].Raised || out[5].Raised != true {
-		t.Fatalf("raises: %+v, %+v, %+v; want the first and the live one raised, the mark not", out[0], out[1], out[5])
+	if !out[0].Raised || out[0].HighWater != raise || out[1].Raised || !out[5].Raised || out[8].Raised || out[8].HighWater != mark {
+		t.Fatalf("raises: %+v, %+v, %+v, %+v; want the first and the live one raised, the marks not", out[0], out[1], out[5], out[8])
 	}
 	for res, want := range map[string]fencing.Token{"batch:raise": raise, "batch:mark": mark, "batch:live": live, "batch:notheld": 0} {
 		s, err := st.Status(ctx, res)

@@ -10,12 +10,19 @@ import (
 )
 
 // AdmitBatch implements fencing.BatchAdmitter: the admissions go to the
-// server as one pipeline of admit.lua calls (one write, one read for the
-// lot, on a cluster one per node), each answered exactly as Admit answers
-// it. A call the server answers NOSCRIPT (after SCRIPT FLUSH or a restart)
-// is run again alone through Admit's path, which loads the script. With
-// WaitReplicas each admission runs Admit's own path, concurrently. It
-// always reports true.
+// server as pipelines (one write, one read for the lot; on a cluster one
+// per node), each answered exactly as Admit answers it.
+//
+// A request that does not require a live lease is first answered from a
+// read of its record's marks (HMGET issued hw floor, one command, so one
+// atomic snapshot): a token equal to the high-water mark, issued and above
+// the floor is admitted at the mark, which is what admit.lua would answer
+// at that instant, without writing anything. Every other request (a raise,
+// a refusal, a required lease) runs admit.lua, in a second pipeline for
+// those the read did not settle. A call the server answers NOSCRIPT (after
+// SCRIPT FLUSH or a restart) is run again alone through Admit's path,
+// which loads the script. With WaitReplicas each admission runs Admit's
+// own path, concurrently. It always reports true.
 func (s *Store) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) bool {
 	if s.waitReplicas > 0 {
 		var wg sync.WaitGroup
@@ -29,16 +36,8 @@ func (s *Store) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out
 	if fail == nil {
 		fail = s.checkPolicy("admit")
 	}
-	type sent struct {
-		i      int
-		before seenRecord
-		known  bool
-	}
-	var (
-		cmds  = make(valkey.Commands, 0, len(reqs))
-		calls = make([]sent, 0, len(reqs))
-		top   = s.seen.floor()
-	)
+	b := batch{s: s, ctx: ctx, reqs: reqs, out: out, errs: errs, top: s.seen.floor()}
+	var reads, scripts []batchCall
 	for i, req := range reqs {
 		out[i], errs[i] = fencing.Admission{}, fail
 		if fail != nil {
@@ -47,33 +46,102 @@ func (s *Store) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out
 		if errs[i] = req.Validate(); errs[i] != nil {
 			continue
 		}
+		c := batchCall{i: i}
+		c.before, c.known = s.seen.resource(req.Resource)
+		if req.RequireLive {
+			scripts = append(scripts, c)
+		} else {
+			reads = append(reads, c)
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
+	defer cancel()
+	scripts = append(scripts, b.readMarks(cctx, reads)...)
+	b.runScripts(cctx, scripts)
+	return true
+}
+
+// batch is one AdmitBatch call.
+type batch struct {
+	s    *Store
+	ctx  context.Context
+	reqs []fencing.AdmitRequest
+	out  []fencing.Admission
+	errs []error
+	top  fencing.Token // the highest token seen before sending (see checkNotLost)
+}
+
+// batchCall is a request of a batch, with what the Store had seen of its
+// resource before sending it.
+type batchCall struct {
+	i      int
+	before seenRecord
+	known  bool
+}
+
+// readMarks reads the marks of calls' records and admits those at the
+// mark; it returns the calls left to admit.lua.
+func (b *batch) readMarks(ctx context.Context, calls []batchCall) []batchCall {
+	if len(calls) == 0 {
+		return nil
+	}
+	s := b.s
+	cmds := make(valkey.Commands, len(calls))
+	for k, c := range calls {
+		cmds[k] = s.client.B().Hmget().Key(s.recKey(b.reqs[c.i].Resource)).Field("issued", "hw", "floor").Build()
+	}
+	var rest []batchCall
+	for k, res := range s.client.DoMulti(ctx, cmds...) {
+		c := calls[k]
+		req := b.reqs[c.i]
+		f, err := res.ToArray()
+		if err != nil {
+			b.errs[c.i] = classify("admit", err)
+			continue
+		}
+		var v [3]string
+		for j := range min(len(f), 3) {
+			v[j], _ = f[j].ToString() // a missing field reads as ""
+		}
+		issued, ok1 := parseToken(v[0])
+		hw, ok2 := parseToken(v[1])
+		floor, ok3 := parseToken(v[2])
+		if len(f) != 3 || !ok1 || !ok2 || !ok3 || req.Token != hw || req.Token > issued || req.Token <= floor {
+			rest = append(rest, c) // not at the mark, or not plainly: the script judges
+			continue
+		}
+		b.out[c.i], b.errs[c.i] = s.admitReply(b.ctx, req, []string{"OK", v[0], v[1], "0", v[2]}, b.top, c.before, c.known)
+	}
+	return rest
+}
+
+// runScripts runs admit.lua for calls, in one pipeline.
+func (b *batch) runScripts(ctx context.Context, calls []batchCall) {
+	if len(calls) == 0 {
+		return
+	}
+	s := b.s
+	cmds := make(valkey.Commands, len(calls))
+	for k, c := range calls {
+		req := b.reqs[c.i]
 		live := "0"
 		if req.RequireLive {
 			live = "1"
 		}
-		before, known := s.seen.resource(req.Resource)
-		calls = append(calls, sent{i: i, before: before, known: known})
-		cmds = append(cmds, s.client.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(1).
-			Key(s.recKey(req.Resource)).Arg(req.Token.String(), live).Build())
+		cmds[k] = s.client.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(1).Key(s.recKey(req.Resource)).Arg(req.Token.String(), live).Build()
 	}
-	if len(cmds) == 0 {
-		return true
-	}
-	cctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
-	defer cancel()
-	for k, res := range s.client.DoMulti(cctx, cmds...) {
+	for k, res := range s.client.DoMulti(ctx, cmds...) {
 		c := calls[k]
-		req := reqs[c.i]
+		req := b.reqs[c.i]
 		if e, ok := valkey.IsValkeyErr(res.Error()); ok && e.IsNoScript() {
-			out[c.i], errs[c.i] = s.Admit(ctx, req)
+			b.out[c.i], b.errs[c.i] = s.Admit(b.ctx, req)
 			continue
 		}
 		r, err := scriptReply("admit", res)
 		if err != nil {
-			errs[c.i] = err
+			b.errs[c.i] = err
 			continue
 		}
-		out[c.i], errs[c.i] = s.admitReply(ctx, req, r, top, c.before, c.known)
+		b.out[c.i], b.errs[c.i] = s.admitReply(b.ctx, req, r, b.top, c.before, c.known)
 	}
-	return true
 }
