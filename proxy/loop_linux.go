@@ -245,9 +245,7 @@ type eventLoop struct {
 	buf []byte        // one read
 	rd  bytes.Reader  // parsing: a head's bytes...
 	br  *bufio.Reader // ...as fasthttp reads them
-	bw  *bufio.Writer // serializing a request, into wb
-	wb  bytes.Buffer
-	hdr http.Header // the headers decide reads, reused (see decisionHeader)
+	hdr http.Header   // the headers decide reads, reused (see decisionHeader)
 }
 
 // fdOwner is a socket of a loop: a client or an upstream connection.
@@ -267,7 +265,6 @@ func newEventLoop(e *loopEngine) (*eventLoop, error) {
 		buf: make([]byte, loopReadBuffer), exited: make(chan struct{})}
 	l.br = bufio.NewReaderSize(&l.rd, upstreamReadBuffer+1)
 	l.hdr = make(http.Header, 2)
-	l.bw = bufio.NewWriterSize(&l.wb, 4<<10)
 	for fd, ev := range map[int]uint32{wake: unix.EPOLLIN, e.lnFD: unix.EPOLLIN | unix.EPOLLEXCLUSIVE} {
 		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: ev, Fd: int32(fd)}); err != nil {
 			unix.Close(ep)

@@ -379,21 +379,15 @@ func (c *loopConn) forward(t flight) {
 	c.t = t
 	out := fasthttp.AcquireRequest()
 	g.upstreamRequest(c.x, out, false)
-	if body := c.ctx.Request.Body(); len(body) > 0 {
-		out.SetBodyRaw(body)
+	// What fasthttp's Request.Write sends for a body held in memory, with
+	// neither trailer nor form (a plain request has none), written
+	// straight into c.req.
+	body := c.ctx.Request.Body()
+	if h := &out.Header; len(body) > 0 || !h.IsGet() && !h.IsHead() {
+		h.SetContentLength(len(body))
 	}
-	l.wb.Reset()
-	l.bw.Reset(&l.wb)
-	err := out.Write(l.bw)
-	if err == nil {
-		err = l.bw.Flush()
-	}
+	c.req = append(out.Header.AppendBytes(c.req[:0]), body...)
 	fasthttp.ReleaseRequest(out)
-	if err != nil {
-		c.upstreamFailed(&net.OpError{Op: "dial", Net: "tcp", Err: err}) // not sent
-		return
-	}
-	c.req = append(c.req[:0], l.wb.Bytes()...)
 	c.sent = 0
 	c.retried = false
 	c.deadline = l.now.Add(g.upstreamTO)

@@ -17,6 +17,7 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // ScopeName is the instrumentation scope of the gate's meter and tracer.
@@ -120,7 +121,9 @@ func (t *telemetry) init(opts Options) error {
 	}
 	t.durOpts = make(map[durationKey][]metric.RecordOption)
 	if tp := opts.TracerProvider; tp != nil {
-		t.tracer = tp.Tracer(ScopeName)
+		if _, noop := tp.(tracenoop.TracerProvider); !noop { // a no-op one: no span work per request
+			t.tracer = tp.Tracer(ScopeName)
+		}
 	}
 	mp := opts.MeterProvider
 	if mp == nil {
