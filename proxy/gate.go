@@ -36,17 +36,19 @@
 // a second target is fenced on both resources. Writes are forwarded with
 // exactly the path bytes that were judged. See Gate.decide.
 //
-// The engine (see Server): on Linux, event loops (one per CPU, epoll) serve
-// the gate's listener and forward plain requests themselves, without a
-// goroutine per request; a request they do not take (a large or chunked
-// body, an upgrade, Expect, HTTP/1.0, a head fasthttp refuses) hands its
-// connection to a fasthttp server, which serves it from then on and
-// forwards with a pooled fasthttp client. Request heads are parsed by
-// fasthttp on both paths, strictly (a duplicate Content-Length, both
-// framings on one request, obs-fold in a name, bare CR: refused or the
-// connection closed, RFC 9112), bodies up to Options.BodyBuffer bytes are
-// read in full before the write is admitted, and larger or chunked ones
-// stream to the upstream without being held in memory.
+// The engine (see Server): on Linux, event loops (one per two CPUs,
+// epoll) serve the gate's listener and forward plain requests themselves,
+// without a goroutine per request, admitting in the loop, in batches or on
+// a goroutine as the store allows (loop_linux.go); a request they do not
+// take (a large or chunked body, an upgrade, Expect, HTTP/1.0, a head
+// fasthttp refuses) hands its connection to a fasthttp server, which
+// serves it from then on and forwards with a pooled fasthttp client.
+// Request heads are parsed by fasthttp on both paths, strictly (a
+// duplicate Content-Length, both framings on one request, obs-fold in a
+// name, bare CR: refused or the connection closed, RFC 9112), bodies up to
+// Options.BodyBuffer bytes are read in full before the write is admitted,
+// and larger or chunked ones stream to the upstream without being held in
+// memory.
 //
 // Telemetry (see Options.MeterProvider and Options.TracerProvider): every
 // unsafe request is counted once in fencegate.gate.writes by its final

@@ -22,7 +22,7 @@ import (
 )
 
 // The event-loop engine serves a gate's TCP listener on Linux without a
-// goroutine per connection or per request: one epoll loop per CPU owns its
+// goroutine per connection or per request: one epoll loop per two CPUs owns its
 // client connections and the upstream connections they use, and moves each
 // request through its steps (head, body, decision, admission, sending,
 // response, relay) as its sockets become ready. A store that answers at

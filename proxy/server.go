@@ -53,7 +53,7 @@ type ServerOptions struct {
 // pipelining, strict framing, request bodies streamed to the handler.
 //
 // Two engines serve it. On Linux, a TCP listener in front of an http
-// upstream is served by event loops (one per CPU, see loop_linux.go) that
+// upstream is served by event loops (one per two CPUs, see loop_linux.go) that
 // forward plain requests themselves and hand every other connection to a
 // fasthttp server; elsewhere, the fasthttp server serves every
 // connection. Both apply the same parser, decisions and answers.

@@ -5,6 +5,10 @@
 // contract), run with EVALSHA and reloaded automatically after SCRIPT FLUSH
 // or a server restart. Expiry is judged by the server's TIME inside the
 // scripts, never by the gate's clock. Tokens are decimal strings inside Lua.
+// One exception, in AdmitBatch (batch.go): an admission that needs no live
+// lease is first answered from one read of its record's marks when its
+// token is at the high-water mark, which is admit.lua's answer at that
+// instant, without a script.
 //
 // Keys, for resource R under the key prefix P (default "fencegate"), are
 // hash-tagged so that each script touches one cluster slot:
