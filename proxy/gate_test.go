@@ -437,14 +437,15 @@ func testStoreFailingNeverForwards(t *testing.T, e *env) {
 }
 
 // TestClientGoneWhileWaiting: a write whose client leaves while it waits at
-// the barrier is deregistered and never forwarded.
+// the barrier is deregistered when its wait ends (the gate does not watch
+// idle client connections: see Options.BarrierTimeout), and never
+// forwarded.
 func TestClientGoneWhileWaiting(t *testing.T) {
-	e := newEnv(t, testRules)
+	e := newEnv(t, testRules, func(o *Options) { o.BarrierTimeout = time.Second })
 	_, b, res1, release := e.slowHandoff()
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	defer releaseOnce() // a failure must not leave the upstream's handler waiting
 	ctx, cancel := context.WithCancel(context.Background())
-	// No body: net/http notices a client leaving only once the request
-	// body has been consumed (a waiting write with a body is bounded by
-	// BarrierTimeout instead).
 	req, _ := http.NewRequestWithContext(ctx, "PUT", e.gateSrv.URL+"/jobs/5", http.NoBody)
 	req.Header.Set(HeaderToken, tok(b.Token))
 	done := make(chan error, 1)
@@ -459,7 +460,7 @@ func TestClientGoneWhileWaiting(t *testing.T) {
 	cancel()
 	<-done
 	waitFor(t, "write 2 deregistered", func() bool { return e.gate.registered("job:5", b.Token) == 0 })
-	close(release)
+	releaseOnce()
 	<-res1
 	waitFor(t, "the barrier to empty", func() bool { return e.gate.InFlightResources() == 0 })
 	if got := e.up.requests(); len(got) != 1 {
