@@ -14,7 +14,9 @@
 // it fails: a CI run must not pass by skipping the store's tests.
 //
 // A package shares one cluster: its TestMain calls Main, and each test
-// isolates itself by schema or database name.
+// isolates itself by schema or database name. On Linux a server ends with
+// the test binary even when the binary is killed (a -timeout, a signal),
+// so a killed run leaves no server behind.
 package pgtest
 
 import (
@@ -187,7 +189,7 @@ func (c *Cluster) Start() error {
 		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=on", "-c", "synchronous_commit=on",
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB", "-c", "logging_collector=off")
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	if err := startTied(cmd); err != nil {
 		return fmt.Errorf("pgtest: start postgres: %w", err)
 	}
 	exited := make(chan struct{})
