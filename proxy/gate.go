@@ -212,7 +212,6 @@ type Gate struct {
 	upstream       *url.URL
 	upstreamBase   string // the upstream URL's escaped path, without a trailing slash
 	client         *fasthttp.HostClient
-	upstreamConns  int
 	upstreamTO     time.Duration
 	rules          []Rule
 	resourceHeader bool
@@ -285,8 +284,7 @@ func New(opts Options) (*Gate, error) {
 		}
 		g.order = o
 	}
-	g.upstreamConns = cmp.Or(opts.UpstreamConns, DefaultUpstreamConns)
-	g.client = g.newUpstreamClient(g.upstreamConns, opts.UpstreamTLS)
+	g.client = g.newUpstreamClient(cmp.Or(opts.UpstreamConns, DefaultUpstreamConns), opts.UpstreamTLS)
 	if err := g.tel.init(opts); err != nil {
 		return nil, err
 	}
@@ -428,11 +426,18 @@ func (g *Gate) admitNow(x *exchange, d Decision) (*barrier.Ticket, bool) {
 		return nil, false
 	}
 	x.audit.admitted(adm)
+	return t, g.passNow(t)
+}
+
+// passNow reports whether admitted write t may be forwarded at once, with
+// no lower token in flight on its resource (see Ticket.Pass); false leaves
+// the wait, and a barrier closed meanwhile, to waitTurn.
+func (g *Gate) passNow(t *barrier.Ticket) bool {
 	if g.barrierOff {
-		return t, true
+		return true
 	}
 	now, err := t.Pass()
-	return t, now && err == nil
+	return now && err == nil
 }
 
 // waitTurn waits until admitted write x may be forwarded: no lower token

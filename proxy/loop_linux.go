@@ -96,7 +96,7 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 		unix.Close(lnFD)
 		return nil, err
 	}
-	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.upstreamConns), done: make(chan struct{}),
+	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.client.MaxConns), done: make(chan struct{}),
 		handed: make(map[*handedConn]bool)}
 	for range loopCount(runtime.GOMAXPROCS(0)) {
 		l, err := newEventLoop(e)
@@ -498,24 +498,23 @@ func (l *eventLoop) dial(c *loopConn) {
 	go func() {
 		fd, err := dialFD(g.client.Addr)
 		l.post(func() {
-			if err != nil {
-				l.e.upConns.Add(-1)
+			fail := func(err error) {
 				if c.dialing {
 					c.dialing = false
 					c.upstreamFailed(err)
 					c.run()
 				}
+			}
+			if err != nil {
+				l.e.upConns.Add(-1)
+				fail(err)
 				return
 			}
 			u := &upConn{sock: sock{fd: fd}, l: l}
 			l.fds[fd] = u
 			if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
 				u.close()
-				if c.dialing {
-					c.dialing = false
-					c.upstreamFailed(&net.OpError{Op: "dial", Net: "tcp", Err: err})
-					c.run()
-				}
+				fail(&net.OpError{Op: "dial", Net: "tcp", Err: err})
 				return
 			}
 			u.writable = true

@@ -49,11 +49,19 @@ var cannedResponses = map[string]string{
 
 func newRawUpstream(t *testing.T) *rawUpstream {
 	t.Helper()
+	u := &rawUpstream{}
+	u.ln = serveRaw(t, u.serve)
+	return u
+}
+
+// serveRaw listens on loopback until the test ends and hands each
+// connection to serve, on a goroutine of its own.
+func serveRaw(t *testing.T, serve func(net.Conn)) net.Listener {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &rawUpstream{ln: ln}
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -61,10 +69,10 @@ func newRawUpstream(t *testing.T) *rawUpstream {
 			if err != nil {
 				return
 			}
-			go u.serve(c)
+			go serve(c)
 		}
 	}()
-	return u
+	return ln
 }
 
 func (u *rawUpstream) serve(c net.Conn) {
@@ -422,23 +430,12 @@ func TestLoopSlowReaderBoundsMemory(t *testing.T) {
 // closes; it returns a connection to the gate.
 func dialGateBefore(t *testing.T, answer func(up net.Conn)) net.Conn {
 	t.Helper()
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { upLn.Close() })
-	go func() {
-		for {
-			up, err := upLn.Accept()
-			if err != nil {
-				return
-			}
-			if _, err := http.ReadRequest(bufio.NewReader(up)); err == nil {
-				answer(up)
-			}
-			up.Close()
+	upLn := serveRaw(t, func(up net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(up)); err == nil {
+			answer(up)
 		}
-	}()
+		up.Close()
+	})
 	u, _ := url.Parse("http://" + upLn.Addr().String())
 	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{})})
 	if err != nil {

@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -73,8 +74,8 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 			p.t = g.barrier.Register(tg.Resource, p.d.Token)
 			reqs = append(reqs, fencing.AdmitRequest{Resource: tg.Resource, Token: p.d.Token, RequireLive: tg.Strict})
 		}
-		out = append(out[:0], make([]fencing.Admission, len(reqs))...)
-		errs = append(errs[:0], make([]error, len(reqs))...)
+		out = slices.Grow(out[:0], len(reqs))[:len(reqs)] // AdmitBatch sets each
+		errs = slices.Grow(errs[:0], len(reqs))[:len(reqs)]
 		admitAll(g.batch, g.order.(localOrder).store, reqs, out, errs)
 		ready := batch[:0]
 		for i, p := range batch {
@@ -85,7 +86,7 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 				continue
 			}
 			p.x.audit.admitted(out[i])
-			if now, err := p.t.Pass(); g.barrierOff || now && err == nil {
+			if g.passNow(p.t) {
 				p.ok = true
 				ready = append(ready, p)
 				continue

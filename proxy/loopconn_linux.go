@@ -107,24 +107,14 @@ func (c *loopConn) run() {
 
 // flush writes c.out; false while some is left (or c failed).
 func (c *loopConn) flush() bool {
-	for len(c.out) > 0 {
-		if !c.writable {
-			return false
-		}
-		n, err := rawWrite(c.fd, c.out)
-		if err == unix.EINTR {
-			continue
-		}
-		if err == unix.EAGAIN {
-			c.writable = false
-			_ = c.l.watch(c.fd, unix.EPOLL_CTL_MOD, true)
-			return false
-		}
-		if err != nil {
-			c.close() // the client is gone
-			return false
-		}
-		c.out = c.out[n:]
+	n, err := c.write(c.l, c.out)
+	c.out = c.out[n:]
+	if err != nil {
+		c.close() // the client is gone
+		return false
+	}
+	if len(c.out) > 0 {
+		return false
 	}
 	c.out = c.out[:0]
 	return true
@@ -156,6 +146,27 @@ func (s *sock) note(l *eventLoop, ev uint32) {
 		s.writable = true
 		_ = l.watch(s.fd, unix.EPOLL_CTL_MOD, false)
 	}
+}
+
+// write writes p to the socket until all of it is written, a write would
+// block (the socket is then watched for writing until it is writable
+// again), or a write fails; it returns how much it wrote.
+func (s *sock) write(l *eventLoop, p []byte) (int, error) {
+	n := 0
+	for n < len(p) && s.writable {
+		m, err := rawWrite(s.fd, p[n:])
+		switch err {
+		case nil:
+			n += m
+		case unix.EINTR:
+		case unix.EAGAIN:
+			s.writable = false
+			_ = l.watch(s.fd, unix.EPOLL_CTL_MOD, true)
+		default:
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // fill reads what the peer sent into s.in, through buf; false when
@@ -409,25 +420,14 @@ func (c *loopConn) forward(t flight) {
 
 // send writes the request to the upstream connection.
 func (c *loopConn) send() bool {
-	u := c.up
-	for c.sent < len(c.req) {
-		if !u.writable {
-			return false
-		}
-		n, err := rawWrite(u.fd, c.req[c.sent:])
-		if err == unix.EINTR {
-			continue
-		}
-		if err == unix.EAGAIN {
-			u.writable = false
-			_ = c.l.watch(u.fd, unix.EPOLL_CTL_MOD, true)
-			return false
-		}
-		if err != nil {
-			c.upstreamBroke(syscallErr("write", err))
-			return true
-		}
-		c.sent += n
+	n, err := c.up.write(c.l, c.req[c.sent:])
+	c.sent += n
+	switch {
+	case err != nil:
+		c.upstreamBroke(syscallErr("write", err))
+		return true
+	case c.sent < len(c.req):
+		return false
 	}
 	c.state = stResponse
 	return true
@@ -662,9 +662,7 @@ func (c *loopConn) answer() {
 // finish ends the current exchange: the upstream connection goes back to
 // the pool, and c waits for its next request.
 func (c *loopConn) finish() {
-	if u := c.up; u != nil {
-		c.up = nil
-		u.client = nil
+	if u := c.detach(); u != nil {
 		if u.reusable && len(u.in) == 0 && !c.l.e.closing.Load() {
 			u.release()
 		} else {
@@ -690,12 +688,20 @@ func (c *loopConn) finish() {
 	}
 }
 
+// detach takes c's upstream connection from it, if it has one.
+func (c *loopConn) detach() *upConn {
+	u := c.up
+	if u != nil {
+		c.up = nil
+		u.client = nil
+	}
+	return u
+}
+
 // upstreamFailed answers a request whose exchange with the upstream
 // failed before any answer (see Gate.upstreamFailed).
 func (c *loopConn) upstreamFailed(err error) {
-	if u := c.up; u != nil {
-		c.up = nil
-		u.client = nil
+	if u := c.detach(); u != nil {
 		u.close()
 	}
 	t := c.t
@@ -711,9 +717,7 @@ func (c *loopConn) upstreamFailed(err error) {
 func (c *loopConn) upstreamBroke(err error) {
 	u := c.up
 	if u != nil && u.reused && !c.retried && len(u.in) == 0 && safeMethod(c.x.method) && err != errUpstreamHead {
-		c.up = nil
-		u.client = nil
-		u.close()
+		c.detach().close()
 		c.retried = true
 		c.sent = 0
 		c.state = stUpstream
@@ -771,9 +775,7 @@ func (c *loopConn) close() {
 	c.l.forget(c)
 	unix.Close(c.fd)
 	c.l.e.s.limit.Release()
-	if u := c.up; u != nil {
-		c.up = nil
-		u.client = nil
+	if u := c.detach(); u != nil {
 		u.close()
 	}
 	c.dialing = false
@@ -877,12 +879,11 @@ const (
 	chunkData
 	chunkDataCR
 	chunkDataLF
-	chunkTrailer      // at the start of a trailer line (or the final CRLF)
-	chunkTrailerLine  // inside a trailer line
-	chunkTrailerLF    // after a trailer line's CR
-	chunkFinalLF      // after the final CR
-	chunkSizeDigits   // inside the size, after one digit
-	maxChunkSizeDigit = 15
+	chunkTrailer     // at the start of a trailer line (or the final CRLF)
+	chunkTrailerLine // inside a trailer line
+	chunkTrailerLF   // after a trailer line's CR
+	chunkFinalLF     // after the final CR
+	chunkSizeDigits  // inside the size, after one digit
 )
 
 // scan consumes p; it returns how many bytes belong to the body (all of p

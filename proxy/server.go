@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -70,8 +71,8 @@ type Server struct {
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{} // open connections of the fasthttp engine, closed by Close
-	loops *loopEngine           // nil: the fasthttp server serves the listener
 	ln    net.Listener
+	loops atomic.Pointer[loopEngine] // nil: the fasthttp server serves the listener; read per request
 }
 
 // NewServer returns a server for g.
@@ -141,11 +142,8 @@ func (s *Server) serve(c *fasthttp.RequestCtx) {
 	}
 }
 
-func (s *Server) engine() *loopEngine {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.loops
-}
+// engine is the event loops serving the listener, or nil.
+func (s *Server) engine() *loopEngine { return s.loops.Load() }
 
 // Serve accepts connections on ln until Shutdown or Close. It returns nil
 // after those.
@@ -155,8 +153,9 @@ func (s *Server) Serve(ln net.Listener) error {
 		return err
 	}
 	s.mu.Lock()
-	s.ln, s.loops = ln, e
+	s.ln = ln
 	s.mu.Unlock()
+	s.loops.Store(e)
 	if e != nil {
 		return e.serve()
 	}
@@ -262,7 +261,6 @@ func (p slogPrinter) Printf(format string, args ...any) {
 func decisionHeader(h *fasthttp.RequestHeader, into http.Header) http.Header {
 	out := into
 	clear(out)
-	found := false
 	for k, v := range h.All() {
 		if !decisionHeaderName(k) {
 			continue
@@ -270,7 +268,6 @@ func decisionHeader(h *fasthttp.RequestHeader, into http.Header) http.Header {
 		if out == nil {
 			out = make(http.Header, 2)
 		}
-		found = true
 		var name string
 		switch string(k) { // the usual names, without a copy
 		case HeaderToken:
@@ -282,7 +279,7 @@ func decisionHeader(h *fasthttp.RequestHeader, into http.Header) http.Header {
 		}
 		out[name] = append(out[name], string(v))
 	}
-	if !found {
+	if len(out) == 0 {
 		return nil
 	}
 	return out

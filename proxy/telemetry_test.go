@@ -4,18 +4,20 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
-
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/fencegate/fencegate/fencing/memstore"
 )
 
 // collect returns the named metric from the reader.
@@ -211,5 +213,24 @@ func TestTelemetryAllocatesNothing(t *testing.T) {
 		e.gate.end(x)
 	}); n != 0 {
 		t.Fatalf("%v allocations per write", n)
+	}
+}
+
+// TestWriteCounterUnknownCode: a code missing from writeCodes is counted
+// too (its counter made on first use), and only counted pairs are
+// reported.
+func TestWriteCounterUnknownCode(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	up, _ := url.Parse("http://127.0.0.1:1")
+	g, err := New(Options{Upstream: up, Store: memstore.New(memstore.Options{}),
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.tel.writes.add(writeKey{"made-up", http.MethodPut})
+	g.tel.writes.add(writeKey{"made-up", http.MethodPut})
+	g.tel.writes.add(writeKey{CodeAdmitted, http.MethodPost})
+	if got, want := writeCounts(t, reader), "admitted POST=1\nmade-up PUT=2"; got != want {
+		t.Fatalf("writes:\n%s\nwant:\n%s", got, want)
 	}
 }
