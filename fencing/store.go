@@ -79,6 +79,49 @@ type BatchAdmitter interface {
 	AdmitBatch(ctx context.Context, reqs []AdmitRequest, out []Admission, errs []error) bool
 }
 
+// MarkReaders is a Store that can answer admissions at the high-water
+// mark from a plain read sent on a connection the caller drives itself (the
+// Valkey store on a single node). A server with its own poller, such as
+// the gate's event loops, then waits for the answers among its other
+// sockets, and the write never crosses to another goroutine. A read writes
+// nothing, so a request it does not settle is admitted the usual way.
+type MarkReaders interface {
+	// OpenMarkReader dials a connection of its own for one caller. It
+	// returns nil and no error when the store's setup reads marks only
+	// through Admit (see the store's doc); an error when the connection
+	// cannot be made now (the caller may try again later).
+	OpenMarkReader(ctx context.Context) (MarkReader, error)
+}
+
+// MarkReader is one connection of a MarkReaders store. Its methods do not
+// block and are called from one goroutine; one batch of reads is out at
+// a time.
+type MarkReader interface {
+	// Fd is the connection's non-blocking socket, for the caller's poller.
+	Fd() int
+	// Send starts reading the marks of reqs (at least one). It reports
+	// whether bytes are left to write: the caller waits until the socket
+	// is writable and calls Flush. reqs must not change until Receive
+	// reports done.
+	Send(now time.Time, reqs []AdmitRequest) (pending bool, err error)
+	// Flush writes what Send left; it reports whether bytes are left.
+	Flush() (pending bool, err error)
+	// Receive reads what has arrived and reports whether every answer to
+	// the last Send is in. Then settled[i] (as long as reqs) tells
+	// whether reqs[i] is admitted at the mark, with out[i] exactly what
+	// Admit would have answered at that instant; a request not settled
+	// must be admitted the usual way (Admit, AdmitBatch). An error means
+	// the connection is no good and none of the batch is settled: close
+	// it.
+	Receive(out []Admission, settled []bool) (done bool, err error)
+	// Overdue reports whether the answers to the last Send have not come
+	// within the store's command timeout of it: the caller then closes
+	// the reader and admits the batch the usual way.
+	Overdue(now time.Time) bool
+	// Close closes the connection.
+	Close() error
+}
+
 // Clock tells the time. Stores that own time (memory, file) take one so
 // tests can move it; Valkey uses the server's TIME instead.
 type Clock interface {

@@ -64,8 +64,9 @@ func jitter(max time.Duration) func() {
 // some deliberately reusing an old token), through the gate to an upstream
 // that checks per-resource token order. Every write must end applied
 // exactly once (2xx) or refused with a problem body and never applied.
-// It runs on the memory store, and on it through a batch path (the loops
-// admitting in batches, as with the Valkey store).
+// It runs on the memory store, and on it through a batch path and through
+// mark readers (the loops admitting in batches and reading marks
+// themselves, as with the Valkey store).
 func TestConcurrencyChecker(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()
@@ -75,6 +76,12 @@ func TestConcurrencyChecker(t *testing.T) {
 		t.Parallel()
 		checkConcurrency(t, &batchedStore{Store: memstore.New(memstore.Options{})})
 	})
+	if newMarkedVariant != nil {
+		t.Run("marked", func(t *testing.T) {
+			t.Parallel()
+			checkConcurrency(t, newMarkedVariant(memstore.New(memstore.Options{})))
+		})
+	}
 }
 
 func checkConcurrency(t *testing.T, st fencing.Store) {

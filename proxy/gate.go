@@ -225,6 +225,7 @@ type Gate struct {
 	order          orderer               // localOrder over barrier, or a *sharedOrder (shared.go)
 	quick          fencing.QuickAdmitter // the store, when it can admit at once; or nil
 	batch          fencing.BatchAdmitter // the store, when it admits in batches; or nil
+	marks          fencing.MarkReaders   // the batching store, when the loops may read marks themselves; or nil
 	tel            telemetry
 	// barrierOff skips the barrier wait. Only tests set it, to show the
 	// reordering the barrier prevents.
@@ -276,6 +277,7 @@ func New(opts Options) (*Gate, error) {
 	g.quick, _ = opts.Store.(fencing.QuickAdmitter)
 	if b, ok := opts.Store.(fencing.BatchAdmitter); ok && b.AdmitBatch(context.Background(), nil, nil, nil) {
 		g.batch = b // an empty batch: only whether the store batches
+		g.marks, _ = opts.Store.(fencing.MarkReaders)
 	}
 	if opts.SharedBarrier != nil {
 		o, err := newSharedOrder(opts.SharedBarrier, opts, g.log, g.barrierTimeout+g.bodyTimeout, g.grace)

@@ -240,6 +240,7 @@ type eventLoop struct {
 	admits    []pendingAdmit      // writes for the store's next batch (loopadmit_linux.go)
 	admitting bool                // a batch is with the store
 	admitCh   chan []pendingAdmit // to the admission worker, once started
+	marks     loopMarks           // the store's mark reader (loopmarks_linux.go)
 	now       time.Time
 
 	buf []byte        // one read
@@ -448,6 +449,7 @@ func (l *eventLoop) sweep() {
 		l.waiting = l.waiting[1:]
 		l.dial(c)
 	}
+	l.marks.checkOverdue(l)
 }
 
 // endIdle closes the client connections between requests (Shutdown).
@@ -467,6 +469,7 @@ func (l *eventLoop) closeAll() {
 	for len(l.idle) > 0 {
 		l.idle[0].close()
 	}
+	l.marks.close()
 	unix.Close(l.ep)
 	unix.Close(l.wake)
 }

@@ -17,14 +17,23 @@ import (
 // worker as the next batch when the first comes back. So a busy loop makes
 // one store round trip, one goroutine hand-off and one wake-up per batch,
 // not per write; an idle one sends each write at once, alone.
+//
+// A store with mark readers (fencing.MarkReaders, the Valkey store on a
+// single node) gives each loop a connection of its own, driven by the loop
+// like its other sockets (markConn): a batch of writes that need no live
+// lease is first read there, and the writes read at the mark go on without
+// leaving the loop. The rest (a raise, a refusal, a write that needs a live
+// lease, a batch whose reader failed or was late) go to the worker, which
+// admits them as before.
 
 // pendingAdmit is a write of a loop waiting for the store's batch.
 type pendingAdmit struct {
-	c  *loopConn
-	x  *exchange
-	d  Decision
-	t  *barrier.Ticket // registered by the worker
-	ok bool            // admitted and its turn: forward it
+	c    *loopConn
+	x    *exchange
+	d    Decision
+	t    *barrier.Ticket // registered by the worker, or for a mark reader's batch
+	ok   bool            // admitted and its turn: forward it
+	read bool            // a mark reader did not settle it: the worker admits it
 }
 
 // batches reports whether fenced write d goes to the store in a batch: a
@@ -43,10 +52,43 @@ func (l *eventLoop) queueAdmit(c *loopConn, d Decision) {
 	l.admits = append(l.admits, pendingAdmit{c: c, x: c.x, d: d})
 }
 
-// sendAdmits hands the writes collected to the worker, unless a batch is
-// already with the store.
+// sendAdmits sends the writes collected. While the loop has a mark reader,
+// the writes it may settle wait for it to be free and go to it; the others
+// (and all of them while there is none) go to the worker unless a batch is
+// already with it.
 func (l *eventLoop) sendAdmits() {
-	if len(l.admits) == 0 || l.admitting {
+	if len(l.admits) == 0 {
+		return
+	}
+	if l.marks.active(l) {
+		m := l.marks.free()
+		worker := l.admits[:0]
+		var waiting []pendingAdmit
+		for _, p := range l.admits {
+			switch {
+			case p.read || p.d.Targets[0].Strict:
+				worker = append(worker, p)
+			case m != nil:
+				m.batch = append(m.batch, p)
+			default:
+				waiting = append(waiting, p)
+			}
+		}
+		l.admits = worker
+		if m != nil {
+			m.send() // should it fail, its batch joins l.admits
+		}
+		worker = l.admits
+		if l.admitting || len(worker) == 0 {
+			l.admits = append(worker, waiting...)
+			return
+		}
+		l.admitting = true
+		l.admitCh <- worker
+		l.admits = waiting
+		return
+	}
+	if l.admitting {
 		return
 	}
 	l.admitting = true
@@ -91,10 +133,7 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 				ready = append(ready, p)
 				continue
 			}
-			go func() {
-				ok := g.waitTurn(p.x, p.d, p.t)
-				l.post(func() { p.c.admitted(p.t, ok) })
-			}()
+			l.awaitTurn(p)
 		}
 		l.post(func() {
 			l.admitting = false
@@ -104,6 +143,16 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 			l.sendAdmits()
 		})
 	}
+}
+
+// awaitTurn forwards admitted write p once its turn comes (see
+// Gate.waitTurn), waiting on a goroutine of its own, as on the loops'
+// general path.
+func (l *eventLoop) awaitTurn(p pendingAdmit) {
+	go func() {
+		ok := l.e.g.waitTurn(p.x, p.d, p.t)
+		l.post(func() { p.c.admitted(p.t, ok) })
+	}()
 }
 
 // admitAll runs b's AdmitBatch; should b have no batch path after all, it

@@ -108,12 +108,14 @@ func (c *loopConn) run() {
 // flush writes c.out; false while some is left (or c failed).
 func (c *loopConn) flush() bool {
 	n, err := c.write(c.l, c.out)
-	c.out = c.out[n:]
 	if err != nil {
 		c.close() // the client is gone
 		return false
 	}
-	if len(c.out) > 0 {
+	if n < len(c.out) {
+		// The rest moves to the front, so the array is reused whole
+		// once it is written (slicing past it would shrink it for good).
+		c.out = c.out[:copy(c.out, c.out[n:])]
 		return false
 	}
 	c.out = c.out[:0]

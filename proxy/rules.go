@@ -135,7 +135,12 @@ func (r *Rule) resource(vars map[string]string) string {
 	if len(r.tmpl) == 1 && r.tmpl[0].name == "" {
 		return r.tmpl[0].lit
 	}
+	n := 0
+	for _, p := range r.tmpl {
+		n += len(p.lit) + len(vars[p.name])
+	}
 	var b strings.Builder
+	b.Grow(n)
 	for _, p := range r.tmpl {
 		if p.name != "" {
 			b.WriteString(vars[p.name])

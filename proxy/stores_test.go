@@ -13,7 +13,8 @@ import (
 
 // forEachStore runs test against a gate in front of each embedded store:
 // memory and file (bbolt), both on a fake clock; and the memory store
-// through a batch path, as the event loops admit with the Valkey store.
+// through a batch path and through mark readers, as the event loops admit
+// with the Valkey store (on Linux, where the loops run).
 func forEachStore(t *testing.T, test func(t *testing.T, e *env)) {
 	t.Run("memory", func(t *testing.T) {
 		clock := newFakeClock()
@@ -23,6 +24,12 @@ func forEachStore(t *testing.T, test func(t *testing.T, e *env)) {
 		clock := newFakeClock()
 		test(t, newEnvStore(t, testRules, &batchedStore{Store: memstore.New(memstore.Options{Clock: clock})}, clock))
 	})
+	if newMarkedVariant != nil {
+		t.Run("marked", func(t *testing.T) {
+			clock := newFakeClock()
+			test(t, newEnvStore(t, testRules, newMarkedVariant(memstore.New(memstore.Options{Clock: clock})), clock))
+		})
+	}
 	t.Run("file", func(t *testing.T) {
 		clock := newFakeClock()
 		st, err := boltstore.Open(filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{Clock: clock})
@@ -33,6 +40,10 @@ func forEachStore(t *testing.T, test func(t *testing.T, e *env)) {
 		test(t, newEnvStore(t, testRules, st, clock))
 	})
 }
+
+// newMarkedVariant, when set, returns st through a batch path with mark
+// readers (loopmarks_linux_test.go).
+var newMarkedVariant func(st fencing.Store) fencing.Store
 
 // batchedStore is a memory store seen through a batch path: AdmitBatch
 // admits one request after another, and it has no AdmitNow, so the loops

@@ -347,6 +347,51 @@ func (s *Store) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out
 	return true
 }
 
+// OpenMarkReader opens one of the wrapped store's mark readers when it has
+// them (fencing.MarkReaders); otherwise it returns nil. Each admission a
+// reader settles is measured as an Admit lasting from Send to the answer
+// that completed its batch; the others are measured where they are
+// admitted.
+func (s *Store) OpenMarkReader(ctx context.Context) (fencing.MarkReader, error) {
+	m, ok := s.next.(fencing.MarkReaders)
+	if !ok {
+		return nil, nil
+	}
+	r, err := m.OpenMarkReader(ctx)
+	if err != nil || r == nil {
+		return nil, err
+	}
+	return &markReader{MarkReader: r, s: s}, nil
+}
+
+// markReader measures the admissions a wrapped fencing.MarkReader settles.
+type markReader struct {
+	fencing.MarkReader
+	s     *Store
+	reqs  []fencing.AdmitRequest
+	start time.Time
+}
+
+func (r *markReader) Send(now time.Time, reqs []fencing.AdmitRequest) (bool, error) {
+	r.reqs, r.start = reqs, time.Now()
+	return r.MarkReader.Send(now, reqs)
+}
+
+func (r *markReader) Receive(out []fencing.Admission, settled []bool) (bool, error) {
+	done, err := r.MarkReader.Receive(out, settled)
+	if done {
+		for i, req := range r.reqs {
+			if settled[i] {
+				ctx, c := r.s.begin(context.Background(), r.s.admit, req.Resource)
+				c.start = r.start
+				c.end(ctx, nil)
+			}
+		}
+		r.reqs = nil
+	}
+	return done, err
+}
+
 // Ping times and traces the wrapped store's Ping.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, c := s.begin(ctx, s.ping, "")

@@ -328,3 +328,53 @@ func TestBatchAdmit(t *testing.T) {
 		t.Fatal("AdmitBatch through a store without one reported true")
 	}
 }
+
+// marking is a store with mark readers that settle every other request.
+type marking struct{ *memstore.Store }
+
+func (marking) OpenMarkReader(context.Context) (fencing.MarkReader, error) { return &evenReader{}, nil }
+
+type evenReader struct{ n int }
+
+func (r *evenReader) Fd() int { return -1 }
+func (r *evenReader) Send(_ time.Time, reqs []fencing.AdmitRequest) (bool, error) {
+	r.n = len(reqs)
+	return false, nil
+}
+func (r *evenReader) Flush() (bool, error) { return false, nil }
+func (r *evenReader) Receive(out []fencing.Admission, settled []bool) (bool, error) {
+	for i := range r.n {
+		settled[i] = i%2 == 0
+	}
+	return true, nil
+}
+func (r *evenReader) Overdue(time.Time) bool { return false }
+func (r *evenReader) Close() error           { return nil }
+
+// TestMarkReader: each admission a mark reader settles is measured as an
+// admit; the others are not (they are measured where they are admitted).
+// A store without mark readers opens none.
+func TestMarkReader(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	st := storemetrics.Wrap(marking{memstore.New(memstore.Options{})}, mp, tracenoop.NewTracerProvider())
+	r, err := st.OpenMarkReader(context.Background())
+	if err != nil || r == nil {
+		t.Fatalf("OpenMarkReader: %v, %v", r, err)
+	}
+	before := counts(t, reader)
+	reqs := make([]fencing.AdmitRequest, 5)
+	if _, err := r.Send(time.Now(), reqs); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := r.Receive(make([]fencing.Admission, 5), make([]bool, 5)); !done || err != nil {
+		t.Fatalf("Receive: %v, %v", done, err)
+	}
+	if got := counts(t, reader)["admit/ok"] - before["admit/ok"]; got != 3 {
+		t.Fatalf("admit/ok counted %d times for 3 settled admissions", got)
+	}
+	plain := storemetrics.Wrap(memstore.New(memstore.Options{}), mp, nil)
+	if r, err := plain.OpenMarkReader(context.Background()); r != nil || err != nil {
+		t.Fatalf("OpenMarkReader through a store without mark readers: %v, %v", r, err)
+	}
+}

@@ -106,7 +106,7 @@ func (b *batch) readMarks(ctx context.Context, calls []batchCall) []batchCall {
 		issued, ok1 := parseToken(v[0])
 		hw, ok2 := parseToken(v[1])
 		floor, ok3 := parseToken(v[2])
-		if len(f) != 3 || !ok1 || !ok2 || !ok3 || req.Token != hw || req.Token > issued || req.Token <= floor {
+		if len(f) != 3 || !ok1 || !ok2 || !ok3 || !atMark(req.Token, issued, hw, floor) {
 			rest = append(rest, c) // not at the mark, or not plainly: the script judges
 			continue
 		}

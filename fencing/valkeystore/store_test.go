@@ -195,5 +195,10 @@ func TestBatchAdmit(t *testing.T) {
 
 func TestBatchAdmitCluster(t *testing.T) {
 	cl := valkeytest.StartCluster(t, 3)
-	fencingtest.CheckBatchAdmit(t, open(t, cl.URL(), freshPrefix()))
+	s := open(t, cl.URL(), freshPrefix())
+	fencingtest.CheckBatchAdmit(t, s)
+	// A request's node follows the slot map: no mark readers.
+	if r, err := s.OpenMarkReader(context.Background()); r != nil || err != nil {
+		t.Fatalf("OpenMarkReader on a cluster: %v, %v; want none", r, err)
+	}
 }

@@ -83,6 +83,10 @@ func TestTLS(t *testing.T) {
 	if _, err := s.Admit(context.Background(), fencing.AdmitRequest{Resource: "t", Token: lease.Token}); err != nil {
 		t.Fatal(err)
 	}
+	// Mark readers speak plain TCP: over TLS there are none.
+	if r, err := s.OpenMarkReader(context.Background()); r != nil || err != nil {
+		t.Fatalf("OpenMarkReader over TLS: %v, %v; want none", r, err)
+	}
 }
 
 func TestOpenWarnsWithoutPersistence(t *testing.T) {

@@ -5,10 +5,10 @@
 // contract), run with EVALSHA and reloaded automatically after SCRIPT FLUSH
 // or a server restart. Expiry is judged by the server's TIME inside the
 // scripts, never by the gate's clock. Tokens are decimal strings inside Lua.
-// One exception, in AdmitBatch (batch.go): an admission that needs no live
-// lease is first answered from one read of its record's marks when its
-// token is at the high-water mark, which is admit.lua's answer at that
-// instant, without a script.
+// One exception, in AdmitBatch (batch.go) and the mark readers
+// (markreader.go): an admission that needs no live lease is first answered
+// from one read of its record's marks when its token is at the high-water
+// mark, which is admit.lua's answer at that instant, without a script.
 //
 // Keys, for resource R under the key prefix P (default "fencegate"), are
 // hash-tagged so that each script touches one cluster slot:
@@ -164,6 +164,8 @@ type Store struct {
 
 	seen *seenMarks // what the server answered: see seen.go
 
+	markReaders *markReaderOption // nil: none (markreader.go)
+
 	// policyFault is the last eviction-policy check's fault, "" or nil
 	// when none (see health.go).
 	policyFault atomic.Pointer[string]
@@ -226,7 +228,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("valkeystore: connect to %s: %w", strings.Join(copt.InitAddress, ","), classify("connect", err))
 	}
 	s := &Store{client: client, prefix: opts.KeyPrefix, maxState: opts.MaxCheckpointBytes, cmdTimeout: opts.CommandTimeout, log: opts.Logger,
-		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout, seen: newSeenMarks()}
+		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout, seen: newSeenMarks(),
+		markReaders: newMarkReaderOption(copt, client.Mode(), opts.WaitReplicas)}
 	if err := s.Ping(ctx); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("valkeystore: ping: %w", err)

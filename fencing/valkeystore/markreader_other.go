@@ -1,0 +1,19 @@
+//go:build !linux
+
+package valkeystore
+
+import (
+	"errors"
+	"net"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+// Mark readers serve the gate's event loops, which run on Linux only.
+const markReadersSupported = false
+
+func newMarkReader(*Store, *net.TCPConn) (*markReader, error) {
+	return nil, errors.New("valkeystore: mark readers need Linux")
+}
+
+type markReader struct{ fencing.MarkReader }

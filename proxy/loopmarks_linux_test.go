@@ -1,0 +1,242 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/memstore"
+)
+
+// markedStore is batchedStore with mark readers (fencing.MarkReaders), as
+// the Valkey store on a single node has. Each reader is one end of a socket
+// pair; a goroutine at the other end plays the server and answers each
+// batch as mode says:
+//
+//	answer   "ok": the reader then settles each request whose token is at
+//	         the memory store's mark, read at that moment
+//	close    closes its end
+//	stall    never answers (the reader is overdue after overdueAfter)
+//	garbage  answers what no reader understands
+type markedStore struct {
+	batchedStore
+	mode         atomic.Pointer[string]
+	overdueAfter time.Duration
+	opened       atomic.Int64
+	settled      atomic.Int64
+	sentBatches  atomic.Int64
+}
+
+func init() {
+	newMarkedVariant = func(st fencing.Store) fencing.Store { return markedOver(st, "answer") }
+}
+
+// markedOver returns st with mark readers in the given mode.
+func markedOver(st fencing.Store, mode string) *markedStore {
+	m := &markedStore{batchedStore: batchedStore{Store: st}, overdueAfter: 200 * time.Millisecond}
+	m.mode.Store(&mode)
+	return m
+}
+
+func (m *markedStore) OpenMarkReader(ctx context.Context) (fencing.MarkReader, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fds[1]), "fake-store")
+	srv, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		unix.Close(fds[0])
+		return nil, err
+	}
+	m.opened.Add(1)
+	go m.serve(srv)
+	return &fakeMarkReader{st: m, fd: fds[0]}, nil
+}
+
+// serve answers each batch line ("n\n") as the store's mode says.
+func (m *markedStore) serve(c net.Conn) {
+	defer c.Close()
+	r := bufio.NewReader(c)
+	for {
+		if _, err := r.ReadString('\n'); err != nil {
+			return
+		}
+		m.sentBatches.Add(1)
+		switch *m.mode.Load() {
+		case "answer":
+			_, _ = c.Write([]byte("ok\n"))
+		case "close":
+			return
+		case "garbage":
+			_, _ = c.Write([]byte("what?\n"))
+		}
+	}
+}
+
+// fakeMarkReader is a markedStore's fencing.MarkReader.
+type fakeMarkReader struct {
+	st     *markedStore
+	fd     int
+	reqs   []fencing.AdmitRequest
+	sentAt time.Time
+	in     []byte
+}
+
+func (r *fakeMarkReader) Fd() int { return r.fd }
+
+func (r *fakeMarkReader) Send(now time.Time, reqs []fencing.AdmitRequest) (bool, error) {
+	r.reqs, r.sentAt, r.in = reqs, now, r.in[:0]
+	_, err := unix.Write(r.fd, []byte(strconv.Itoa(len(reqs))+"\n"))
+	return false, err
+}
+
+func (r *fakeMarkReader) Flush() (bool, error) { return false, nil }
+
+func (r *fakeMarkReader) Receive(out []fencing.Admission, settled []bool) (bool, error) {
+	var b [64]byte
+	n, err := unix.Read(r.fd, b[:])
+	switch {
+	case err == unix.EAGAIN:
+		return false, nil
+	case err != nil:
+		return false, err
+	case n == 0:
+		return false, errors.New("fake store closed")
+	}
+	r.in = append(r.in, b[:n]...)
+	if string(r.in) != "ok\n" {
+		return false, fmt.Errorf("fake store answered %q", r.in)
+	}
+	for i, req := range r.reqs {
+		s, err := r.st.Status(context.Background(), req.Resource)
+		settled[i] = err == nil && !req.RequireLive && req.Token == s.HighWater && req.Token <= s.Issued
+		if settled[i] {
+			out[i] = fencing.Admission{Resource: req.Resource, Token: req.Token, HighWater: s.HighWater, Issued: s.Issued}
+			r.st.settled.Add(1)
+		}
+	}
+	r.reqs = nil
+	return true, nil
+}
+
+func (r *fakeMarkReader) Overdue(now time.Time) bool {
+	return r.reqs != nil && now.Sub(r.sentAt) > r.st.overdueAfter
+}
+
+func (r *fakeMarkReader) Close() error { return unix.Close(r.fd) }
+
+// TestLoopMarkReaders: with a store that has mark readers, a loop reads the
+// marks of its batches itself and forwards the writes read at the mark;
+// every other write (a raise, stale, not issued, one needing a live lease)
+// and every write of a batch whose reader fails (closed, garbage, late)
+// is admitted by the worker. Whatever the reader does, each write gets the
+// answer it would get alone, and the upstream receives exactly the
+// admitted ones with their tokens.
+func TestLoopMarkReaders(t *testing.T) {
+	for _, mode := range []string{"answer", "close", "stall", "garbage"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			clock := newFakeClock()
+			st := markedOver(memstore.New(memstore.Options{Clock: clock}), mode)
+			e := newEnvStore(t, testRules, st, clock)
+			if e.gate.marks == nil {
+				t.Fatal("the gate does not use the store's mark readers")
+			}
+			type write struct {
+				res    string
+				tok    fencing.Token
+				status int
+			}
+			var writes []write
+			for r := range 4 {
+				res := fmt.Sprintf("job:%d", r)
+				old := e.acquire(res, "a", time.Hour)
+				if _, err := st.Release(context.Background(), fencing.ReleaseRequest{Resource: res, Owner: "a", Token: old.Token}); err != nil {
+					t.Fatal(err)
+				}
+				cur := e.acquire(res, "b", time.Hour)
+				if r%2 == 0 { // at the mark; on the others the first write raises it
+					if _, err := st.Admit(context.Background(), fencing.AdmitRequest{Resource: res, Token: cur.Token}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for i := range 10 {
+					switch {
+					case i%5 == 0 && r%2 == 0:
+						writes = append(writes, write{res, old.Token, http.StatusConflict}) // stale
+					case i%5 == 1:
+						writes = append(writes, write{res, cur.Token + 1, http.StatusConflict}) // not issued
+					default:
+						writes = append(writes, write{res, cur.Token, http.StatusOK})
+					}
+				}
+			}
+			// Three rounds: the first opens the reader; the others use it
+			// (or, after a failure, the worker alone).
+			for round := range 3 {
+				got := make([]response, len(writes))
+				var wg sync.WaitGroup
+				for i, w := range writes {
+					wg.Go(func() {
+						got[i] = e.do("PUT", "/jobs/"+w.res[len("job:"):], fmt.Sprintf("r%dw%d", round, i), HeaderToken, tok(w.tok))
+					})
+				}
+				wg.Wait()
+				for i, w := range writes {
+					if got[i].Status != w.status {
+						t.Fatalf("round %d, write %d (%s, token %d): %d %s, want %d", round, i, w.res, w.tok, got[i].Status, got[i].Body, w.status)
+					}
+				}
+				if round == 0 {
+					waitFor(t, "the loops to open their readers", func() bool { return st.opened.Load() > 0 })
+				}
+			}
+			want := 0
+			for _, w := range writes {
+				if w.status == http.StatusOK {
+					want += 3
+				}
+			}
+			recs := e.up.requests()
+			if len(recs) != want {
+				t.Fatalf("the upstream received %d writes, want the %d admitted", len(recs), want)
+			}
+			for _, rec := range recs {
+				var round, n int
+				if _, err := fmt.Sscanf(rec.Body, "r%dw%d", &round, &n); err != nil || writes[n].status != http.StatusOK || rec.Token != tok(writes[n].tok) {
+					t.Fatalf("the upstream received %+v, which the gate did not admit", rec)
+				}
+			}
+			settled, batches := st.settled.Load(), st.sentBatches.Load()
+			switch mode {
+			case "answer":
+				if settled == 0 {
+					t.Fatal("no write was settled by a mark reader")
+				}
+			default:
+				if settled != 0 || batches == 0 {
+					t.Fatalf("%d writes settled, %d batches sent to a failing reader; want 0 and at least 1", settled, batches)
+				}
+			}
+		})
+	}
+}
