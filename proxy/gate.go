@@ -178,7 +178,9 @@ type Options struct {
 	// (see MetricWrites) and the HTTP server metrics of the OpenTelemetry
 	// semantic conventions (http.server.request.duration and the body
 	// sizes), with http.route set to the matching rule's pattern. Nil
-	// means no metrics.
+	// means no metrics. An *atomichist.MeterProvider keeps the request
+	// duration histogram in atomics (about 20 ns a request instead of the
+	// SDK's 200 to 250).
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives a server span per request, named
 	// "{method} {rule pattern}" or "{method} gate" when no rule matched,

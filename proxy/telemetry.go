@@ -18,6 +18,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/fencegate/fencegate/internal/atomichist"
 )
 
 // ScopeName is the instrumentation scope of the gate's meter and tracer.
@@ -162,11 +164,11 @@ type durationKey struct {
 // telemetry is the gate's instruments. With no providers set, it records
 // nothing and starts no spans.
 type telemetry struct {
-	writes   *writeCounter           // MetricWrites, observed by the meter
-	duration metric.Float64Histogram // nil without a meter provider
-	server   []attribute.KeyValue    // server.address, server.port, ...
+	writes   *writeCounter        // MetricWrites, observed by the meter
+	duration *atomichist.Float64  // nil without a meter provider
+	server   []attribute.KeyValue // server.address, server.port, ...
 	mu       sync.RWMutex
-	durOpts  map[durationKey][]metric.RecordOption
+	durOpts  map[durationKey]atomichist.Series
 	tracer   trace.Tracer // nil without a tracer provider
 }
 
@@ -175,7 +177,7 @@ type telemetry struct {
 // it is seen), so recording allocates nothing.
 func (t *telemetry) init(opts Options) error {
 	t.writes = newWriteCounter()
-	t.durOpts = make(map[durationKey][]metric.RecordOption)
+	t.durOpts = make(map[durationKey]atomichist.Series)
 	if tp := opts.TracerProvider; tp != nil {
 		if _, noop := tp.(tracenoop.TracerProvider); !noop { // a no-op one: no span work per request
 			t.tracer = tp.Tracer(ScopeName)
@@ -193,10 +195,8 @@ func (t *telemetry) init(opts Options) error {
 		metric.WithInt64Callback(t.writes.observe)); err != nil {
 		return fmt.Errorf("proxy: creating %s: %w", MetricWrites, err)
 	}
-	if t.duration, err = meter.Float64Histogram(MetricRequestDuration,
-		metric.WithUnit("s"),
-		metric.WithDescription("Duration of HTTP server requests."),
-		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)); err != nil {
+	if t.duration, err = atomichist.NewFloat64(mp, ScopeName, MetricRequestDuration, "s", "Duration of HTTP server requests.",
+		[]float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}); err != nil {
 		return fmt.Errorf("proxy: creating %s: %w", MetricRequestDuration, err)
 	}
 	t.server = []attribute.KeyValue{attribute.String("url.scheme", "http"),
@@ -223,8 +223,8 @@ func (t *telemetry) init(opts Options) error {
 // the response headers are ready; a streamed body is relayed after.
 const MetricRequestDuration = "http.server.request.duration"
 
-// durationOpts is the measurement option of one duration series.
-func (t *telemetry) durationOpts(k durationKey) []metric.RecordOption {
+// durationSeries is one duration series.
+func (t *telemetry) durationSeries(k durationKey) atomichist.Series {
 	t.mu.RLock()
 	o, ok := t.durOpts[k]
 	t.mu.RUnlock()
@@ -236,7 +236,7 @@ func (t *telemetry) durationOpts(k durationKey) []metric.RecordOption {
 	if k.route != "" {
 		kvs = append(kvs, attribute.String("http.route", k.route))
 	}
-	o = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(kvs...))}
+	o = t.duration.Series(attribute.NewSet(kvs...))
 	t.mu.Lock()
 	t.durOpts[k] = o
 	t.mu.Unlock()
@@ -266,8 +266,7 @@ func (g *Gate) begin(x *exchange) {
 func (g *Gate) end(x *exchange) {
 	status := x.c.Response.StatusCode()
 	if g.tel.duration != nil {
-		o := g.tel.durationOpts(durationKey{stdMethod(x.method), status, x.route})
-		g.tel.duration.Record(context.Background(), time.Since(x.start).Seconds(), o...)
+		g.tel.durationSeries(durationKey{stdMethod(x.method), status, x.route}).Record(time.Since(x.start).Seconds())
 	}
 	if x.span != nil {
 		if x.span.IsRecording() {

@@ -24,6 +24,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/fencegate/fencegate/internal/atomichist"
 )
 
 // telemetryShutdownTimeout bounds the flush of pending spans and metrics at
@@ -41,7 +43,9 @@ const telemetryShutdownTimeout = 5 * time.Second
 // compression, TLS, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES); environ
 // only decides whether they are started.
 type telemetry struct {
-	meterProvider  *sdkmetric.MeterProvider
+	// meterProvider is the SDK's, with the per-request histograms kept in
+	// atomics beside it (internal/atomichist) and read by every reader.
+	meterProvider  *atomichist.MeterProvider
 	tracerProvider trace.TracerProvider
 	metrics        http.Handler
 	shutdowns      []func(context.Context) error
@@ -93,8 +97,10 @@ func newTelemetry(ctx context.Context, environ []string, log *slog.Logger) (*tel
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	hists := atomichist.NewProducer()
 	prom, err := otelprom.New(
 		otelprom.WithRegisterer(reg),
+		otelprom.WithProducer(hists),
 		// Explicit, so names stay fencegate_gate_writes_total and
 		// fencegate_store_duration_seconds whatever the exporter's default.
 		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes),
@@ -116,10 +122,10 @@ func newTelemetry(ctx context.Context, environ []string, log *slog.Logger) (*tel
 		if err != nil {
 			return nil, fmt.Errorf("OTLP metric exporter: %w", err)
 		}
-		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp)))
+		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp, sdkmetric.WithProducer(hists))))
 		log.Info("telemetry: exporting metrics by OTLP/HTTP")
 	}
-	t.meterProvider = sdkmetric.NewMeterProvider(mopts...)
+	t.meterProvider = &atomichist.MeterProvider{MeterProvider: sdkmetric.NewMeterProvider(mopts...), Histograms: hists}
 	t.shutdowns = append(t.shutdowns, t.meterProvider.Shutdown)
 
 	if otlpEnabled(env, "TRACES") {

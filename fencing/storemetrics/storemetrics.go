@@ -34,6 +34,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/internal/atomichist"
 )
 
 // ScopeName is the instrumentation scope of the meter and tracer.
@@ -90,9 +91,8 @@ var refusalOutcomes = []string{
 // Wrap, so that a call with a no-op tracer records its latency without
 // allocating.
 type Store struct {
-	next     fencing.Store
-	tracer   trace.Tracer // nil when the provider is the no-op one: no spans
-	duration metric.Float64Histogram
+	next   fencing.Store
+	tracer trace.Tracer // nil when the provider is the no-op one: no spans
 
 	acquire, renew, release, checkpoint, readCheckpoint, status, list, admit, ping *op
 }
@@ -102,11 +102,12 @@ type op struct {
 	name      string
 	spanName  string
 	spanStart []trace.SpanStartOption
-	// record holds the histogram options per outcome.
-	record map[string][]metric.RecordOption
+	// record holds the histogram series per outcome.
+	record map[string]atomichist.Series
+	h      *atomichist.Float64
 }
 
-func newOp(name string) *op {
+func newOp(h *atomichist.Float64, name string) *op {
 	o := &op{
 		name:     name,
 		spanName: "store " + name,
@@ -114,32 +115,33 @@ func newOp(name string) *op {
 			trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithAttributes(attribute.String("fencegate.store.operation", name)),
 		},
-		record: map[string][]metric.RecordOption{},
+		record: map[string]atomichist.Series{},
+		h:      h,
 	}
 	outcomes := append([]string{OutcomeOK, OutcomeUnavailable, OutcomeAmbiguous, OutcomeStoreLost, OutcomeCanceled, OutcomeError}, refusalOutcomes...)
 	for _, outcome := range outcomes {
-		o.record[outcome] = recordOptions(name, outcome)
+		o.record[outcome] = o.newSeries(outcome)
 	}
 	return o
 }
 
-func recordOptions(op, outcome string) []metric.RecordOption {
-	return []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(
-		attribute.String("operation", op), attribute.String("outcome", outcome)))}
+func (o *op) newSeries(outcome string) atomichist.Series {
+	return o.h.Series(attribute.NewSet(attribute.String("operation", o.name), attribute.String("outcome", outcome)))
 }
 
-// recordOptions returns the histogram options of one outcome of o.
-func (o *op) recordOptions(outcome string) []metric.RecordOption {
-	if opts, ok := o.record[outcome]; ok {
-		return opts
+// series returns the histogram series of one outcome of o.
+func (o *op) series(outcome string) atomichist.Series {
+	if s, ok := o.record[outcome]; ok {
+		return s
 	}
-	return recordOptions(o.name, outcome)
+	return o.newSeries(outcome)
 }
 
 var _ fencing.Store = (*Store)(nil)
 
-// Wrap returns s decorated with a latency histogram from mp and a span per
-// call from tp. A nil provider means no-op: nothing is recorded for it. It
+// Wrap returns s decorated with a latency histogram from mp (kept in
+// atomics when mp is an *atomichist.MeterProvider) and a span per call
+// from tp. A nil provider means no-op: nothing is recorded for it. It
 // panics if s is nil. If creating the histogram fails (the SDK reports that
 // only for an invalid name, which this package does not use), the histogram
 // is a no-op.
@@ -153,18 +155,16 @@ func Wrap(s fencing.Store, mp metric.MeterProvider, tp trace.TracerProvider) *St
 	if tp == nil {
 		tp = tracenoop.NewTracerProvider()
 	}
-	h, err := mp.Meter(ScopeName).Float64Histogram(MetricDuration,
-		metric.WithUnit("s"),
-		metric.WithDescription("Duration of fencegate lease store calls, by operation and outcome."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	h, err := atomichist.NewFloat64(mp, ScopeName, MetricDuration, "s",
+		"Duration of fencegate lease store calls, by operation and outcome.", durationBuckets)
 	if err != nil {
-		h, _ = metricnoop.Meter{}.Float64Histogram(MetricDuration)
+		h, _ = atomichist.NewFloat64(metricnoop.NewMeterProvider(), ScopeName, MetricDuration, "s", "", durationBuckets)
 	}
 	st := &Store{
-		next: s, duration: h,
-		acquire: newOp(OpAcquire), renew: newOp(OpRenew), release: newOp(OpRelease),
-		checkpoint: newOp(OpCheckpoint), readCheckpoint: newOp(OpReadCheckpoint),
-		status: newOp(OpStatus), list: newOp(OpList), admit: newOp(OpAdmit), ping: newOp(OpPing),
+		next:    s,
+		acquire: newOp(h, OpAcquire), renew: newOp(h, OpRenew), release: newOp(h, OpRelease),
+		checkpoint: newOp(h, OpCheckpoint), readCheckpoint: newOp(h, OpReadCheckpoint),
+		status: newOp(h, OpStatus), list: newOp(h, OpList), admit: newOp(h, OpAdmit), ping: newOp(h, OpPing),
 	}
 	// The no-op provider's spans record nothing and are never exported, and
 	// starting one only wraps the caller's context: skipping it changes
@@ -220,16 +220,11 @@ func (s *Store) begin(ctx context.Context, o *op, resource string) (context.Cont
 	return ctx, c
 }
 
-// end records the call. A canceled caller still gets its latency counted:
-// the histogram is given a context without the cancellation (derived only
-// when the caller's context is done, as deriving allocates).
+// end records the call (a canceled caller's too).
 func (c call) end(ctx context.Context, err error) {
 	elapsed := time.Since(c.start).Seconds()
 	outcome := Outcome(err)
-	if ctx.Err() != nil {
-		ctx = context.WithoutCancel(ctx)
-	}
-	c.s.duration.Record(ctx, elapsed, c.op.recordOptions(outcome)...)
+	c.op.series(outcome).Record(elapsed)
 	if c.span == nil {
 		return
 	}
