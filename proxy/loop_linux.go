@@ -241,6 +241,8 @@ type eventLoop struct {
 	admitting bool                // a batch is with the store
 	admitCh   chan []pendingAdmit // to the admission worker, once started
 	marks     loopMarks           // the store's mark reader (loopmarks_linux.go)
+	passed    []passedRequest     // to forward at the end of the pass (see forwardLater)
+	forwarded []passedRequest     // passed's other array, reused
 	now       time.Time
 
 	buf []byte        // one read
@@ -346,11 +348,27 @@ func (l *eventLoop) run() {
 		if l.queued.Load() {
 			l.runInbox()
 		}
+		l.forwardPassed()
 		l.sendAdmits()
 		if l.now.Sub(lastSweep) >= loopTick {
 			lastSweep = l.now
 			l.sweep()
 		}
+	}
+}
+
+// forwardPassed forwards the requests the pass admitted (see
+// forwardLater), and those that forwarding them admits in turn (a
+// pipelined request behind one answered at once).
+func (l *eventLoop) forwardPassed() {
+	for len(l.passed) > 0 {
+		batch := l.passed
+		l.passed = l.forwarded[:0]
+		for i, p := range batch {
+			p.c.admitted(p.t, true)
+			batch[i] = passedRequest{}
+		}
+		l.forwarded = batch[:0]
 	}
 }
 
