@@ -29,7 +29,7 @@
 #      sampled during the run, peak RSS (VmHWM, over the process's life) and
 #      the goroutine count (go_goroutines from /metrics) during the run.
 #
-# Environment: BENCH_DURATION (5s), BENCH_ROUNDS (3), BENCH_CONNS (50),
+# Environment: BENCH_DURATION (5s), BENCH_ROUNDS (5), BENCH_CONNS (50),
 # BENCH_MANY (1000), BENCH_RESOURCES (64), BENCH_STORES ("memory file
 # valkey"), BENCH_THREADS (wrk threads, 2). Missing nginx, wrk, redis-server
 # and curl are installed with apt-get when running as root, else it stops.
@@ -39,7 +39,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${BENCH_DURATION:-5s}
-ROUNDS=${BENCH_ROUNDS:-3}
+ROUNDS=${BENCH_ROUNDS:-5}
 CONNS=${BENCH_CONNS:-50}
 MANY=${BENCH_MANY:-1000}
 RESOURCES=${BENCH_RESOURCES:-64}
