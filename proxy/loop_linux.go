@@ -238,6 +238,7 @@ type eventLoop struct {
 	exited  chan struct{} // closed when run returns
 
 	admits    []pendingAdmit      // writes for the store's next batch (loopadmit_linux.go)
+	reads     []pendingAdmit      // writes for the mark reader's next batch
 	admitting bool                // a batch is with the store
 	admitCh   chan []pendingAdmit // to the admission worker, once started
 	marks     loopMarks           // the store's mark reader (loopmarks_linux.go)

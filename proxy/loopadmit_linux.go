@@ -28,12 +28,11 @@ import (
 
 // pendingAdmit is a write of a loop waiting for the store's batch.
 type pendingAdmit struct {
-	c    *loopConn
-	x    *exchange
-	d    Decision
-	t    *barrier.Ticket // registered by the worker, or for a mark reader's batch
-	ok   bool            // admitted and its turn: forward it
-	read bool            // a mark reader did not settle it: the worker admits it
+	c  *loopConn
+	x  *exchange
+	d  Decision
+	t  *barrier.Ticket // registered by the worker, or for a mark reader's batch
+	ok bool            // admitted and its turn: forward it
 }
 
 // batches reports whether fenced write d goes to the store in a batch: a
@@ -43,53 +42,41 @@ func (g *Gate) batches(d Decision) bool {
 	return g.batch != nil && local && len(d.Targets) == 1
 }
 
-// queueAdmit adds write c (in stAdmit) to the loop's next batch.
+// queueAdmit adds write c (in stAdmit) to the loop's next batch: the mark
+// reader's when the store has mark readers and the write needs no live
+// lease, the worker's otherwise.
 func (l *eventLoop) queueAdmit(c *loopConn, d Decision) {
+	p := pendingAdmit{c: c, x: c.x, d: d}
+	if l.e.g.marks != nil && !d.Targets[0].Strict {
+		l.reads = append(l.reads, p)
+		return
+	}
+	l.admits = append(l.admits, p)
+}
+
+// sendAdmits sends the writes collected. Those for a mark reader go to the
+// loop's reader when it is free, wait while it is busy, and go to the
+// worker while the loop has none; the worker gets its writes unless a
+// batch is already with it.
+func (l *eventLoop) sendAdmits() {
+	if len(l.reads) > 0 {
+		if l.marks.active(l) {
+			if m := l.marks.free(); m != nil {
+				m.batch, l.reads = l.reads, m.batch[:0]
+				m.send() // should it fail, its batch joins l.admits
+			}
+		} else {
+			l.admits = append(l.admits, l.reads...)
+			clear(l.reads)
+			l.reads = l.reads[:0]
+		}
+	}
+	if len(l.admits) == 0 || l.admitting {
+		return
+	}
 	if l.admitCh == nil {
 		l.admitCh = make(chan []pendingAdmit, 1)
 		go l.admitWorker(l.admitCh)
-	}
-	l.admits = append(l.admits, pendingAdmit{c: c, x: c.x, d: d})
-}
-
-// sendAdmits sends the writes collected. While the loop has a mark reader,
-// the writes it may settle wait for it to be free and go to it; the others
-// (and all of them while there is none) go to the worker unless a batch is
-// already with it.
-func (l *eventLoop) sendAdmits() {
-	if len(l.admits) == 0 {
-		return
-	}
-	if l.marks.active(l) {
-		m := l.marks.free()
-		worker := l.admits[:0]
-		var waiting []pendingAdmit
-		for _, p := range l.admits {
-			switch {
-			case p.read || p.d.Targets[0].Strict:
-				worker = append(worker, p)
-			case m != nil:
-				m.batch = append(m.batch, p)
-			default:
-				waiting = append(waiting, p)
-			}
-		}
-		l.admits = worker
-		if m != nil {
-			m.send() // should it fail, its batch joins l.admits
-		}
-		worker = l.admits
-		if l.admitting || len(worker) == 0 {
-			l.admits = append(worker, waiting...)
-			return
-		}
-		l.admitting = true
-		l.admitCh <- worker
-		l.admits = waiting
-		return
-	}
-	if l.admitting {
-		return
 	}
 	l.admitting = true
 	l.admitCh <- l.admits

@@ -45,8 +45,8 @@ type loopMarks struct {
 }
 
 // active reports whether the loop has a mark reader open: then the writes
-// it may settle wait for it. Without one, it starts opening one when its
-// time has come; meanwhile the worker admits every write.
+// for it wait for it. Without one, it starts opening one when its time has
+// come; meanwhile the worker admits every write.
 func (lm *loopMarks) active(l *eventLoop) bool {
 	if l.e.g.marks == nil || lm.none {
 		return false
@@ -243,8 +243,8 @@ func (m *markConn) receive() {
 	for i, p := range m.batch {
 		if !m.settled[i] {
 			p.t.Leave()
-			p.t, p.read = nil, true
-			l.admits = append(l.admits, p)
+			p.t = nil
+			l.admits = append(l.admits, p) // the worker admits it
 			continue
 		}
 		p.x.audit.admitted(m.res[i])
@@ -265,8 +265,8 @@ func (m *markConn) fail(err error) {
 	}
 	for _, p := range m.batch {
 		p.t.Leave()
-		p.t, p.read = nil, true
-		l.admits = append(l.admits, p)
+		p.t = nil
+		l.admits = append(l.admits, p) // the worker admits it
 	}
 	m.batch = nil
 	fd := m.r.Fd()
