@@ -101,7 +101,7 @@ func (lm *loopMarks) attach(l *eventLoop) {
 		return
 	}
 	fd := r.Fd()
-	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(fd)}); err != nil {
+	if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
 		_ = r.Close()
 		lm.failed(l, err)
 		return
@@ -152,7 +152,8 @@ func (lm *loopMarks) close() {
 }
 
 // markConn is a loop's open mark reader, a socket of the loop like its
-// clients'.
+// clients' (edge-triggered, watched for writing only while a batch's reads
+// are not all written).
 type markConn struct {
 	l        *eventLoop
 	r        fencing.MarkReader
@@ -195,12 +196,7 @@ func (m *markConn) watchWritable(pending bool) {
 		return
 	}
 	m.writable = pending
-	ev := uint32(unix.EPOLLIN | unix.EPOLLRDHUP)
-	if pending {
-		ev |= unix.EPOLLOUT
-	}
-	fd := m.r.Fd()
-	if err := unix.EpollCtl(m.l.ep, unix.EPOLL_CTL_MOD, fd, &unix.EpollEvent{Events: ev, Fd: int32(fd)}); err != nil {
+	if err := m.l.watch(m.r.Fd(), unix.EPOLL_CTL_MOD, pending); err != nil {
 		m.fail(err)
 	}
 }
@@ -242,9 +238,7 @@ func (m *markConn) receive() {
 	l.marks.failures = 0
 	for i, p := range m.batch {
 		if !m.settled[i] {
-			p.t.Leave()
-			p.t = nil
-			l.admits = append(l.admits, p) // the worker admits it
+			l.unread(p)
 			continue
 		}
 		p.x.audit.admitted(m.res[i])
@@ -257,6 +251,15 @@ func (m *markConn) receive() {
 	m.batch = m.batch[:0]
 }
 
+// unread gives write p, which its mark reader did not settle, to the
+// worker: it leaves its place in the barrier, where the worker registers it
+// again before admitting it.
+func (l *eventLoop) unread(p pendingAdmit) {
+	p.t.Leave()
+	p.t = nil
+	l.admits = append(l.admits, p)
+}
+
 // fail closes the reader and gives its batch to the worker.
 func (m *markConn) fail(err error) {
 	l := m.l
@@ -264,9 +267,7 @@ func (m *markConn) fail(err error) {
 		return
 	}
 	for _, p := range m.batch {
-		p.t.Leave()
-		p.t = nil
-		l.admits = append(l.admits, p) // the worker admits it
+		l.unread(p)
 	}
 	m.batch = nil
 	fd := m.r.Fd()

@@ -29,6 +29,9 @@ import (
 //
 //	answer   "ok": the reader then settles each request whose token is at
 //	         the memory store's mark, read at that moment
+//	pending  as answer, but the reader's Send writes nothing and reports
+//	         bytes pending: they go out on Flush, once the loop finds the
+//	         socket writable
 //	close    closes its end
 //	stall    never answers (the reader is overdue after overdueAfter)
 //	garbage  answers what no reader understands
@@ -82,7 +85,7 @@ func (m *markedStore) serve(c net.Conn) {
 		}
 		m.sentBatches.Add(1)
 		switch *m.mode.Load() {
-		case "answer":
+		case "answer", "pending":
 			_, _ = c.Write([]byte("ok\n"))
 		case "close":
 			return
@@ -98,6 +101,7 @@ type fakeMarkReader struct {
 	fd     int
 	reqs   []fencing.AdmitRequest
 	sentAt time.Time
+	out    []byte // the batch line, until written
 	in     []byte
 }
 
@@ -105,11 +109,18 @@ func (r *fakeMarkReader) Fd() int { return r.fd }
 
 func (r *fakeMarkReader) Send(now time.Time, reqs []fencing.AdmitRequest) (bool, error) {
 	r.reqs, r.sentAt, r.in = reqs, now, r.in[:0]
-	_, err := unix.Write(r.fd, []byte(strconv.Itoa(len(reqs))+"\n"))
-	return false, err
+	r.out = []byte(strconv.Itoa(len(reqs)) + "\n")
+	if *r.st.mode.Load() == "pending" {
+		return true, nil
+	}
+	return r.Flush()
 }
 
-func (r *fakeMarkReader) Flush() (bool, error) { return false, nil }
+func (r *fakeMarkReader) Flush() (bool, error) {
+	_, err := unix.Write(r.fd, r.out)
+	r.out = nil
+	return false, err
+}
 
 func (r *fakeMarkReader) Receive(out []fencing.Admission, settled []bool) (bool, error) {
 	var b [64]byte
@@ -152,7 +163,7 @@ func (r *fakeMarkReader) Close() error { return unix.Close(r.fd) }
 // answer it would get alone, and the upstream receives exactly the
 // admitted ones with their tokens.
 func TestLoopMarkReaders(t *testing.T) {
-	for _, mode := range []string{"answer", "close", "stall", "garbage"} {
+	for _, mode := range []string{"answer", "pending", "close", "stall", "garbage"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			clock := newFakeClock()
@@ -228,7 +239,7 @@ func TestLoopMarkReaders(t *testing.T) {
 			}
 			settled, batches := st.settled.Load(), st.sentBatches.Load()
 			switch mode {
-			case "answer":
+			case "answer", "pending":
 				if settled == 0 {
 					t.Fatal("no write was settled by a mark reader")
 				}

@@ -90,16 +90,19 @@ type writeKey struct{ code, method string }
 // counted, as a synchronous counter would report it.
 type writeCounter struct {
 	mu     sync.RWMutex
-	index  map[writeKey]int // into keys, counts and attrs
-	keys   []writeKey
-	counts []*atomic.Int64
-	attrs  []metric.ObserveOption
+	counts map[writeKey]*writeCount
+}
+
+// writeCount is one (code, method) pair's count and attribute set.
+type writeCount struct {
+	n     atomic.Int64
+	attrs metric.ObserveOption
 }
 
 // newWriteCounter has a counter ready for each pair of writeCodes and
 // writeMethods; add makes one for any other code.
 func newWriteCounter() *writeCounter {
-	w := &writeCounter{index: make(map[writeKey]int, len(writeCodes)*len(writeMethods))}
+	w := &writeCounter{counts: make(map[writeKey]*writeCount, len(writeCodes)*len(writeMethods))}
 	for _, c := range writeCodes {
 		for _, m := range writeMethods {
 			w.make(writeKey{c, m})
@@ -109,35 +112,26 @@ func newWriteCounter() *writeCounter {
 }
 
 // make adds k's counter; w.mu is held for writing, or w is not shared yet.
-func (w *writeCounter) make(k writeKey) *atomic.Int64 {
-	n := new(atomic.Int64)
-	w.index[k] = len(w.keys)
-	w.keys = append(w.keys, k)
-	w.counts = append(w.counts, n)
-	w.attrs = append(w.attrs, metric.WithAttributeSet(attribute.NewSet(
-		attribute.String("code", k.code), attribute.String("method", k.method))))
+func (w *writeCounter) make(k writeKey) *writeCount {
+	n := &writeCount{attrs: metric.WithAttributeSet(attribute.NewSet(
+		attribute.String("code", k.code), attribute.String("method", k.method)))}
+	w.counts[k] = n
 	return n
 }
 
 // add counts one write for k.
 func (w *writeCounter) add(k writeKey) {
 	w.mu.RLock()
-	i, ok := w.index[k]
-	var n *atomic.Int64
-	if ok {
-		n = w.counts[i]
-	}
+	n := w.counts[k]
 	w.mu.RUnlock()
-	if !ok { // a code missing from writeCodes
+	if n == nil { // a code missing from writeCodes
 		w.mu.Lock()
-		if i, ok := w.index[k]; ok {
-			n = w.counts[i]
-		} else {
+		if n = w.counts[k]; n == nil {
 			n = w.make(k)
 		}
 		w.mu.Unlock()
 	}
-	n.Add(1)
+	n.n.Add(1)
 }
 
 // observe reports every pair counted so far (the observable counter's
@@ -145,9 +139,9 @@ func (w *writeCounter) add(k writeKey) {
 func (w *writeCounter) observe(_ context.Context, o metric.Int64Observer) error {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
-	for i, n := range w.counts {
-		if v := n.Load(); v > 0 {
-			o.Observe(v, w.attrs[i])
+	for _, n := range w.counts {
+		if v := n.n.Load(); v > 0 {
+			o.Observe(v, n.attrs)
 		}
 	}
 	return nil
@@ -164,12 +158,12 @@ type durationKey struct {
 // telemetry is the gate's instruments. With no providers set, it records
 // nothing and starts no spans.
 type telemetry struct {
-	writes   *writeCounter        // MetricWrites, observed by the meter
-	duration *atomichist.Float64  // nil without a meter provider
-	server   []attribute.KeyValue // server.address, server.port, ...
-	mu       sync.RWMutex
-	durOpts  map[durationKey]atomichist.Series
-	tracer   trace.Tracer // nil without a tracer provider
+	writes    *writeCounter        // MetricWrites, observed by the meter
+	duration  *atomichist.Float64  // nil without a meter provider
+	server    []attribute.KeyValue // server.address, server.port, ...
+	mu        sync.RWMutex
+	durSeries map[durationKey]atomichist.Series
+	tracer    trace.Tracer // nil without a tracer provider
 }
 
 // init creates the instruments. Every attribute set a measurement uses is
@@ -177,7 +171,7 @@ type telemetry struct {
 // it is seen), so recording allocates nothing.
 func (t *telemetry) init(opts Options) error {
 	t.writes = newWriteCounter()
-	t.durOpts = make(map[durationKey]atomichist.Series)
+	t.durSeries = make(map[durationKey]atomichist.Series)
 	if tp := opts.TracerProvider; tp != nil {
 		if _, noop := tp.(tracenoop.TracerProvider); !noop { // a no-op one: no span work per request
 			t.tracer = tp.Tracer(ScopeName)
@@ -226,7 +220,7 @@ const MetricRequestDuration = "http.server.request.duration"
 // durationSeries is one duration series.
 func (t *telemetry) durationSeries(k durationKey) atomichist.Series {
 	t.mu.RLock()
-	o, ok := t.durOpts[k]
+	o, ok := t.durSeries[k]
 	t.mu.RUnlock()
 	if ok {
 		return o
@@ -238,7 +232,7 @@ func (t *telemetry) durationSeries(k durationKey) atomichist.Series {
 	}
 	o = t.duration.Series(attribute.NewSet(kvs...))
 	t.mu.Lock()
-	t.durOpts[k] = o
+	t.durSeries[k] = o
 	t.mu.Unlock()
 	return o
 }

@@ -78,11 +78,7 @@ func (s *Store) OpenMarkReader(ctx context.Context) (fencing.MarkReader, error) 
 	if err := o.introduce(conn); err != nil {
 		return nil, err
 	}
-	r, err := newMarkReader(s, conn.(*net.TCPConn))
-	if err != nil {
-		return nil, err
-	}
-	return r, nil
+	return newMarkReader(s, conn.(*net.TCPConn))
 }
 
 // introduce sends AUTH, SELECT and CLIENT SETNAME as configured and checks

@@ -26,7 +26,7 @@ type markReader struct {
 }
 
 // newMarkReader takes a duplicate of conn's socket, in non-blocking mode.
-func newMarkReader(s *Store, conn *net.TCPConn) (*markReader, error) {
+func newMarkReader(s *Store, conn *net.TCPConn) (fencing.MarkReader, error) {
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return nil, err

@@ -12,8 +12,6 @@ import (
 // Mark readers serve the gate's event loops, which run on Linux only.
 const markReadersSupported = false
 
-func newMarkReader(*Store, *net.TCPConn) (*markReader, error) {
+func newMarkReader(*Store, *net.TCPConn) (fencing.MarkReader, error) {
 	return nil, errors.New("valkeystore: mark readers need Linux")
 }
-
-type markReader struct{ fencing.MarkReader }
