@@ -64,7 +64,8 @@ func (g *Gate) openAudit(x *exchange) {
 	if len(p) > 256 {
 		p = p[:256]
 	}
-	x.audit = &auditRecord{start: x.start, id: x.id, method: x.method, path: p}
+	x.auditRec = auditRecord{start: x.start, id: x.id, method: x.method, path: p}
+	x.audit = &x.auditRec
 	g.inFlight.add(x.audit)
 }
 

@@ -139,21 +139,23 @@ func (g *Gate) decide(in Incoming) Decision {
 		return Decision{Verdict: Forward}
 	}
 
-	segs, p := canonicalSegments(in.Target)
+	var segBuf [8]string // the path's segments, without allocating for most paths
+	segs, p := canonicalSegments(in.Target, segBuf[:0])
 	if p != nil {
 		return Decision{Verdict: Refuse, Problem: p}
 	}
 	d := Decision{Verdict: Fence}
-	rule, vars := g.route(in.Method, segs)
+	var buf, destBuf [4]pathVar // the rules' variables, without allocating
+	rule, vars := g.route(in.Method, segs, buf[:0])
 	d.Rule = rule
 	if rule != nil && rule.Action == ActionDeny {
 		return denied(rule, in.Method)
 	}
 	var dest *Rule
-	var destVars map[string]string
+	var destVars pathVars
 	if vs, ok := in.Header[HeaderDestination]; ok {
 		var p *problem.Error
-		if dest, destVars, p = g.routeDestination(in, vs); p != nil {
+		if dest, destVars, p = g.routeDestination(in, vs, destBuf[:0]); p != nil {
 			return Decision{Verdict: Refuse, Problem: p, Rule: rule}
 		}
 	}
@@ -212,7 +214,7 @@ func normalizeTargets(ts []Target) []Target {
 
 // canonicalSegments checks an unsafe request's target and returns its
 // path's decoded segments.
-func canonicalSegments(target string) ([]string, *problem.Error) {
+func canonicalSegments(target string, into []string) ([]string, *problem.Error) {
 	path, err := originPath(target)
 	if err == nil {
 		err = CheckPath(path)
@@ -220,7 +222,7 @@ func canonicalSegments(target string) ([]string, *problem.Error) {
 	if err != nil {
 		return nil, notCanonical(err)
 	}
-	segs, err := splitPath(path)
+	segs, err := appendSegments(into, path)
 	if err != nil { // CheckPath lets no such path through
 		return nil, notCanonical(err)
 	}
@@ -234,12 +236,12 @@ func notCanonical(err error) *problem.Error {
 
 // route returns the first fence, pass or deny rule matching method and
 // the path's segments, and its pattern variables.
-func (g *Gate) route(method string, segs []string) (*Rule, map[string]string) {
+func (g *Gate) route(method string, segs []string, into pathVars) (*Rule, pathVars) {
 	for i := range g.rules {
 		if g.rules[i].Action == ActionUpgrade {
 			continue
 		}
-		if vars, ok := g.rules[i].match(method, segs); ok {
+		if vars, ok := g.rules[i].match(method, segs, into); ok {
 			return &g.rules[i], vars
 		}
 	}
@@ -249,7 +251,7 @@ func (g *Gate) route(method string, segs []string) (*Rule, map[string]string) {
 // routeDestination judges a write's Destination header: one value, a path
 // or an http(s) URL on the request's host (or the upstream's), canonical,
 // matched by a rule that does not deny it.
-func (g *Gate) routeDestination(in Incoming, vs []string) (*Rule, map[string]string, *problem.Error) {
+func (g *Gate) routeDestination(in Incoming, vs []string, into pathVars) (*Rule, pathVars, *problem.Error) {
 	if len(vs) != 1 {
 		return nil, nil, problem.New(http.StatusBadRequest, "path-not-canonical", "send at most one Destination header")
 	}
@@ -266,7 +268,7 @@ func (g *Gate) routeDestination(in Incoming, vs []string) (*Rule, map[string]str
 	if err != nil {
 		return nil, nil, notCanonical(err)
 	}
-	rule, vars := g.route(in.Method, segs)
+	rule, vars := g.route(in.Method, segs, into)
 	switch {
 	case rule == nil:
 		return nil, nil, problem.New(http.StatusBadRequest, "resource-required",
@@ -320,7 +322,7 @@ func (g *Gate) decideUpgrade(in Incoming, protos []string) Decision {
 	if len(protos) > 0 && !slices.ContainsFunc(protos, func(p string) bool { return p != "h2c" }) {
 		return Decision{Verdict: Forward, DropUpgrade: true}
 	}
-	segs, p := canonicalSegments(in.Target)
+	segs, p := canonicalSegments(in.Target, nil)
 	if p != nil {
 		return Decision{Verdict: Refuse, Problem: p}
 	}
@@ -332,7 +334,7 @@ func (g *Gate) decideUpgrade(in Incoming, protos []string) Decision {
 		if r.Action != ActionUpgrade {
 			continue
 		}
-		if _, ok := r.match(in.Method, segs); !ok {
+		if _, ok := r.match(in.Method, segs, nil); !ok {
 			continue
 		}
 		for _, p := range protos {
@@ -439,7 +441,7 @@ func requestToken(h http.Header) (fencing.Token, *problem.Error) {
 
 // resource is the write's resource: the rule's, or the Fencing-Resource
 // header's when no rule matched and ResourceHeader is on.
-func (g *Gate) resource(h http.Header, rule *Rule, vars map[string]string) (string, *problem.Error) {
+func (g *Gate) resource(h http.Header, rule *Rule, vars pathVars) (string, *problem.Error) {
 	if rule != nil {
 		return ruleResource(rule, vars)
 	}
@@ -463,7 +465,7 @@ func (g *Gate) resource(h http.Header, rule *Rule, vars map[string]string) (stri
 }
 
 // ruleResource expands a fence rule's template and checks the name.
-func ruleResource(rule *Rule, vars map[string]string) (string, *problem.Error) {
+func ruleResource(rule *Rule, vars pathVars) (string, *problem.Error) {
 	res := rule.resource(vars)
 	if err := fencing.ValidateResource(res); err != nil {
 		return "", problem.New(http.StatusBadRequest, "resource-required",

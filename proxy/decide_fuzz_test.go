@@ -90,7 +90,7 @@ func oracleRoute(rules []Rule, method, decoded string) (*Rule, string) {
 		if r.Action == ActionUpgrade {
 			continue
 		}
-		if vars, ok := r.match(method, segs); ok {
+		if vars, ok := r.match(method, segs, nil); ok {
 			if r.Action == ActionFence {
 				return r, r.resource(vars)
 			}

@@ -213,6 +213,7 @@ type Options struct {
 type Gate struct {
 	upstream       *url.URL
 	upstreamBase   string // the upstream URL's escaped path, without a trailing slash
+	upstreamHost   []byte // the upstream URL's host, as the Host header it gets
 	client         *fasthttp.HostClient
 	upstreamTO     time.Duration
 	rules          []Rule
@@ -260,6 +261,7 @@ func New(opts Options) (*Gate, error) {
 	g := &Gate{
 		upstream:       u,
 		upstreamBase:   strings.TrimSuffix(u.EscapedPath(), "/"),
+		upstreamHost:   []byte(u.Host),
 		upstreamTO:     cmp.Or(opts.UpstreamTimeout, DefaultUpstreamTimeout),
 		rules:          opts.Rules,
 		resourceHeader: opts.ResourceHeader,
@@ -304,18 +306,23 @@ type exchange struct {
 	start    time.Time
 	id       string
 	method   string
-	path     string // the request target's path, as sent
-	route    string // the matched rule's pattern, or ""
-	audit    *auditRecord
+	path     string       // the request target's path, as sent
+	route    string       // the matched rule's pattern, or ""
+	audit    *auditRecord // &auditRec for a write, nil for a read
+	auditRec auditRecord
 	body     *bodyReader // a streamed body while it is forwarded, or nil
 	buffered *[]byte     // a body read in full (bufferBody), or nil
 	bodyErr  error       // the body read with the head failed (the event loops)
+
+	// headerBuf holds the values upstreamHeaders makes: an address and a
+	// request id (at most reqid.MaxBytes) fit.
+	headerBuf [64 + reqid.MaxBytes]byte
 }
 
 // serve is the gate's request handler on the fasthttp engine: it decides,
 // fences and forwards one request (see decide for the contract).
 func (g *Gate) serve(c *fasthttp.RequestCtx) {
-	x, d := g.open(c, nil)
+	x, d := g.open(c, nil, time.Now())
 	defer g.end(x)
 	switch g.verdict(x, d) {
 	case passForward:
@@ -332,9 +339,10 @@ func (g *Gate) serve(c *fasthttp.RequestCtx) {
 // open begins x's passage through the gate: its request id, the gate's
 // decision on it, its telemetry and audit record. Every open is ended by
 // end once x's answer is set. scratch, when not nil, is a map open may
-// clear and reuse for the headers decide reads (see decisionHeader).
-func (g *Gate) open(c *fasthttp.RequestCtx, scratch http.Header) (*exchange, Decision) {
-	x := &exchange{c: c, ctx: context.Background(), start: time.Now()}
+// clear and reuse for the headers decide reads (see decisionHeader). start
+// is when the request arrived: its duration is measured from then.
+func (g *Gate) open(c *fasthttp.RequestCtx, scratch http.Header, start time.Time) (*exchange, Decision) {
+	x := &exchange{c: c, ctx: context.Background(), start: start}
 	x.id = reqid.Choose(c.Request.Header.Peek(reqid.Header))
 	c.Response.Header.Set(reqid.Header, x.id)
 	target := string(c.Request.Header.RequestURI())

@@ -315,7 +315,7 @@ func (e *hostileEnv) match(method string, segs []string) *Rule {
 		if e.rules[i].Action == ActionUpgrade {
 			continue
 		}
-		if _, ok := e.rules[i].match(method, segs); ok {
+		if _, ok := e.rules[i].match(method, segs, nil); ok {
 			return &e.rules[i]
 		}
 	}
@@ -323,7 +323,7 @@ func (e *hostileEnv) match(method string, segs []string) *Rule {
 }
 
 func (e *hostileEnv) resourceOf(r *Rule, method string, segs []string) string {
-	vars, _ := r.match(method, segs)
+	vars, _ := r.match(method, segs, nil)
 	return r.resource(vars)
 }
 

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -464,8 +465,7 @@ func (l *eventLoop) sweep() {
 		l.idle[0].close()
 	}
 	if len(l.waiting) > 0 && l.e.upConns.Load() < l.e.maxUp {
-		c := l.waiting[0]
-		l.waiting = l.waiting[1:]
+		c := popFront(&l.waiting)
 		l.dial(c)
 	}
 	l.marks.checkOverdue(l)
@@ -499,8 +499,7 @@ func (l *eventLoop) upstream(c *loopConn) {
 	if len(l.idle) > 0 {
 		// The one idle longest: requests spread over the connections,
 		// and so over an upstream's workers.
-		u := l.idle[0]
-		l.idle = l.idle[1:]
+		u := popFront(&l.idle)
 		u.attach(c)
 		return
 	}
@@ -509,6 +508,15 @@ func (l *eventLoop) upstream(c *loopConn) {
 		return
 	}
 	l.dial(c)
+}
+
+// popFront removes the first element of *s and returns it. The rest moves
+// down, so the array is reused by later appends (slicing the first off
+// would make them reallocate it, about once per request).
+func popFront[T any](s *[]T) T {
+	v := (*s)[0]
+	*s = slices.Delete(*s, 0, 1)
+	return v
 }
 
 // dial opens a new upstream connection for c on a goroutine (name

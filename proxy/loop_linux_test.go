@@ -132,6 +132,7 @@ var engineCases = []struct{ name, raw string }{
 	{"stale write", "PUT /jobs/2 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r3\r\nFencing-Token: 1\r\nContent-Length: 2\r\n\r\nno"},
 	{"write without token", "DELETE /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r4\r\n\r\n"},
 	{"write closing", "DELETE /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r5\r\nFencing-Token: 1\r\nConnection: close\r\n\r\n"},
+	{"claims repeated", "POST /health HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r30\r\nX-Forwarded-For: 6.6.6.6\r\nx-forwarded-for: 7.7.7.7\r\nX-Request-Id: forged\r\nX-Forwarded-Host: evil\r\nX-Forwarded-Host: evil2\r\nContent-Length: 0\r\n\r\n"},
 	{"claims replaced", "POST /health HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r6\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Proto: https\r\nForwarded: for=6.6.6.6\r\nContent-Length: 0\r\n\r\n"},
 	{"hop-by-hop", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r7\r\nConnection: X-Secret, Fencing-Token\r\nX-Secret: s\r\nTe: trailers, deflate\r\nKeep-Alive: 5\r\nProxy-Authorization: x\r\nX-Respond: hop\r\n\r\n"},
 	{"head", "HEAD /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r8\r\n\r\n"},
@@ -266,6 +267,48 @@ func TestEnginesAgree(t *testing.T) {
 				t.Errorf("the upstream got different requests\nevent loops:\n%q\nfasthttp:\n%q", gotUp, wantUp)
 			}
 		})
+	}
+}
+
+// TestClaimsAndOrderOnBothEngines: a client that repeats the headers the
+// gate sets (X-Forwarded-*, X-Request-Id, Forwarded), in any case, gets
+// none of its own to the upstream, only the gate's, once each; every
+// field any of its Connection fields names is left out; and the
+// fields the gate keeps reach the upstream in the order the client sent
+// them, even when a dropped field came before them (repeated fields are
+// a list whose order matters). Read from what the upstream received, on
+// the event loops and on the fasthttp engine.
+func TestClaimsAndOrderOnBothEngines(t *testing.T) {
+	raw := "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nConnection: X-Hop\r\nX-Hop: 1\r\nX-Request-Id: mine\r\n" +
+		"X-Forwarded-For: 6.6.6.6\r\nX-List: a\r\nx-forwarded-for: 7.7.7.7\r\nForwarded: for=6.6.6.6\r\nX-List: b\r\n" +
+		"X-Forwarded-Proto: https\r\nX-Request-Id: forged\r\nKeep-Alive: 5\r\nX-List: c\r\nX-Forwarded-Host: evil\r\n" +
+		"Connection: x-hop2\r\nX-Hop2: 2\r\n" +
+		"Fencing-Token: 1\r\nContent-Length: 2\r\n\r\nok"
+	for _, loops := range []bool{true, false} {
+		e := newEngineGate(t, loops)
+		if got := e.exchange(t, raw); len(got) != 1 || !strings.HasPrefix(got[0], "200 ") {
+			t.Fatalf("loops=%v: answers %q", loops, got)
+		}
+		up := e.up.take()
+		if len(up) != 1 {
+			t.Fatalf("loops=%v: the upstream got %d requests", loops, len(up))
+		}
+		head := strings.ToLower(up[0])
+		for field, want := range map[string]string{
+			"x-forwarded-for: ": "127.0.0.1", "x-forwarded-host: ": "gate", "x-forwarded-proto: ": "http",
+			"x-request-id: ": "mine", "forwarded: ": "", "x-hop: ": "", "x-hop2: ": "", "keep-alive: ": "",
+		} {
+			n := strings.Count(head, "\r\n"+field)
+			switch {
+			case want == "" && n != 0:
+				t.Errorf("loops=%v: the upstream got %q, which the gate drops:\n%s", loops, field, up[0])
+			case want != "" && (n != 1 || !strings.Contains(head, "\r\n"+field+want+"\r\n")):
+				t.Errorf("loops=%v: the upstream got %d %q fields, want one, %q:\n%s", loops, n, field, want, up[0])
+			}
+		}
+		if a, b, c := strings.Index(head, "x-list: a"), strings.Index(head, "x-list: b"), strings.Index(head, "x-list: c"); a < 0 || !(a < b && b < c) {
+			t.Errorf("loops=%v: X-List fields out of the client's order:\n%s", loops, up[0])
+		}
 	}
 }
 

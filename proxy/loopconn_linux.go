@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -326,7 +325,7 @@ func (c *loopConn) readBody() bool {
 func (c *loopConn) start(bodyErr error) {
 	g := c.l.e.g
 	c.deadline = time.Time{}
-	x, d := g.open(&c.ctx, c.l.hdr)
+	x, d := g.open(&c.ctx, c.l.hdr, c.l.now) // the start of the loop's pass: one clock read less, as exact as a pass
 	x.bodyErr = bodyErr
 	c.x = x
 	switch p := g.verdict(x, d); {
@@ -416,17 +415,8 @@ func (c *loopConn) forward(t flight) {
 	g := c.l.e.g
 	l := c.l
 	c.t = t
-	out := fasthttp.AcquireRequest()
-	g.upstreamRequest(c.x, out, false)
-	// What fasthttp's Request.Write sends for a body held in memory, with
-	// neither trailer nor form (a plain request has none), written
-	// straight into c.req.
 	body := c.ctx.Request.Body()
-	if h := &out.Header; len(body) > 0 || !h.IsGet() && !h.IsHead() {
-		h.SetContentLength(len(body))
-	}
-	c.req = append(out.Header.AppendBytes(c.req[:0]), body...)
-	fasthttp.ReleaseRequest(out)
+	c.req = append(g.appendUpstreamHead(c.req[:0], c.x, len(body)), body...)
 	c.sent = 0
 	c.retried = false
 	c.deadline = l.now.Add(g.upstreamTO)
@@ -591,16 +581,6 @@ func appendResponseHead(dst []byte, h *fasthttp.ResponseHeader, id string, r rel
 		dst = append(dst, "Connection: close\r\n"...)
 	}
 	return append(dst, "\r\n"...)
-}
-
-// nameIn reports whether header name k is one of names, in any case.
-func nameIn(k []byte, names []string) bool {
-	for _, n := range names {
-		if strings.EqualFold(n, string(k)) {
-			return true
-		}
-	}
-	return false
 }
 
 // relayBody moves the response body from the upstream to the client.
@@ -866,8 +846,7 @@ func (u *upConn) release() {
 	u.reused = true
 	u.in = u.in[:0]
 	if len(l.waiting) > 0 {
-		c := l.waiting[0]
-		l.waiting = l.waiting[1:]
+		c := popFront(&l.waiting)
 		u.attach(c)
 		c.run()
 		return

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -83,32 +84,36 @@ type tmplPart struct {
 	name string // when non-empty, the value of this pattern variable
 }
 
-// match reports whether the rule applies to method and the escaped path,
-// and returns the pattern variables' percent-decoded values.
-func (r *Rule) match(method string, segs []string) (map[string]string, bool) {
-	if r.Methods != nil {
-		ok := false
-		for _, m := range r.Methods {
-			if m == method {
-				ok = true
-				break
-			}
-		}
-		if !ok {
-			return nil, false
+// pathVars are the values of a rule's pattern variables, in the
+// pattern's order.
+type pathVars []pathVar
+
+type pathVar struct{ name, value string }
+
+// get is the value of the variable name, or "".
+func (v pathVars) get(name string) string {
+	for _, p := range v {
+		if p.name == name {
+			return p.value
 		}
 	}
-	var vars map[string]string
+	return ""
+}
+
+// match reports whether the rule applies to method and the escaped path,
+// and returns the pattern variables' percent-decoded values appended to
+// vars (a caller's buffer, so that matching allocates nothing; nil is
+// fine).
+func (r *Rule) match(method string, segs []string, vars pathVars) (pathVars, bool) {
+	if r.Methods != nil && !slices.Contains(r.Methods, method) {
+		return nil, false
+	}
 	for i, s := range r.segs {
 		if i >= len(segs) {
 			return nil, false
 		}
 		if s.rest {
-			if vars == nil {
-				vars = make(map[string]string, 2)
-			}
-			vars[s.name] = strings.Join(segs[i:], "/")
-			return vars, true
+			return append(vars, pathVar{s.name, strings.Join(segs[i:], "/")}), true
 		}
 		if s.name == "" {
 			if segs[i] != s.lit {
@@ -119,10 +124,7 @@ func (r *Rule) match(method string, segs []string) (map[string]string, bool) {
 		if segs[i] == "" {
 			return nil, false
 		}
-		if vars == nil {
-			vars = make(map[string]string, 2)
-		}
-		vars[s.name] = segs[i]
+		vars = append(vars, pathVar{s.name, segs[i]})
 	}
 	if len(segs) != len(r.segs) {
 		return nil, false
@@ -131,19 +133,19 @@ func (r *Rule) match(method string, segs []string) (map[string]string, bool) {
 }
 
 // resource expands the rule's template with the pattern variables.
-func (r *Rule) resource(vars map[string]string) string {
+func (r *Rule) resource(vars pathVars) string {
 	if len(r.tmpl) == 1 && r.tmpl[0].name == "" {
 		return r.tmpl[0].lit
 	}
 	n := 0
 	for _, p := range r.tmpl {
-		n += len(p.lit) + len(vars[p.name])
+		n += len(p.lit) + len(vars.get(p.name))
 	}
 	var b strings.Builder
 	b.Grow(n)
 	for _, p := range r.tmpl {
 		if p.name != "" {
-			b.WriteString(vars[p.name])
+			b.WriteString(vars.get(p.name))
 		} else {
 			b.WriteString(p.lit)
 		}
@@ -160,21 +162,26 @@ var errDotSegment = errors.New(`path has "." or ".." segments`)
 // without the leading slash. A segment that decodes to "/" characters
 // keeps them, so "/jobs/a%2Fb" is two segments, "jobs" and "a/b".
 func splitPath(escaped string) ([]string, error) {
-	escaped = strings.TrimPrefix(escaped, "/")
-	raw := strings.Split(escaped, "/")
-	for i, s := range raw {
+	return appendSegments(nil, escaped)
+}
+
+// appendSegments is splitPath appending to segs (a caller's buffer, so
+// that splitting allocates nothing for a path without escapes).
+func appendSegments(segs []string, escaped string) ([]string, error) {
+	for s := range strings.SplitSeq(strings.TrimPrefix(escaped, "/"), "/") {
 		if strings.IndexByte(s, '%') >= 0 {
 			d, err := url.PathUnescape(s)
 			if err != nil {
 				return nil, err
 			}
-			raw[i] = d
+			s = d
 		}
-		if raw[i] == "." || raw[i] == ".." {
+		if s == "." || s == ".." {
 			return nil, errDotSegment
 		}
+		segs = append(segs, s)
 	}
-	return raw, nil
+	return segs, nil
 }
 
 // safeMethod reports whether m is one of the methods the gate never fences.

@@ -99,9 +99,9 @@ func TestParseRulesAndMatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		var got *Rule
-		var vars map[string]string
+		var vars pathVars
 		for i := range rules {
-			if v, ok := rules[i].match(c.method, segs); ok {
+			if v, ok := rules[i].match(c.method, segs, nil); ok {
 				got, vars = &rules[i], v
 				break
 			}
@@ -241,7 +241,7 @@ func FuzzParseRules(f *testing.F) {
 			return
 		}
 		for i := range rules {
-			vars, ok := rules[i].match("PUT", segs)
+			vars, ok := rules[i].match("PUT", segs, nil)
 			if !ok || rules[i].Action != ActionFence {
 				continue
 			}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -129,55 +130,173 @@ func (g *Gate) forward(x *exchange, t flight) {
 	g.relay(x, resp)
 }
 
-// upstreamRequest fills out with x's request as the upstream gets it: the
-// client's method and headers, minus hop-by-hop ones; the upstream's host
-// and base path joined with exactly the path (and query) the client sent;
-// X-Forwarded-For, -Host and -Proto stating what the gate saw (any the
-// client sent are replaced: the gate does not relay claims), and the
-// request id. The fencing headers are always kept, even when the client's
-// Connection header names them. With upgrade, Upgrade and Connection are
+// upstreamRequest fills out with x's request as the upstream gets it, for
+// the fasthttp engine: the client's method and protocol, the upstream's
+// target (upstreamTarget), and upstreamHeaders. No Content-Type is added
+// where the client sent none. With upgrade, Upgrade and Connection are
 // kept.
 func (g *Gate) upstreamRequest(x *exchange, out *fasthttp.Request, upgrade bool) {
 	in := &x.c.Request.Header
-	in.CopyTo(&out.Header)
 	h := &out.Header
-	for _, name := range connectionOptions(in.Peek("Connection")) {
-		if !strings.EqualFold(name, HeaderToken) && !strings.EqualFold(name, HeaderResource) &&
-			!(upgrade && strings.EqualFold(name, "Upgrade")) {
-			h.Del(name)
-		}
-	}
-	if hasHopHeader(in.All()) {
-		for _, name := range hopHeaders {
-			if upgrade && (name == "Connection" || name == "Upgrade") {
-				continue
-			}
-			h.Del(name)
-		}
-	}
-	if te := in.Peek("Te"); bytes.Contains(bytes.ToLower(te), []byte("trailers")) {
-		h.Set("Te", "trailers")
-	}
-	h.Del("Expect") // the gate has the body, or streams it: no 100-continue upstream
-	h.Del("Forwarded")
-	h.Del("Content-Length")
+	h.SetNoDefaultContentType(true)
+	h.SetMethodBytes(in.Method())
 	h.SetRequestURIBytes(upstreamTarget(g.upstreamBase, g.upstream.RawQuery, in.RequestURI()))
-	h.SetHost(g.upstream.Host)
-	var ip [64]byte
-	if a, ok := netip.AddrFromSlice(x.c.RemoteIP()); ok {
-		h.SetBytesV("X-Forwarded-For", a.Unmap().AppendTo(ip[:0]))
-	}
-	h.SetBytesV("X-Forwarded-Host", in.Host())
-	if x.c.IsTLS() {
-		h.Set("X-Forwarded-Proto", "https")
-	} else {
-		h.Set("X-Forwarded-Proto", "http")
-	}
-	h.Set(reqid.Header, x.id)
+	h.SetProtocolBytes(in.Protocol())
+	g.upstreamHeaders(x, upgrade, h.AddBytesKV)
 	if g.client.IsTLS {
 		// The pool refuses a request whose URI's scheme is not its own.
 		out.URI().SetScheme("https")
 	}
+}
+
+// appendUpstreamHead appends to dst the head of x's request as the
+// upstream gets it, for the event loops: a plain request (HTTP/1.1, no
+// upgrade, a body of bodyLen bytes held in memory, an http upstream),
+// written straight into the buffer the loop sends. These are the bytes
+// fasthttp writes for upstreamRequest's header (RequestHeader.AppendBytes,
+// with the body's Content-Length); TestUpstreamHeadAgrees holds the two
+// together.
+func (g *Gate) appendUpstreamHead(dst []byte, x *exchange, bodyLen int) []byte {
+	in := &x.c.Request.Header
+	dst = append(dst, in.Method()...)
+	dst = append(dst, ' ')
+	dst = appendUpstreamTarget(dst, g.upstreamBase, g.upstream.RawQuery, in.RequestURI())
+	dst = append(dst, ' ')
+	dst = append(dst, in.Protocol()...)
+	dst = append(dst, "\r\n"...)
+	contentLength := bodyLen > 0 || !in.IsGet() && !in.IsHead()
+	g.upstreamHeaders(x, false, func(k, v []byte) {
+		if contentLength && string(k) != "User-Agent" && string(k) != "Host" && string(k) != "Content-Type" {
+			// Where AppendBytes puts it: after those three.
+			dst = append(dst, "Content-Length: "...)
+			dst = strconv.AppendInt(dst, int64(bodyLen), 10)
+			dst = append(dst, "\r\n"...)
+			contentLength = false
+		}
+		dst = append(append(append(append(dst, k...), ": "...), v...), "\r\n"...)
+	})
+	return append(dst, "\r\n"...)
+}
+
+// upstreamHeaders calls add with each header field of x's request as the
+// upstream gets it, in the order it gets them, Content-Length aside (the
+// engine sending the body sets it):
+//   - User-Agent, then Host (the upstream's), then Content-Type;
+//   - the client's other fields, in the order it sent them, minus the
+//     hop-by-hop ones (with upgrade, Connection and Upgrade stay), those
+//     any of the client's Connection fields names (never the fencing
+//     headers), and replacedHeaders;
+//   - "TE: trailers" when the client accepts trailers (TE is hop-by-hop;
+//     only that value matters end to end);
+//   - X-Forwarded-For, -Host and -Proto stating what the gate saw, and the
+//     request id: every one of these the client sent was left out, as
+//     the gate does not relay claims;
+//   - the client's cookies, in one Cookie field.
+//
+// That is also the order fasthttp's RequestHeader.AppendBytes writes a
+// header in, so both engines send the same bytes.
+func (g *Gate) upstreamHeaders(x *exchange, upgrade bool, add func(k, v []byte)) {
+	in := &x.c.Request.Header
+	var named []string // what every Connection field names
+	trailers := false
+	for k, v := range in.All() {
+		switch string(k) {
+		case "Connection":
+			named = append(named, connectionOptions(v)...)
+		case "Te":
+			trailers = trailers || containsFold(v, "trailers")
+		}
+	}
+	keep := func(k []byte) bool {
+		switch {
+		case upgrade && (string(k) == "Connection" || string(k) == "Upgrade"):
+			return true
+		case isHopHeader(k), nameIn(k, replacedHeaders):
+			return false
+		}
+		return nameIn(k, fencingHeaders) || !nameIn(k, named)
+	}
+	if ua := in.UserAgent(); len(ua) > 0 && keep(hdrUserAgent) {
+		add(hdrUserAgent, ua)
+	}
+	add(hdrHost, g.upstreamHost)
+	if ct := in.ContentType(); len(ct) > 0 && keep(hdrContentType) {
+		add(hdrContentType, ct)
+	}
+	var cookie []byte
+	for k, v := range in.All() {
+		switch string(k) {
+		case "Host", "Content-Length", "Content-Type", "User-Agent":
+			continue // added above, or by the engine
+		case "Cookie":
+			cookie = v // the cookies, collected: they go last
+			continue
+		}
+		if keep(k) {
+			add(k, v)
+		}
+	}
+	if trailers {
+		add(hdrTE, hdrTrailers)
+	}
+	// The values made here are built in x's own buffer: add's arguments
+	// escape, and a buffer of this call's would be allocated for each.
+	vals := x.headerBuf[:0]
+	if a, ok := netip.AddrFromSlice(x.c.RemoteIP()); ok {
+		vals = a.Unmap().AppendTo(vals)
+		add(hdrForwardedFor, vals)
+	}
+	add(hdrForwardedHost, in.Host())
+	if x.c.IsTLS() {
+		add(hdrForwardedProto, hdrHTTPS)
+	} else {
+		add(hdrForwardedProto, hdrHTTP)
+	}
+	add(hdrRequestID, append(vals[len(vals):], x.id...))
+	if len(cookie) > 0 && keep(hdrCookie) {
+		add(hdrCookie, cookie)
+	}
+}
+
+// The names and values upstreamHeaders adds.
+var (
+	hdrUserAgent, hdrHost, hdrContentType, hdrCookie = []byte("User-Agent"), []byte("Host"), []byte("Content-Type"), []byte("Cookie")
+	hdrTE, hdrTrailers                               = []byte("Te"), []byte("trailers")
+	hdrForwardedFor, hdrForwardedHost                = []byte("X-Forwarded-For"), []byte("X-Forwarded-Host")
+	hdrForwardedProto, hdrHTTP, hdrHTTPS             = []byte("X-Forwarded-Proto"), []byte("http"), []byte("https")
+	hdrRequestID                                     = []byte(reqid.Header)
+)
+
+// fencingHeaders are the headers a write's fencing is read from: always
+// forwarded, even when the client's Connection header names them.
+var fencingHeaders = []string{HeaderToken, HeaderResource}
+
+// replacedHeaders are the client's header fields the gate never forwards,
+// whatever their case: the forwarding headers and the request id (the gate
+// sets its own), Expect (the gate has the body, or streams it: no
+// 100-continue upstream), Forwarded (not relayed, like X-Forwarded-*), and
+// Content-Length (set for the body the gate sends).
+var replacedHeaders = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", reqid.Header,
+	"Expect", "Forwarded", "Content-Length"}
+
+// containsFold reports whether v contains s, in any case.
+func containsFold(v []byte, s string) bool {
+	for i := 0; i+len(s) <= len(v); i++ {
+		if strings.EqualFold(string(v[i:i+len(s)]), s) {
+			return true
+		}
+	}
+	return false
+}
+
+// nameIn reports whether header name k is one of names, in any case.
+func nameIn(k []byte, names []string) bool {
+	for _, n := range names {
+		if len(n) == len(k) && strings.EqualFold(n, string(k)) {
+			return true
+		}
+	}
+	return false
 }
 
 // upstreamTarget is the request target the upstream gets for a client's
@@ -186,9 +305,13 @@ func (g *Gate) upstreamRequest(x *exchange, out *fasthttp.Request, upgrade bool)
 // URL's query (baseQuery) joined with the client's ("?x=1" and "?y=2" give
 // "?x=1&y=2"), as httputil.ReverseProxy joins them.
 func upstreamTarget(base, baseQuery string, target []byte) []byte {
+	return appendUpstreamTarget(nil, base, baseQuery, target)
+}
+
+// appendUpstreamTarget appends upstreamTarget's result to out.
+func appendUpstreamTarget(out []byte, base, baseQuery string, target []byte) []byte {
 	o := originForm(target)
 	path, query, hasQuery := bytes.Cut(o, []byte("?"))
-	out := make([]byte, 0, len(base)+len(o)+len(baseQuery)+2)
 	out = append(append(out, base...), path...)
 	switch {
 	case baseQuery != "" && hasQuery && len(query) > 0:

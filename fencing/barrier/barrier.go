@@ -54,6 +54,10 @@ type Barrier struct {
 	// allUntil: every write waits until then, whatever its resource
 	// (HoldAll: the gate restarted after an unclean stop).
 	allUntil time.Time
+	// spare is the entry of the resource left last, kept for the next
+	// one: a gate whose writes rarely overlap reuses one entry rather
+	// than allocating one per write.
+	spare *inflight
 }
 
 type inflight struct {
@@ -102,7 +106,11 @@ func (b *Barrier) Register(resource string, token fencing.Token) *Ticket {
 func (b *Barrier) link(t *Ticket) {
 	f := b.res[t.resource]
 	if f == nil {
-		f = &inflight{}
+		f = b.spare
+		b.spare = nil
+		if f == nil {
+			f = &inflight{}
+		}
 		b.res[t.resource] = f
 	}
 	b.seq++
@@ -200,7 +208,7 @@ func (t *Ticket) pass() (*inflight, bool, error) {
 // Leave deregisters the write now and wakes the writes waiting on its
 // resource.
 func (t *Ticket) Leave() {
-	t.once.Do(t.b.leave(t))
+	t.once.Do(t.leave)
 }
 
 // Hold keeps the write registered for d more, then deregisters it: the
@@ -209,7 +217,7 @@ func (t *Ticket) Leave() {
 func (t *Ticket) Hold(d time.Duration) {
 	t.once.Do(func() {
 		if d <= 0 {
-			t.b.leave(t)()
+			t.leave()
 			return
 		}
 		t.b.mu.Lock()
@@ -218,7 +226,7 @@ func (t *Ticket) Hold(d time.Duration) {
 			f.heldUntil = later(f.heldUntil, t.holdUntil)
 		}
 		t.b.mu.Unlock()
-		time.AfterFunc(d, t.b.leave(t))
+		time.AfterFunc(d, t.leave)
 	})
 }
 
@@ -292,25 +300,29 @@ func (f *inflight) wake() {
 	}
 }
 
-func (b *Barrier) leave(t *Ticket) func() {
-	return func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		f := b.res[t.resource]
-		if t.prev == nil {
-			f.head = t.next
-		} else {
-			t.prev.next = t.next
-		}
-		if t.next == nil {
-			f.tail = t.prev
-		} else {
-			t.next.prev = t.prev
-		}
-		t.prev, t.next = nil, nil
-		f.wake()
-		if f.head == nil {
-			delete(b.res, t.resource)
+// leave deregisters t and wakes the writes waiting on its resource.
+func (t *Ticket) leave() {
+	b := t.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f := b.res[t.resource]
+	if t.prev == nil {
+		f.head = t.next
+	} else {
+		t.prev.next = t.next
+	}
+	if t.next == nil {
+		f.tail = t.prev
+	} else {
+		t.next.prev = t.prev
+	}
+	t.prev, t.next = nil, nil
+	f.wake()
+	if f.head == nil {
+		delete(b.res, t.resource)
+		if b.spare == nil {
+			*f = inflight{} // nothing outside b.mu holds an entry
+			b.spare = f
 		}
 	}
 }

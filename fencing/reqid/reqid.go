@@ -73,8 +73,8 @@ func Choose(client []byte) string {
 		return string(client)
 	}
 	n := middleware.NextRequestID()
-	b := make([]byte, 0, len(prefix)+8)
-	b = append(b, prefix...)
+	var buf [128]byte // on the stack for the usual prefix: one allocation, the string's
+	b := append(buf[:0], prefix...)
 	b = append(b, '-')
 	for d := uint64(100000); d > 1 && n < d; d /= 10 {
 		b = append(b, '0')

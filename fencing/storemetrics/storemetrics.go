@@ -208,7 +208,14 @@ type call struct {
 }
 
 func (s *Store) begin(ctx context.Context, o *op, resource string) (context.Context, call) {
-	c := call{s: s, op: o}
+	return s.beginAt(ctx, o, resource, time.Time{})
+}
+
+// beginAt is begin for a call that started at start (when not zero: the
+// clock is read once per call, and a quick admission costs about as much
+// as a clock read).
+func (s *Store) beginAt(ctx context.Context, o *op, resource string, start time.Time) (context.Context, call) {
+	c := call{s: s, op: o, start: start}
 	if s.tracer != nil {
 		opts := o.spanStart
 		if resource != "" {
@@ -216,7 +223,9 @@ func (s *Store) begin(ctx context.Context, o *op, resource string) (context.Cont
 		}
 		ctx, c.span = s.tracer.Start(ctx, o.spanName, opts...)
 	}
-	c.start = time.Now()
+	if c.start.IsZero() {
+		c.start = time.Now()
+	}
 	return ctx, c
 }
 
@@ -315,8 +324,7 @@ func (s *Store) AdmitNow(req fencing.AdmitRequest) (fencing.Admission, bool) {
 	start := time.Now()
 	a, ok := q.AdmitNow(req)
 	if ok {
-		ctx, c := s.begin(context.Background(), s.admit, req.Resource)
-		c.start = start
+		ctx, c := s.beginAt(context.Background(), s.admit, req.Resource, start)
 		c.end(ctx, nil)
 	}
 	return a, ok
@@ -335,8 +343,7 @@ func (s *Store) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out
 		return false
 	}
 	for i := range reqs {
-		cctx, c := s.begin(ctx, s.admit, reqs[i].Resource)
-		c.start = start
+		cctx, c := s.beginAt(ctx, s.admit, reqs[i].Resource, start)
 		c.end(cctx, errs[i])
 	}
 	return true
@@ -377,8 +384,7 @@ func (r *markReader) Receive(out []fencing.Admission, settled []bool) (bool, err
 	if done {
 		for i, req := range r.reqs {
 			if settled[i] {
-				ctx, c := r.s.begin(context.Background(), r.s.admit, req.Resource)
-				c.start = r.start
+				ctx, c := r.s.beginAt(context.Background(), r.s.admit, req.Resource, r.start)
 				c.end(ctx, nil)
 			}
 		}
