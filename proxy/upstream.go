@@ -81,14 +81,7 @@ func hasHopHeader(all iter.Seq2[[]byte, []byte]) bool {
 }
 
 // isHopHeader reports whether k is one of hopHeaders, in any case.
-func isHopHeader(k []byte) bool {
-	for _, name := range hopHeaders {
-		if len(k) == len(name) && strings.EqualFold(string(k), name) {
-			return true
-		}
-	}
-	return false
-}
+func isHopHeader(k []byte) bool { return nameIn(k, hopHeaders) }
 
 // forward sends x's request to the upstream and relays the answer. t is
 // the write's place at the barrier (nil for an unfenced request): it is
@@ -305,7 +298,7 @@ func nameIn(k []byte, names []string) bool {
 // URL's query (baseQuery) joined with the client's ("?x=1" and "?y=2" give
 // "?x=1&y=2"), as httputil.ReverseProxy joins them.
 func upstreamTarget(base, baseQuery string, target []byte) []byte {
-	return appendUpstreamTarget(nil, base, baseQuery, target)
+	return appendUpstreamTarget(make([]byte, 0, len(base)+len(target)+len(baseQuery)+2), base, baseQuery, target)
 }
 
 // appendUpstreamTarget appends upstreamTarget's result to out.
