@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
 )
@@ -43,6 +45,7 @@ var cannedResponses = map[string]string{
 	"304":     "HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nContent-Length: 10\r\n\r\n",
 	"103":     "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
 	"hop":     "HTTP/1.1 200 OK\r\nConnection: X-Hop, keep-alive\r\nX-Hop: drop\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n",
+	"hop2":    "HTTP/1.1 200 OK\r\nConnection: X-Hop\r\nX-Hop: drop\r\nX-Set: a\r\nconnection: x-hop2, keep-alive\r\nX-Hop2: drop\r\nx-request-id: up\r\nX-Set: b\r\nContent-Length: 2\r\n\r\nok",
 	"big":     "HTTP/1.1 200 OK\r\nContent-Length: 200000\r\n\r\n" + strings.Repeat("0123456789", 20000),
 	"headcl":  "HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n",
 }
@@ -134,6 +137,7 @@ var engineCases = []struct{ name, raw string }{
 	{"write closing", "DELETE /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r5\r\nFencing-Token: 1\r\nConnection: close\r\n\r\n"},
 	{"claims repeated", "POST /health HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r30\r\nX-Forwarded-For: 6.6.6.6\r\nx-forwarded-for: 7.7.7.7\r\nX-Request-Id: forged\r\nX-Forwarded-Host: evil\r\nX-Forwarded-Host: evil2\r\nContent-Length: 0\r\n\r\n"},
 	{"claims replaced", "POST /health HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r6\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Proto: https\r\nForwarded: for=6.6.6.6\r\nContent-Length: 0\r\n\r\n"},
+	{"hop-by-hop answer", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r8\r\nX-Respond: hop2\r\n\r\n"},
 	{"hop-by-hop", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r7\r\nConnection: X-Secret, Fencing-Token\r\nX-Secret: s\r\nTe: trailers, deflate\r\nKeep-Alive: 5\r\nProxy-Authorization: x\r\nX-Respond: hop\r\n\r\n"},
 	{"head", "HEAD /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r8\r\n\r\n"},
 	{"chunked answer", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r9\r\nX-Respond: chunked\r\n\r\n"},
@@ -308,6 +312,26 @@ func TestClaimsAndOrderOnBothEngines(t *testing.T) {
 		}
 		if a, b, c := strings.Index(head, "x-list: a"), strings.Index(head, "x-list: b"), strings.Index(head, "x-list: c"); a < 0 || !(a < b && b < c) {
 			t.Errorf("loops=%v: X-List fields out of the client's order:\n%s", loops, up[0])
+		}
+	}
+}
+
+// TestResponseConnectionFieldsOnBothEngines: a header that any of the
+// upstream's Connection fields names (the field may be repeated, its name
+// in any case) never reaches the client, the fields around it keep their
+// order, and the client gets the gate's request id only, never the
+// upstream's; read from the client's answer on the event loops and on the
+// fasthttp engine.
+func TestResponseConnectionFieldsOnBothEngines(t *testing.T) {
+	for _, loops := range []bool{true, false} {
+		e := newEngineGate(t, loops)
+		got := e.exchange(t, "GET /r HTTP/1.1\r\nHost: gate\r\nX-Respond: hop2\r\n\r\n")
+		if len(got) != 1 || !strings.HasPrefix(got[0], "200 ") {
+			t.Fatalf("loops=%v: answers %q", loops, got)
+		}
+		if strings.Contains(got[0], "X-Hop") || !strings.Contains(got[0], "X-Set: a\r\nX-Set: b\r\n") ||
+			strings.Count(got[0], "X-Request-Id: ") != 1 || strings.Contains(got[0], "X-Request-Id: up") {
+			t.Errorf("loops=%v: the client got the named fields, X-Set out of order, or not one gate's request id:\n%s", loops, got[0])
 		}
 	}
 }
@@ -491,4 +515,59 @@ func dialGateBefore(t *testing.T, answer func(up net.Conn)) net.Conn {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// TestClientGoneMidWriteOnTheLoops: a client that hangs up after its
+// fenced write reached the upstream, before the answer, frees nothing: the
+// write stays in flight at the barrier until the upstream answers (the
+// loops do not watch a client while its request is with the upstream), so
+// a higher token waits (here until its barrier timeout) and passes only
+// after that answer; the write is counted admitted, by its outcome. Read
+// from the upstream's record.
+func TestClientGoneMidWriteOnTheLoops(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	e := newEnv(t, testRules, func(o *Options) {
+		o.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		o.BarrierTimeout = 50 * time.Millisecond
+		o.TimeoutGrace = time.Hour
+	})
+	arrived, release := make(chan struct{}), make(chan struct{})
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+		if rec.Body == "slow" {
+			close(arrived)
+			<-release
+		}
+		return false
+	}
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	defer releaseOnce()
+	a := e.acquire("job:1", "a", 10*time.Second)
+	e.clock.Advance(11 * time.Second)
+	b := e.acquire("job:1", "b", 10*time.Second)
+
+	c, err := net.Dial("tcp", e.gateSrv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprintf(c, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: %d\r\nContent-Length: 4\r\n\r\nslow", a.Token); err != nil {
+		t.Fatal(err)
+	}
+	<-arrived
+	c.Close()
+	for range 3 { // each a full barrier timeout after the hang-up
+		wantProblem(t, e.do("PUT", "/jobs/1", "early", HeaderToken, tok(b.Token)), 503, "barrier-timeout")
+	}
+	releaseOnce()
+	waitFor(t, "the barrier to empty", func() bool { return e.gate.InFlightResources() == 0 })
+	if r := e.do("PUT", "/jobs/1", "after", HeaderToken, tok(b.Token)); r.Status != 200 {
+		t.Fatalf("the higher token after the answer: %d %s", r.Status, r.Body)
+	}
+	got := e.up.requests()
+	if len(got) != 2 || got[0].Body != "slow" || got[1].Body != "after" {
+		t.Fatalf("the upstream got %+v, want the gone client's write, then the higher token's", got)
+	}
+	// Counted by outcome: the gone client's write was answered.
+	if got, want := writeCounts(t, reader), "admitted PUT=2\nbarrier-timeout PUT=3"; got != want {
+		t.Fatalf("fencegate.gate.writes\n got:\n%s\nwant:\n%s", got, want)
+	}
 }

@@ -536,7 +536,7 @@ func (c *loopConn) answered() {
 func appendResponseHead(dst []byte, h *fasthttp.ResponseHeader, id string, r relayState, closeConn bool) []byte {
 	var named []string // the headers the upstream's Connection names
 	if id != "" {
-		named = connectionOptions(h.Peek("Connection"))
+		named = connectionNamed(h.All())
 	}
 	idDone := id == ""
 	status := h.StatusCode()

@@ -335,6 +335,19 @@ func originForm(target []byte) []byte {
 	return []byte("/")
 }
 
+// connectionNamed is every header name a head's Connection fields list:
+// all of them, since a field may be repeated (RFC 9110 §7.6.1), whatever
+// the case of their name.
+func connectionNamed(all iter.Seq2[[]byte, []byte]) []string {
+	var named []string
+	for k, v := range all {
+		if strings.EqualFold(string(k), "Connection") {
+			named = append(named, connectionOptions(v)...)
+		}
+	}
+	return named
+}
+
 // connectionOptions are the header names a Connection header lists.
 func connectionOptions(v []byte) []string {
 	if len(v) == 0 || bytes.EqualFold(v, []byte("keep-alive")) || bytes.EqualFold(v, []byte("close")) {
@@ -368,17 +381,23 @@ func (g *Gate) relay(x *exchange, resp *fasthttp.Response) {
 }
 
 // responseHeader sets x's response status and headers to the upstream's,
-// minus hop-by-hop ones, with x's request id.
+// in the upstream's order, minus the hop-by-hop ones and those any of the
+// upstream's Connection fields names (in any case), with x's request id
+// instead of any the upstream sent. The fields are added one by one, not
+// copied and pruned: ResponseHeader.Del moves the last field into the gap
+// (reordering repeated fields) and finds a name only as fasthttp
+// normalizes it, while the upstream client keeps names as received.
 func responseHeader(x *exchange, resp *fasthttp.Response) {
 	h := &x.c.Response.Header
-	resp.Header.CopyTo(h)
+	resp.Header.SetNoDefaultContentType(true) // All yields no Content-Type the upstream did not send
+	named := connectionNamed(resp.Header.All())
+	h.Reset()
 	h.SetNoDefaultContentType(true) // none is added where the upstream sent none
-	for _, name := range connectionOptions(resp.Header.Peek("Connection")) {
-		h.Del(name)
-	}
-	if hasHopHeader(resp.Header.All()) {
-		for _, name := range hopHeaders {
-			h.Del(name)
+	h.SetStatusCode(resp.StatusCode())
+	h.SetStatusMessage(resp.Header.StatusMessage())
+	for k, v := range resp.Header.All() {
+		if !isHopHeader(k) && !nameIn(k, named) && !strings.EqualFold(string(k), reqid.Header) {
+			h.AddBytesKV(k, v)
 		}
 	}
 	h.Set(reqid.Header, x.id)
