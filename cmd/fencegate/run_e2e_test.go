@@ -279,6 +279,57 @@ while :; do sleep 0.05; done`
 	}
 }
 
+// TestRunKillsACommandThatOutlivesItsLostLease: when a renewal is refused
+// (the lease was released behind run's back), the command gets SIGTERM at
+// once; one that keeps running gets SIGKILL after --kill-after, with its
+// children, and run exits 76 without taking the lease again.
+func TestRunKillsACommandThatOutlivesItsLostLease(t *testing.T) {
+	p := start(t, t.TempDir(), []string{"FENCEGATE_STORE=memory:"}, "api")
+	api := p.url("api", "")
+	client := leaseapi.NewClient(api)
+	d := t.TempDir()
+	// The command notes SIGTERM and goes on; its loop then marks that it
+	// outlived the signal. Only SIGKILL ends it.
+	script := `echo "$FENCING_OWNER" > "$D/owner"; echo $$ > "$D/pid"
+trap 'touch "$D/term"' TERM
+touch "$D/started"
+while :; do [ -e "$D/term" ] && touch "$D/after-term"; sleep 0.05; done`
+	r := startBG(t, []string{"FENCEGATE_API_URL=" + api, "D=" + d},
+		"run", "--resource", "job:kill", "--ttl", "3s", "--kill-after", "1s", "--", "sh", "-c", script)
+	waitFile(t, filepath.Join(d, "started"), 30*time.Second, r)
+	pid, err := strconv.Atoi(readFile(t, filepath.Join(d, "pid")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	ctx := context.Background()
+	st, err := client.Status(ctx, "job:kill")
+	if err != nil || st.Lease == nil || st.Lease.Owner != readFile(t, filepath.Join(d, "owner")) {
+		t.Fatalf("status while the command runs: %+v, %v", st, err)
+	}
+	if ok, err := client.Release(ctx, "job:kill", st.Lease.Owner, st.Lease.Token, false); !ok || err != nil {
+		t.Fatalf("release behind run's back: %v, %v", ok, err)
+	}
+	if code := r.wait(30 * time.Second); code != exitLeaseLost {
+		t.Fatalf("run exited %d, want %d\n%s", code, exitLeaseLost, r.stderr)
+	}
+	if readFile(t, filepath.Join(d, "term")) != "" || readFile(t, filepath.Join(d, "after-term")) != "" {
+		t.Fatal("the term and after-term marks are not empty files")
+	}
+	for limit := time.Now().Add(10 * time.Second); !processGone(pid); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(limit) {
+			t.Fatal("the command outlived run")
+		}
+	}
+	if !strings.Contains(r.stderr.String(), "SIGKILL") {
+		t.Errorf("run did not say it would kill the command:\n%s", r.stderr)
+	}
+	st, err = client.Status(ctx, "job:kill")
+	if err != nil || st.Lease != nil || st.Issued != 1 {
+		t.Fatalf("status after run: %+v, %v (run must not take the lease again)", st, err)
+	}
+}
+
 // TestRunStopsTheCommandWhenTheAPIStopsAnswering is the lost-lease story:
 // the lease API stops answering (SIGSTOP), fencegate run stops the command
 // before the lease expires on the server and exits 76; the next owner gets
