@@ -558,7 +558,10 @@ func appendResponseHead(dst []byte, h *fasthttp.ResponseHeader, id string, r rel
 			if isHopHeader(k) || nameIn(k, named) {
 				continue
 			}
-			if !idDone && string(k) == reqid.Header {
+			if string(k) == reqid.Header { // the gate's, once, where the upstream's first was
+				if idDone {
+					continue
+				}
 				v, idDone = []byte(id), true
 			}
 		}
