@@ -64,3 +64,53 @@ type BarrierEntry struct {
 	// Expired is how many expired entries the registration removed.
 	Expired int
 }
+
+// BarrierCheck is one check of a waiting write by a SharedBarrier.
+type BarrierCheck struct {
+	Lower   int           // lower entries still registered
+	Wait    time.Duration // until the earliest of them expires; 0 or less: unknown
+	Expired int           // expired entries the check removed
+}
+
+// WaitLowerLoop is SharedBarrier.WaitLower for a store that signals a
+// resource's leaves: it checks, and while lower entries remain sleeps
+// until wake's channel is closed, the check's Wait passes (at most
+// recheck, which bounds the cost of a lost signal), done is closed (the
+// store's signalling failed: failed's error is returned, so the wait
+// fails closed) or ctx ends. wake is called before each check, so a leave
+// between the check and the sleep is not missed. It returns the expired
+// entries the checks removed, summed, with the first error.
+func WaitLowerLoop(ctx context.Context, recheck time.Duration, wake func() <-chan struct{},
+	done <-chan struct{}, failed func() error, check func(context.Context) (BarrierCheck, error)) (int, error) {
+	expired := 0
+	for {
+		woken := wake()
+		c, err := check(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return expired, ctx.Err()
+			}
+			return expired, err
+		}
+		expired += c.Expired
+		if c.Lower == 0 {
+			return expired, nil
+		}
+		wait := c.Wait
+		if wait <= 0 || wait > recheck {
+			wait = recheck
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-woken:
+		case <-timer.C:
+		case <-done:
+			timer.Stop()
+			return expired, failed()
+		case <-ctx.Done():
+			timer.Stop()
+			return expired, ctx.Err()
+		}
+		timer.Stop()
+	}
+}

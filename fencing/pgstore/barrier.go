@@ -193,41 +193,16 @@ func (s *Store) WaitLower(ctx context.Context, e fencing.BarrierEntry) (int, err
 		return 0, err
 	}
 	defer s.listen.leave(w)
-	expired := 0
-	for {
-		wake := s.listen.wakeChan(w)
-		var lower, exp int
-		var waitMs int64
-		err := s.repeatable(ctx, "barrier check", func(ctx context.Context) error {
-			return s.pool.QueryRow(ctx, s.sql.check, e.Resource, int64(e.Token)).Scan(&exp, &lower, &waitMs)
+	return fencing.WaitLowerLoop(ctx, barrierRecheck, func() <-chan struct{} { return s.listen.wakeChan(w) },
+		w.gen.done, func() error { return w.gen.err }, func(ctx context.Context) (fencing.BarrierCheck, error) {
+			var c fencing.BarrierCheck
+			var waitMs int64
+			err := s.repeatable(ctx, "barrier check", func(ctx context.Context) error {
+				return s.pool.QueryRow(ctx, s.sql.check, e.Resource, int64(e.Token)).Scan(&c.Expired, &c.Lower, &waitMs)
+			})
+			c.Wait = time.Duration(waitMs) * time.Millisecond
+			return c, err
 		})
-		if err != nil {
-			if ctx.Err() != nil {
-				return expired, ctx.Err()
-			}
-			return expired, err
-		}
-		expired += exp
-		if lower == 0 {
-			return expired, nil
-		}
-		wait := time.Duration(waitMs) * time.Millisecond
-		if wait <= 0 || wait > barrierRecheck {
-			wait = barrierRecheck
-		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-wake:
-		case <-timer.C:
-		case <-w.gen.done:
-			timer.Stop()
-			return expired, w.gen.err
-		case <-ctx.Done():
-			timer.Stop()
-			return expired, ctx.Err()
-		}
-		timer.Stop()
-	}
 }
 
 // listener is a Store's one LISTEN connection and the writes waiting on

@@ -143,43 +143,21 @@ func (s *Store) WaitLower(ctx context.Context, e fencing.BarrierEntry) (int, err
 		return 0, err
 	}
 	defer s.shared.leave(tp)
-	expired := 0
-	for {
-		wake := tp.wakeChan()
-		r, err := s.run(ctx, "barrier check", barrierCheckScript, []string{s.barKey(e.Resource)}, []string{e.Token.String()})
-		if err != nil {
-			if ctx.Err() != nil {
-				return expired, ctx.Err()
+	return fencing.WaitLowerLoop(ctx, barrierRecheck, tp.wakeChan, tp.done, func() error { return tp.err },
+		func(ctx context.Context) (fencing.BarrierCheck, error) {
+			r, err := s.run(ctx, "barrier check", barrierCheckScript, []string{s.barKey(e.Resource)}, []string{e.Token.String()})
+			if err != nil {
+				return fencing.BarrierCheck{}, err
 			}
-			return expired, err
-		}
-		if len(r) != 3 {
-			return expired, corrupt("barrier check", r)
-		}
-		lower, wait, exp, ok := barrierState(r)
-		if !ok {
-			return expired, corrupt("barrier check", r)
-		}
-		expired += exp
-		if lower == 0 {
-			return expired, nil
-		}
-		if wait <= 0 || wait > barrierRecheck {
-			wait = barrierRecheck
-		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-wake:
-		case <-timer.C:
-		case <-tp.done:
-			timer.Stop()
-			return expired, tp.err
-		case <-ctx.Done():
-			timer.Stop()
-			return expired, ctx.Err()
-		}
-		timer.Stop()
-	}
+			if len(r) != 3 {
+				return fencing.BarrierCheck{}, corrupt("barrier check", r)
+			}
+			lower, wait, exp, ok := barrierState(r)
+			if !ok {
+				return fencing.BarrierCheck{}, corrupt("barrier check", r)
+			}
+			return fencing.BarrierCheck{Lower: lower, Wait: wait, Expired: exp}, nil
+		})
 }
 
 // runInt runs a script whose reply is an integer, classifying faults.
