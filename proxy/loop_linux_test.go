@@ -330,7 +330,7 @@ func TestResponseConnectionFieldsOnBothEngines(t *testing.T) {
 			t.Fatalf("loops=%v: answers %q", loops, got)
 		}
 		if strings.Contains(got[0], "X-Hop") || !strings.Contains(got[0], "X-Set: a\r\nX-Set: b\r\n") ||
-			strings.Count(got[0], "X-Request-Id: ") != 1 || strings.Contains(got[0], "X-Request-Id: up") || strings.Contains(got[0], "up2") {
+			strings.Count(got[0], "X-Request-Id: ") != 1 || strings.Contains(got[0], "X-Request-Id: up") {
 			t.Errorf("loops=%v: the client got the named fields, X-Set out of order, or not one gate's request id:\n%s", loops, got[0])
 		}
 	}

@@ -69,17 +69,6 @@ func (g *Gate) newUpstreamClient(conns int, tlsConfig *tls.Config) *fasthttp.Hos
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
-// hasHopHeader reports whether a header has any of hopHeaders, in any
-// case: most have none, and one pass is cheaper than deleting each.
-func hasHopHeader(all iter.Seq2[[]byte, []byte]) bool {
-	for k := range all {
-		if isHopHeader(k) {
-			return true
-		}
-	}
-	return false
-}
-
 // isHopHeader reports whether k is one of hopHeaders, in any case.
 func isHopHeader(k []byte) bool { return nameIn(k, hopHeaders) }
 

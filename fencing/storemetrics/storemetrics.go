@@ -141,10 +141,11 @@ var _ fencing.Store = (*Store)(nil)
 
 // Wrap returns s decorated with a latency histogram from mp (kept in
 // atomics when mp is the fencegate binary's own provider, from the
-// module's internal/atomichist) and a span per call from tp. A nil provider means no-op: nothing is recorded for it. It
-// panics if s is nil. If creating the histogram fails (the SDK reports that
-// only for an invalid name, which this package does not use), the histogram
-// is a no-op.
+// module's internal/atomichist) and a span per call from tp. A nil
+// provider means no-op: nothing is recorded for it. It panics if s is
+// nil. If creating the histogram fails (the SDK reports that only for an
+// invalid name, which this package does not use), the histogram is a
+// no-op.
 func Wrap(s fencing.Store, mp metric.MeterProvider, tp trace.TracerProvider) *Store {
 	if s == nil {
 		panic("storemetrics: Wrap of a nil store")
