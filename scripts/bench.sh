@@ -21,8 +21,12 @@
 # Phases, each target measured in turn, rounds interleaved so that a noisy
 # neighbour hurts every target alike:
 #   1. throughput: $BENCH_ROUNDS rounds of $BENCH_DURATION at $BENCH_CONNS
-#      connections; median req/s, p50 and p99 over rounds, and the ratios
-#      gate ÷ nginx and gate ÷ direct (median, and the range over rounds);
+#      connections; median req/s, p50 and p99 over rounds, the ratios
+#      gate ÷ nginx and gate ÷ direct (median, and the range over rounds),
+#      the proxy's CPU time per request (user + system, from /proc, all of
+#      nginx's processes) and the machine's idle CPU share meanwhile (a
+#      proxy that leaves CPU idle while the client waits on it is limited
+#      by how its work is spread over threads, not by its cost);
 #   2. latency: one connection, median latency, and what each hop adds to
 #      the direct path;
 #   3. many clients: $BENCH_MANY connections at every gate: req/s, RSS
@@ -53,6 +57,7 @@ missing=()
 has nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 has wrk || missing+=(wrk)
 has curl || missing+=(curl)
+has pgrep || missing+=(procps)
 case " $STORES " in *" valkey "*) has redis-server || has valkey-server || missing+=(redis-server) ;; esac
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
 	say "installing ${missing[*]} with apt-get"
@@ -245,10 +250,10 @@ function request()
 end
 function done(summary, latency, requests)
   local e = summary.errors
-  io.write(string.format("RESULT %.1f %.1f %.1f %d %d\n",
+  io.write(string.format("RESULT %.1f %.1f %.1f %d %d %d\n",
     summary.requests / (summary.duration / 1e6),
     latency:percentile(50), latency:percentile(99),
-    e.status, e.connect + e.read + e.write + e.timeout))
+    e.status, e.connect + e.read + e.write + e.timeout, summary.requests))
 end
 EOF
 }
@@ -266,12 +271,48 @@ done
 write_script direct "$tmp/tokens-$first.lua"
 cp "$tmp/wrk-direct.lua" "$tmp/wrk-nginx.lua"
 
-# run TARGET CONNS THREADS: one wrk run; prints "req/s p50µs p99µs non2xx sockerr".
+# proxy_pids TARGET: the processes of TARGET's proxy (nginx's master and
+# workers, or the gate); none for direct.
+proxy_pids() {
+	case $1 in
+	direct) ;;
+	nginx)
+		local m
+		m=$(cat "$tmp/nginx/nginx.pid")
+		echo "$m" $(pgrep -P "$m")
+		;;
+	gate-*) echo "${gate_pid[${1#gate-}]}" ;;
+	esac
+}
+# cpu_ticks PID...: user + system clock ticks those processes used so far
+# (utime and stime, the 12th and 13th fields after the command's name).
+cpu_ticks() {
+	local p f=()
+	for p in "$@"; do f+=("/proc/$p/stat"); done
+	[ "${#f[@]}" -gt 0 ] || { echo 0; return; }
+	awk '{ sub(/.*\) /, ""); split($0, a, " "); t += a[12] + a[13] } END { print t + 0 }' "${f[@]}" 2>/dev/null
+}
+# machine_ticks: "idle total" clock ticks of all CPUs so far (/proc/stat).
+machine_ticks() { awk '/^cpu /{t=0; for (i=2;i<=NF;i++) t+=$i; print $5+$6, t; exit}' /proc/stat; }
+TICK=$(getconf CLK_TCK)
+
+# run TARGET CONNS THREADS: one wrk run; prints "req/s p50µs p99µs non2xx
+# sockerr cpuµs idle%": cpuµs is the proxy's CPU time (user + system) per
+# request ("-" for direct), idle% the machine's idle CPU share meanwhile.
 run() {
-	local out
+	local out pp c0 c1 i0 t0 i1 t1
+	pp=$(proxy_pids "$1")
+	c0=$(cpu_ticks $pp)
+	read -r i0 t0 < <(machine_ticks)
 	out=$(wrk -t"$3" -c"$2" -d"$DURATION" --timeout 10s -s "$tmp/wrk-$1.lua" \
 		"http://127.0.0.1:${target_port[$1]}" 2>&1) || { say "wrk failed on $1: $out"; exit 1; }
-	sed -n 's/^RESULT //p' <<<"$out"
+	c1=$(cpu_ticks $pp)
+	read -r i1 t1 < <(machine_ticks)
+	sed -n 's/^RESULT //p' <<<"$out" | awk -v c=$((c1 - c0)) -v pp="$pp" -v tick="$TICK" \
+		-v idle=$((i1 - i0)) -v total=$((t1 - t0)) '{
+		cpu = pp == "" || $6 == 0 ? "-" : sprintf("%.1f", c / tick * 1e6 / $6)
+		print $1, $2, $3, $4, $5, cpu, sprintf("%.0f", total ? 100 * idle / total : 0)
+	}'
 }
 
 echo "fencegate bench: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -293,17 +334,17 @@ function median(a, n,   i, j, t) {
 	for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j+1] = a[j]; a[j+1] = t }
 	return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
 }
-{ rps[$2, $1] = $3; p50[$2, $1] = $4; p99[$2, $1] = $5; bad[$2] += $6 + $7; if ($1 > rounds) rounds = $1 }
+{ rps[$2, $1] = $3; p50[$2, $1] = $4; p99[$2, $1] = $5; bad[$2] += $6 + $7; cpu[$2, $1] = $8; idle[$2, $1] = $9; if ($1 > rounds) rounds = $1 }
 END {
 	n = split(targets, T, " ")
-	printf "  %-13s %10s %9s %9s %10s %14s %10s %14s %8s\n", "target", "req/s", "p50 µs", "p99 µs", "÷ nginx", "(range)", "÷ direct", "(range)", "errors"
+	printf "  %-13s %10s %9s %9s %10s %14s %10s %14s %8s %9s %6s\n", "target", "req/s", "p50 µs", "p99 µs", "÷ nginx", "(range)", "÷ direct", "(range)", "errors", "CPU µs", "idle"
 	for (k = 1; k <= n; k++) {
 		t = T[k]
-		for (r = 1; r <= rounds; r++) { a[r] = rps[t, r]; b[r] = p50[t, r]; c[r] = p99[t, r]; x[r] = rps[t, r] / rps["nginx", r]; y[r] = rps[t, r] / rps["direct", r] }
+		for (r = 1; r <= rounds; r++) { a[r] = rps[t, r]; b[r] = p50[t, r]; c[r] = p99[t, r]; x[r] = rps[t, r] / rps["nginx", r]; y[r] = rps[t, r] / rps["direct", r]; u[r] = cpu[t, r]; v[r] = idle[t, r] }
 		m = median(a, rounds); m50 = median(b, rounds); m99 = median(c, rounds)
 		lo = hi = x[1]; dlo = dhi = y[1]
 		for (r = 2; r <= rounds; r++) { if (x[r] < lo) lo = x[r]; if (x[r] > hi) hi = x[r]; if (y[r] < dlo) dlo = y[r]; if (y[r] > dhi) dhi = y[r] }
-		printf "  %-13s %10.0f %9.0f %9.0f %10.2f %14s %10.2f %14s %8d\n", t, m, m50, m99, median(x, rounds), sprintf("%.2f–%.2f", lo, hi), median(y, rounds), sprintf("%.2f–%.2f", dlo, dhi), bad[t]
+		printf "  %-13s %10.0f %9.0f %9.0f %10.2f %14s %10.2f %14s %8d %9s %5.0f%%\n", t, m, m50, m99, median(x, rounds), sprintf("%.2f–%.2f", lo, hi), median(y, rounds), sprintf("%.2f–%.2f", dlo, dhi), bad[t], t == "direct" ? "–" : sprintf("%.1f", median(u, rounds)), median(v, rounds)
 	}
 }' "$tmp/results"
 echo
@@ -341,7 +382,7 @@ for t in nginx "${targets[@]:2}"; do
 		gor=$(curl -fs "http://127.0.0.1:${gate_api[$store]}/metrics" | awk '/^go_goroutines /{print $2}' || true)
 	fi
 	wait "$wpid"
-	read -r rps p50 p99 st se <"$tmp/many"
+	read -r rps p50 p99 st se _ <"$tmp/many"
 	if [ "$t" = nginx ]; then
 		printf "  %-13s %10.0f %9.0f %9.0f %12s %12s %11s %8d\n" "$t" "$rps" "$p50" "$p99" – – – $((st + se))
 	else
