@@ -198,6 +198,13 @@ type Options struct {
 	ServerName string
 	// Audit configures the audit log of writes (see AuditMessage).
 	Audit Audit
+	// LogBatch, when set, is held by each event loop for every pass over
+	// its ready sockets (Hold before, Release after). Make it the
+	// Logger's output, one that keeps what is written while held and
+	// writes it out on Release (the fencegate binary's is
+	// internal/logwriter), and the audit lines of a pass go out in one
+	// write at its end instead of one write each.
+	LogBatch LogBatch
 	// SharedBarrier, when set, orders writes across every gate on one
 	// shared store instead of through this gate only (DESIGN §9): each
 	// write is admitted and registered in one atomic store step and waits
@@ -209,6 +216,13 @@ type Options struct {
 	// GateID names this gate in its shared-barrier entries. Required
 	// with SharedBarrier.
 	GateID string
+}
+
+// LogBatch is what an event loop holds while it runs a pass (see
+// Options.LogBatch).
+type LogBatch interface {
+	Hold()
+	Release()
 }
 
 // Gate is the write gate. Serve it with NewServer. Safe for concurrent use.
@@ -239,6 +253,7 @@ type Gate struct {
 	// Only tests set it, to add latency on the way to the upstream.
 	beforeSend func()
 	audit      Audit
+	logBatch   LogBatch // or nil
 	inFlight   auditSet // the audit record of every write still in the gate
 }
 
@@ -275,6 +290,7 @@ func New(opts Options) (*Gate, error) {
 		holds:          opts.Holds,
 		barrier:        barrier.New(),
 		audit:          opts.Audit,
+		logBatch:       opts.LogBatch,
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)

@@ -332,6 +332,9 @@ func (l *eventLoop) run() {
 			return
 		}
 		l.now = time.Now()
+		if lb := l.e.g.logBatch; lb != nil {
+			lb.Hold()
+		}
 		for i := range max(n, 0) {
 			fd := int(events[i].Fd)
 			switch {
@@ -355,6 +358,9 @@ func (l *eventLoop) run() {
 		if l.now.Sub(lastSweep) >= loopTick {
 			lastSweep = l.now
 			l.sweep()
+		}
+		if lb := l.e.g.logBatch; lb != nil {
+			lb.Release() // the pass's log lines, in one write
 		}
 	}
 }

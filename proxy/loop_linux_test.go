@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +26,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/internal/logwriter"
 )
 
 // rawUpstream is an upstream on a bare socket: it records each request's
@@ -571,3 +574,88 @@ func TestClientGoneMidWriteOnTheLoops(t *testing.T) {
 		t.Fatalf("fencegate.gate.writes\n got:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// countingBatch is a logwriter.Writer that counts how often it was held
+// and checks that every Hold is matched by one Release.
+type countingBatch struct {
+	*logwriter.Writer
+	holds, open atomic.Int64
+}
+
+func (b *countingBatch) Hold()    { b.holds.Add(1); b.open.Add(1); b.Writer.Hold() }
+func (b *countingBatch) Release() { b.open.Add(-1); b.Writer.Release() }
+
+// TestLoopsGatherTheAuditLinesOfAPass: with Options.LogBatch, the event
+// loops hold the log's output for each pass, and every write's audit line
+// still reaches it, whole and once, at the end of the pass that answered
+// the write.
+func TestLoopsGatherTheAuditLinesOfAPass(t *testing.T) {
+	up := newRawUpstream(t)
+	u, _ := url.Parse("http://" + up.ln.Addr().String())
+	st := memstore.New(memstore.Options{})
+	l, err := st.Acquire(context.Background(), fencing.AcquireRequest{Resource: "job:1", Owner: "o", TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var out bytes.Buffer
+	lw := logwriter.New(logOutput(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(p) == 0 || p[len(p)-1] != '\n' {
+			t.Errorf("a write of %d bytes to the log ends inside a line: %q", len(p), p)
+		}
+		return out.Write(p)
+	}))
+	batch := &countingBatch{Writer: lw}
+	rules, _ := ParseRules(testRules)
+	g, err := New(Options{Upstream: u, Store: st, Rules: rules, LogBatch: batch,
+		Logger: slog.New(slog.NewJSONHandler(lw, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := serveGate(t, g)
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	const clients, writes = 8, 25
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			c := gs.Client()
+			for range writes {
+				req, _ := http.NewRequest(http.MethodPut, gs.URL+"/jobs/1", strings.NewReader("x"))
+				req.Header.Set("Fencing-Token", tok(l.Token))
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("write answered %d", resp.StatusCode)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	logged := func() (lines, admitted int, text string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Count(out.String(), `"msg":"gate write"`), strings.Count(out.String(), `"code":"admitted"`), out.String()
+	}
+	// A write's line goes out at the end of the pass that answered it.
+	waitFor(t, "every audit line", func() bool { n, _, _ := logged(); return n >= clients*writes })
+	if lines, admitted, text := logged(); lines != clients*writes || admitted != clients*writes {
+		t.Fatalf("%d audit lines (%d admitted) for %d writes:\n%s", lines, admitted, clients*writes, text)
+	}
+	if n := len(up.take()); n != clients*writes {
+		t.Fatalf("the upstream got %d writes, want %d", n, clients*writes)
+	}
+	if batch.holds.Load() == 0 {
+		t.Fatal("the loops never held the log")
+	}
+	waitFor(t, "every pass to release the log", func() bool { return batch.open.Load() == 0 })
+}
+
+type logOutput func([]byte) (int, error)
+
+func (f logOutput) Write(p []byte) (int, error) { return f(p) }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencegate/fencegate/config"
@@ -23,9 +24,23 @@ import (
 	"github.com/fencegate/fencegate/fencing/pgstore"
 	"github.com/fencegate/fencegate/fencing/storemetrics"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
+	"github.com/fencegate/fencegate/internal/logwriter"
 	"github.com/fencegate/fencegate/leaseapi"
 	"github.com/fencegate/fencegate/proxy"
 )
+
+// servedLogs is the log writer of the server running (serve), for an exit
+// that does not return through serve (exitNow).
+var servedLogs atomic.Pointer[logwriter.Writer]
+
+// exitNow writes out the server's log lines still held (see logwriter),
+// then exits the process with code.
+func exitNow(code int) {
+	if w := servedLogs.Load(); w != nil {
+		w.Flush()
+	}
+	os.Exit(code)
+}
 
 // serve runs the listeners until ctx ends, then drains: /readyz turns 503,
 // after DrainDelay the listeners stop accepting, in-flight requests get
@@ -35,7 +50,12 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := newLogger(cfg, stderr)
+	// The log's output: the gate's event loops hold it for each pass, so
+	// that a pass's audit lines go out in one write (proxy.Options.LogBatch).
+	logs := logwriter.New(stderr)
+	defer logs.Flush()
+	servedLogs.Store(logs)
+	log := newLogger(cfg, logs)
 	log.Info("starting fencegate", "version", Version(), "api_auth", cfg.APIToken != "")
 	// Rules are configuration: a mistake in them stops start-up before
 	// telemetry and the store are set up.
@@ -83,7 +103,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 			log.Warn("FENCEGATE_RULES / FENCEGATE_RULES_FILE are ignored while the write gate is off")
 		}
 	} else {
-		gate, err = newGate(cfg, rules, store, holds, log, tel)
+		gate, err = newGate(cfg, rules, store, holds, log, logs, tel)
 		if err != nil {
 			return err
 		}
@@ -341,8 +361,9 @@ func loadRules(cfg config.Config) ([]proxy.Rule, error) {
 
 // newGate builds the write gate from the configuration and its parsed rules;
 // holds, when the store has the capability, keeps barrier holds across
-// restarts.
-func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds fencing.HoldRecorder, log *slog.Logger, tel *telemetry) (*proxy.Gate, error) {
+// restarts; logs, the logger's output, gathers the audit lines of each of
+// the event loops' passes.
+func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds fencing.HoldRecorder, log *slog.Logger, logs *logwriter.Writer, tel *telemetry) (*proxy.Gate, error) {
 	upstream, err := url.Parse(cfg.Upstream)
 	if err != nil {
 		return nil, fmt.Errorf("FENCEGATE_UPSTREAM: %w", err)
@@ -376,6 +397,7 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		TracerProvider:  tel.tracerProvider,
 		ServerName:      cfg.ProxyAddr,
 		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample},
+		LogBatch:        logs,
 	})
 }
 
