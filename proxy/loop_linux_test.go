@@ -339,10 +339,10 @@ func TestResponseConnectionFieldsOnBothEngines(t *testing.T) {
 	}
 }
 
-// TestLoopsServeTheListener: on Linux a TCP listener is served by the
-// event loops, which keep plain requests and hand a connection to the
-// fallback server only when a request needs it (here a chunked body).
-func TestLoopsServeTheListener(t *testing.T) {
+// newLeasedUpstream starts a raw upstream and a memory store holding a
+// lease on job:1, for a gate in front of them.
+func newLeasedUpstream(t *testing.T) (*rawUpstream, *url.URL, *memstore.Store, fencing.Lease) {
+	t.Helper()
 	up := newRawUpstream(t)
 	u, _ := url.Parse("http://" + up.ln.Addr().String())
 	st := memstore.New(memstore.Options{})
@@ -350,6 +350,14 @@ func TestLoopsServeTheListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return up, u, st, l
+}
+
+// TestLoopsServeTheListener: on Linux a TCP listener is served by the
+// event loops, which keep plain requests and hand a connection to the
+// fallback server only when a request needs it (here a chunked body).
+func TestLoopsServeTheListener(t *testing.T) {
+	up, u, st, l := newLeasedUpstream(t)
 	rules, _ := ParseRules(testRules)
 	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
 	if err != nil {
@@ -590,13 +598,7 @@ func (b *countingBatch) Release() { b.open.Add(-1); b.Writer.Release() }
 // still reaches it, whole and once, at the end of the pass that answered
 // the write.
 func TestLoopsGatherTheAuditLinesOfAPass(t *testing.T) {
-	up := newRawUpstream(t)
-	u, _ := url.Parse("http://" + up.ln.Addr().String())
-	st := memstore.New(memstore.Options{})
-	l, err := st.Acquire(context.Background(), fencing.AcquireRequest{Resource: "job:1", Owner: "o", TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	up, u, st, l := newLeasedUpstream(t)
 	var mu sync.Mutex
 	var out bytes.Buffer
 	lw := logwriter.New(logOutput(func(p []byte) (int, error) {
