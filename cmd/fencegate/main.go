@@ -38,7 +38,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	// Only the server drains: a second signal cuts its drain short. Other
 	// commands (fencegate run forwards signals to its child) keep theirs.
-	beforeServe = func() { forceExitOnSecondSignal(os.Stderr, exitNow) }
+	beforeServe = func() { forceExitOnSecondSignal(afterLogs{&servedLogs, os.Stderr}, exitNow) }
 	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
 	stop()
 	if code, print := exitCode(err); code != exitOK {

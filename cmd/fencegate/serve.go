@@ -34,7 +34,8 @@ import (
 var servedLogs atomic.Pointer[logwriter.Writer]
 
 // exitNow writes out the server's log lines still held (see logwriter),
-// then exits the process with code.
+// then exits the process with code. Its message (forceExitOnSecondSignal)
+// goes through afterLogs, so it follows those lines.
 func exitNow(code int) {
 	if w := servedLogs.Load(); w != nil {
 		w.Flush()
@@ -362,7 +363,7 @@ func loadRules(cfg config.Config) ([]proxy.Rule, error) {
 // newGate builds the write gate from the configuration and its parsed rules;
 // holds, when the store has the capability, keeps barrier holds across
 // restarts; logs, the logger's output, gathers the audit lines of each of
-// the event loops' passes.
+// the event loops' passes when there are audit lines.
 func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds fencing.HoldRecorder, log *slog.Logger, logs *logwriter.Writer, tel *telemetry) (*proxy.Gate, error) {
 	upstream, err := url.Parse(cfg.Upstream)
 	if err != nil {
@@ -374,6 +375,12 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		log.Warn("write gate has no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused with resource-required")
 	}
 	auditOff, auditSample, _ := cfg.Audit() // validated by config
+	// The loops hold the log for each pass only when it gets audit lines:
+	// with none, holding would gather nothing.
+	var batch proxy.LogBatch
+	if !auditOff && log.Enabled(context.Background(), slog.LevelInfo) {
+		batch = logs
+	}
 	shared, gateID, err := sharedBarrier(cfg, store, log)
 	if err != nil {
 		return nil, err
@@ -397,7 +404,7 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		TracerProvider:  tel.tracerProvider,
 		ServerName:      cfg.ProxyAddr,
 		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample},
-		LogBatch:        logs,
+		LogBatch:        batch,
 	})
 }
 

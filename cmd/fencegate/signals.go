@@ -5,8 +5,26 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
+
+	"github.com/fencegate/fencegate/internal/logwriter"
 )
+
+// afterLogs writes to out after writing out the log lines the server's
+// log writer (logs, when set) still holds: a message that must come after
+// them, such as the one before a forced exit.
+type afterLogs struct {
+	logs *atomic.Pointer[logwriter.Writer]
+	out  io.Writer
+}
+
+func (a afterLogs) Write(p []byte) (int, error) {
+	if w := a.logs.Load(); w != nil {
+		w.Flush()
+	}
+	return a.out.Write(p)
+}
 
 // forceExitOnSecondSignal lets an operator cut the drain short: the first
 // SIGTERM or SIGINT starts the graceful drain (signal.NotifyContext in
