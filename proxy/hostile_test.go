@@ -108,7 +108,10 @@ type hostileEnv struct {
 	header   bool
 }
 
-func newHostileEnv(t *testing.T, header bool) *hostileEnv {
+// newHostileEnv serves the gate; plainIO makes its event loops (where it
+// has them) read and write one system call at a time instead of batching
+// through io_uring.
+func newHostileEnv(t *testing.T, header, plainIO bool) *hostileEnv {
 	t.Helper()
 	clock := newFakeClock()
 	ctx := context.Background()
@@ -146,7 +149,7 @@ func newHostileEnv(t *testing.T, header bool) *hostileEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gateSrv := serveGateWith(t, g, ServerOptions{HeaderTimeout: time.Second})
+	gateSrv := serveGateWith(t, g, ServerOptions{HeaderTimeout: time.Second}, func(s *Server) { s.noRing = plainIO })
 	e.gateAddr = gateSrv.Listener.Addr().String()
 	return e
 }
@@ -458,22 +461,28 @@ func TestHostileClients(t *testing.T) {
 		{"pipelined after a stale write", false, body("PUT /jobs/1 HTTP/1.1", smuggled, stale) + req("PUT /jobs/1 HTTP/1.1", fresh, cl0), []string{"409 stale-token", "200"}, 1},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			e := newHostileEnv(t, c.header)
-			got := e.send(t, c.raw, len(c.want))
-			if !slices.Equal(got, c.want) {
-				t.Errorf("statuses %v, want %v", got, c.want)
+		for _, plainIO := range []bool{false, true} {
+			name := c.name
+			if plainIO {
+				name += " (plain I/O)"
 			}
-			if n := len(e.up.requests()); n != c.forwarded {
-				t.Errorf("upstream got %d requests, want %d: %+v", n, c.forwarded, e.up.requests())
-			}
-			e.check(t)
-			for _, s := range e.up.requests() {
-				if !safeMethod(s.Method) && !strings.HasPrefix(c.raw, s.Method+" "+s.Target+" ") && !strings.Contains(c.raw, "\n"+s.Method+" "+s.Target+" ") {
-					t.Errorf("upstream got target %q, which the client did not send byte for byte", s.Target)
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				e := newHostileEnv(t, c.header, plainIO)
+				got := e.send(t, c.raw, len(c.want))
+				if !slices.Equal(got, c.want) {
+					t.Errorf("statuses %v, want %v", got, c.want)
 				}
-			}
-		})
+				if n := len(e.up.requests()); n != c.forwarded {
+					t.Errorf("upstream got %d requests, want %d: %+v", n, c.forwarded, e.up.requests())
+				}
+				e.check(t)
+				for _, s := range e.up.requests() {
+					if !safeMethod(s.Method) && !strings.HasPrefix(c.raw, s.Method+" "+s.Target+" ") && !strings.Contains(c.raw, "\n"+s.Method+" "+s.Target+" ") {
+						t.Errorf("upstream got target %q, which the client did not send byte for byte", s.Target)
+					}
+				}
+			})
+		}
 	}
 }

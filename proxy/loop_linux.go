@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencegate/fencegate/internal/connlimit"
+	"github.com/fencegate/fencegate/internal/uring"
 )
 
 // The event-loop engine serves a gate's TCP listener on Linux without a
@@ -47,6 +48,17 @@ import (
 
 // loopReadBuffer is what one read from a socket takes at most.
 const loopReadBuffer = 64 << 10
+
+// loopEvents is how many ready sockets one epoll_wait reports at most.
+const loopEvents = 256
+
+// loopRingEntries is how many reads and writes a loop's io_uring takes in
+// one system call (writes beyond it take another).
+const loopRingEntries = 512
+
+// loopAheadRead is what a read made ahead of the state machine (see
+// readAhead) takes from one socket at most.
+const loopAheadRead = 8 << 10
 
 // loopTick is how often a loop checks its deadlines: a timeout fires up to
 // this late.
@@ -247,6 +259,15 @@ type eventLoop struct {
 	forwarded []passedRequest     // passed's other array, reused
 	now       time.Time
 
+	ring    *uring.Ring    // the pass's reads and writes in a system call each; nil: one by one
+	ahead   []*sock        // the sockets read ahead this pass, in readAhead's buffer's order
+	aheadIn []byte         // their reads, loopAheadRead bytes each
+	writes  []*loopConn    // connections whose next write waits for the end of the pass
+	spare   []*loopConn    // writes' other array, reused
+	sending []pendingWrite // the writes out in the ring, by tag
+	wrote   func(tag uint64, res int32)
+	readIn  func(tag uint64, res int32)
+
 	buf []byte        // one read
 	rd  bytes.Reader  // parsing: a head's bytes...
 	br  *bufio.Reader // ...as fasthttp reads them
@@ -316,7 +337,15 @@ func (l *eventLoop) run() {
 			close(l.admitCh)
 		}
 	}()
-	events := make([]unix.EpollEvent, 256)
+	if !l.e.s.noRing {
+		l.openRing()
+		defer func() {
+			if l.ring != nil {
+				_ = l.ring.Close()
+			}
+		}()
+	}
+	events := make([]unix.EpollEvent, loopEvents)
 	l.now = time.Now()
 	lastSweep := l.now
 	for !l.stopped {
@@ -335,6 +364,7 @@ func (l *eventLoop) run() {
 		if lb := l.e.g.logBatch; lb != nil {
 			lb.Hold()
 		}
+		l.readAhead(events[:max(n, 0)])
 		for i := range max(n, 0) {
 			fd := int(events[i].Fd)
 			switch {
@@ -358,6 +388,11 @@ func (l *eventLoop) run() {
 		if l.now.Sub(lastSweep) >= loopTick {
 			lastSweep = l.now
 			l.sweep()
+		}
+		for len(l.writes) > 0 {
+			l.writeQueued()
+			l.forwardPassed()
+			l.sendAdmits()
 		}
 		if lb := l.e.g.logBatch; lb != nil {
 			lb.Release() // the pass's log lines, in one write

@@ -27,6 +27,7 @@ import (
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
 	"github.com/fencegate/fencegate/internal/logwriter"
+	"github.com/fencegate/fencegate/internal/uring"
 )
 
 // rawUpstream is an upstream on a bare socket: it records each request's
@@ -170,7 +171,22 @@ type engineGate struct {
 	up   *rawUpstream
 }
 
-func newEngineGate(t *testing.T, loops bool) *engineGate {
+// engine is how a test's gate serves its listener.
+type engine int
+
+const (
+	engineLoops        engine = iota // the event loops, batching through io_uring where the kernel has it
+	engineLoopsPlainIO               // the event loops, one system call per read and write
+	engineFasthttp                   // the fasthttp server alone
+)
+
+var engines = []engine{engineLoops, engineLoopsPlainIO, engineFasthttp}
+
+func (e engine) String() string {
+	return [...]string{"event loops", "event loops without io_uring", "fasthttp"}[e]
+}
+
+func newEngineGate(t *testing.T, kind engine) *engineGate {
 	t.Helper()
 	ctx := context.Background()
 	st := memstore.New(memstore.Options{})
@@ -205,7 +221,8 @@ func newEngineGate(t *testing.T, loops bool) *engineGate {
 		t.Fatal(err)
 	}
 	s := NewServer(g, ServerOptions{HeaderTimeout: 300 * time.Millisecond})
-	s.noLoops = !loops
+	s.noLoops = kind == engineFasthttp
+	s.noRing = kind == engineLoopsPlainIO
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(func() { _ = s.Close() })
 	return &engineGate{addr: ln.Addr().String(), up: up}
@@ -259,21 +276,23 @@ func (e *engineGate) exchange(t *testing.T, raw string) []string {
 // event loops and one served by fasthttp alone, and finds the same bytes
 // at the upstream and the same answers at the client.
 func TestEnginesAgree(t *testing.T) {
-	loops, plain := newEngineGate(t, true), newEngineGate(t, false)
-	for _, tc := range engineCases {
-		t.Run(tc.name, func(t *testing.T) {
-			got, want := loops.exchange(t, tc.raw), plain.exchange(t, tc.raw)
-			if strings.Join(got, "\n") != strings.Join(want, "\n") {
-				t.Errorf("answers differ\nevent loops:\n%s\nfasthttp:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-			}
-			if len(want) == 0 {
-				t.Error("no answer at all")
-			}
-			gotUp, wantUp := loops.up.take(), plain.up.take()
-			if strings.Join(gotUp, "\n--\n") != strings.Join(wantUp, "\n--\n") {
-				t.Errorf("the upstream got different requests\nevent loops:\n%q\nfasthttp:\n%q", gotUp, wantUp)
-			}
-		})
+	for _, kind := range []engine{engineLoops, engineLoopsPlainIO} {
+		loops, plain := newEngineGate(t, kind), newEngineGate(t, engineFasthttp)
+		for _, tc := range engineCases {
+			t.Run(kind.String()+"/"+tc.name, func(t *testing.T) {
+				got, want := loops.exchange(t, tc.raw), plain.exchange(t, tc.raw)
+				if strings.Join(got, "\n") != strings.Join(want, "\n") {
+					t.Errorf("answers differ\n%s:\n%s\nfasthttp:\n%s", kind, strings.Join(got, "\n"), strings.Join(want, "\n"))
+				}
+				if len(want) == 0 {
+					t.Error("no answer at all")
+				}
+				gotUp, wantUp := loops.up.take(), plain.up.take()
+				if strings.Join(gotUp, "\n--\n") != strings.Join(wantUp, "\n--\n") {
+					t.Errorf("the upstream got different requests\n%s:\n%q\nfasthttp:\n%q", kind, gotUp, wantUp)
+				}
+			})
+		}
 	}
 }
 
@@ -291,14 +310,14 @@ func TestClaimsAndOrderOnBothEngines(t *testing.T) {
 		"X-Forwarded-Proto: https\r\nX-Request-Id: forged\r\nKeep-Alive: 5\r\nX-List: c\r\nX-Forwarded-Host: evil\r\n" +
 		"Connection: x-hop2\r\nX-Hop2: 2\r\n" +
 		"Fencing-Token: 1\r\nContent-Length: 2\r\n\r\nok"
-	for _, loops := range []bool{true, false} {
-		e := newEngineGate(t, loops)
+	for _, kind := range engines {
+		e := newEngineGate(t, kind)
 		if got := e.exchange(t, raw); len(got) != 1 || !strings.HasPrefix(got[0], "200 ") {
-			t.Fatalf("loops=%v: answers %q", loops, got)
+			t.Fatalf("%s: answers %q", kind, got)
 		}
 		up := e.up.take()
 		if len(up) != 1 {
-			t.Fatalf("loops=%v: the upstream got %d requests", loops, len(up))
+			t.Fatalf("%s: the upstream got %d requests", kind, len(up))
 		}
 		head := strings.ToLower(up[0])
 		for field, want := range map[string]string{
@@ -308,13 +327,13 @@ func TestClaimsAndOrderOnBothEngines(t *testing.T) {
 			n := strings.Count(head, "\r\n"+field)
 			switch {
 			case want == "" && n != 0:
-				t.Errorf("loops=%v: the upstream got %q, which the gate drops:\n%s", loops, field, up[0])
+				t.Errorf("%s: the upstream got %q, which the gate drops:\n%s", kind, field, up[0])
 			case want != "" && (n != 1 || !strings.Contains(head, "\r\n"+field+want+"\r\n")):
-				t.Errorf("loops=%v: the upstream got %d %q fields, want one, %q:\n%s", loops, n, field, want, up[0])
+				t.Errorf("%s: the upstream got %d %q fields, want one, %q:\n%s", kind, n, field, want, up[0])
 			}
 		}
 		if a, b, c := strings.Index(head, "x-list: a"), strings.Index(head, "x-list: b"), strings.Index(head, "x-list: c"); a < 0 || !(a < b && b < c) {
-			t.Errorf("loops=%v: X-List fields out of the client's order:\n%s", loops, up[0])
+			t.Errorf("%s: X-List fields out of the client's order:\n%s", kind, up[0])
 		}
 	}
 }
@@ -326,15 +345,15 @@ func TestClaimsAndOrderOnBothEngines(t *testing.T) {
 // upstream's; read from the client's answer on the event loops and on the
 // fasthttp engine.
 func TestResponseConnectionFieldsOnBothEngines(t *testing.T) {
-	for _, loops := range []bool{true, false} {
-		e := newEngineGate(t, loops)
+	for _, kind := range engines {
+		e := newEngineGate(t, kind)
 		got := e.exchange(t, "GET /r HTTP/1.1\r\nHost: gate\r\nX-Respond: hop2\r\n\r\n")
 		if len(got) != 1 || !strings.HasPrefix(got[0], "200 ") {
-			t.Fatalf("loops=%v: answers %q", loops, got)
+			t.Fatalf("%s: answers %q", kind, got)
 		}
 		if strings.Contains(got[0], "X-Hop") || !strings.Contains(got[0], "X-Set: a\r\nX-Set: b\r\n") ||
 			strings.Count(got[0], "X-Request-Id: ") != 1 || strings.Contains(got[0], "X-Request-Id: up") {
-			t.Errorf("loops=%v: the client got the named fields, X-Set out of order, or not one gate's request id:\n%s", loops, got[0])
+			t.Errorf("%s: the client got the named fields, X-Set out of order, or not one gate's request id:\n%s", kind, got[0])
 		}
 	}
 }
@@ -492,6 +511,7 @@ func TestLoopSlowReaderBoundsMemory(t *testing.T) {
 		}
 		if i%64 == 0 {
 			time.Sleep(time.Millisecond) // a slow reader
+			runtime.GC()                 // what the gate holds, not its garbage
 			runtime.ReadMemStats(&peak)
 			if grown := int64(peak.HeapInuse) - int64(before.HeapInuse); grown > 16<<20 {
 				t.Fatalf("the gate's heap grew by %d MiB while relaying", grown>>20)
@@ -500,6 +520,118 @@ func TestLoopSlowReaderBoundsMemory(t *testing.T) {
 	}
 	if n != size || hex.EncodeToString(sum.Sum(nil)) != patternSum(size) {
 		t.Fatalf("relayed %d bytes (want %d), or not the upstream's", n, size)
+	}
+}
+
+// TestLoopsBatchThroughIOUring: where the test's kernel gives an io_uring,
+// every loop has one (made on its own thread), and a server told not to
+// use it has none.
+func TestLoopsBatchThroughIOUring(t *testing.T) {
+	if r, err := uring.New(2); err != nil {
+		t.Skipf("no io_uring here: %v", err)
+	} else {
+		_ = r.Close()
+	}
+	for _, plainIO := range []bool{false, true} {
+		_, u, st, _ := newLeasedUpstream(t)
+		g, err := New(Options{Upstream: u, Store: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs := serveGateWith(t, g, ServerOptions{}, func(s *Server) { s.noRing = plainIO })
+		resp, err := http.Get(gs.URL + "/r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		for i, l := range gs.srv.loops.Load().loops {
+			var has bool
+			l.call(func() { has = l.ring != nil })
+			if has == plainIO {
+				t.Errorf("plain I/O %v: loop %d has a ring: %v", plainIO, i, has)
+			}
+		}
+	}
+}
+
+// TestLoopReadsAheadAtMostOnce: a client that keeps sending pipelined
+// requests while its first one waits for the upstream does not make the
+// gate buffer them: the loop reads a socket ahead of its connection's
+// steps only while nothing read before waits. Sent in small pieces (each
+// one a new readiness event), the gate holds at most one read ahead of
+// them; sent in bulk, the client's writes block once the kernel's buffers
+// are full. The first answer then comes whole.
+func TestLoopReadsAheadAtMostOnce(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	defer open()
+	upLn := serveRaw(t, func(up net.Conn) {
+		defer up.Close()
+		if _, err := http.ReadRequest(bufio.NewReader(up)); err == nil {
+			<-release
+			_, _ = io.WriteString(up, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
+		}
+	})
+	u, _ := url.Parse("http://" + upLn.Addr().String())
+	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := serveGate(t, g)
+	c, err := net.Dial("tcp", gs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /first HTTP/1.1\r\nHost: g\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	held := func() int { // bytes the loops hold unread from their clients
+		n := 0
+		for _, l := range gs.srv.loops.Load().loops {
+			l.call(func() {
+				for lc := range l.clients {
+					n += len(lc.in)
+				}
+			})
+		}
+		return n
+	}
+	piece := []byte(strings.Repeat("GET /flood HTTP/1.1\r\nHost: g\r\n\r\n", 30)) // about 1 KiB
+	for range 500 {
+		if _, err := c.Write(piece); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := held(); n > loopAheadRead {
+		t.Fatalf("the gate holds %d bytes of pipelined requests behind one waiting for the upstream (at most %d)", n, loopAheadRead)
+	}
+	const limit = 64 << 20
+	bulk := bytes.Repeat(piece, 64)
+	written := 0
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	for written < limit {
+		n, err := c.Write(bulk)
+		written += n
+		if err != nil {
+			break // blocked until the deadline: the gate stopped reading
+		}
+	}
+	if n := held(); written >= limit || n > loopAheadRead {
+		t.Fatalf("the client wrote %d MiB of pipelined requests in bulk; the gate holds %d bytes", written>>20, n)
+	}
+	open()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 5))
+	if resp.StatusCode != http.StatusOK || string(body) != "first" || err != nil {
+		t.Fatalf("first answer: %d %q %v", resp.StatusCode, body, err)
 	}
 }
 

@@ -54,6 +54,7 @@ type loopConn struct {
 
 	up      *upConn
 	dialing bool
+	queued  bool   // its next write waits for the end of the pass (see writeLater)
 	req     []byte // the request as the upstream gets it
 	sent    int    // bytes of req sent
 	retried bool   // a read resent once on a new connection
@@ -105,8 +106,17 @@ func (c *loopConn) run() {
 	}
 }
 
-// flush writes c.out; false while some is left (or c failed).
+// flush writes c.out, or queues it for the end of the pass (see
+// writeLater); false while some is left (or c failed).
 func (c *loopConn) flush() bool {
+	if len(c.out) > 0 && c.l.writeLater(c, &c.sock) {
+		return false
+	}
+	return c.flushNow()
+}
+
+// flushNow writes c.out at once, as far as the socket takes it.
+func (c *loopConn) flushNow() bool {
 	n, err := c.write(c.l, c.out)
 	if err != nil {
 		c.close() // the client is gone
@@ -178,6 +188,13 @@ func (s *sock) fill(buf []byte) bool {
 		return false
 	}
 	n, err := rawRead(s.fd, buf)
+	return s.took(buf, n, err)
+}
+
+// took records a read into buf that gave n bytes, or err: the bytes go to
+// s.in, and the readiness follows (a short read drained the socket). It
+// reports what fill reports.
+func (s *sock) took(buf []byte, n int, err error) bool {
 	switch {
 	case err == unix.EINTR:
 		return true
@@ -436,8 +453,12 @@ func (c *loopConn) forward(t flight) {
 	l.upstream(c)
 }
 
-// send writes the request to the upstream connection.
+// send writes the request to the upstream connection, or queues it for
+// the end of the pass (see writeLater).
 func (c *loopConn) send() bool {
+	if c.sent < len(c.req) && c.l.writeLater(c, &c.up.sock) {
+		return false
+	}
 	n, err := c.up.write(c.l, c.req[c.sent:])
 	c.sent += n
 	switch {
@@ -741,7 +762,7 @@ func (c *loopConn) upstreamBroke(err error) {
 // cutOff ends an exchange whose response body cannot be relayed: the
 // client's connection is closed mid-answer, as the general path does.
 func (c *loopConn) cutOff() {
-	c.flush() // what came before the break, as far as the socket takes it
+	c.flushNow() // what came before the break, as far as the socket takes it
 	c.close()
 }
 
@@ -830,8 +851,8 @@ func (u *upConn) ready(ev uint32) {
 		return
 	}
 	// Idle: anything from the upstream now (its close, or bytes no
-	// request asked for) ends the connection.
-	if u.readable && (u.fill(u.l.buf) || u.eof) {
+	// request asked for, maybe read ahead) ends the connection.
+	if len(u.in) > 0 || u.eof || u.readable && (u.fill(u.l.buf) || u.eof) {
 		u.close()
 	}
 }

@@ -68,6 +68,10 @@ type Server struct {
 	// noLoops keeps the event loops off: the fasthttp server serves
 	// every connection. Only tests set it, to compare the engines.
 	noLoops bool
+	// noRing makes the event loops read and write one system call at a
+	// time, as they do where the kernel has no io_uring. Only tests set
+	// it, to cover both.
+	noRing bool
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{} // open connections of the fasthttp engine, closed by Close

@@ -1,0 +1,208 @@
+//go:build linux
+
+package proxy
+
+import (
+	"golang.org/x/sys/unix"
+
+	"github.com/fencegate/fencegate/internal/uring"
+)
+
+// A loop makes its socket reads and writes in batches where the kernel
+// gives it an io_uring (internal/uring): the reads of the sockets an
+// epoll_wait reported readable in one system call at the start of the
+// pass (readAhead), the writes the pass produced in one at its end
+// (writeLater, writeQueued). Each is the read(2) or write(2) the loop
+// would have made, made a little earlier or later within the same pass,
+// with the same results: the state machine of loopconn_linux.go does not
+// know the difference. Where io_uring is missing or refused, or once the
+// ring fails, the loop makes them one by one.
+
+// openRing gives l its ring, on l's own (locked) thread, as a ring must
+// be; without one l goes on with one system call per read and write.
+func (l *eventLoop) openRing() {
+	r, err := uring.New(loopRingEntries)
+	if err != nil {
+		l.e.g.log.Info("gate event loop: no io_uring here, one system call per read and write", "error", err)
+		return
+	}
+	l.ring = r
+	l.wrote = l.wroteOne
+	l.readIn = l.readOne
+}
+
+// ringFailed drops a ring that failed: the reads and writes whose results
+// it did not give were not made, and are made one by one from now on.
+func (l *eventLoop) ringFailed(err error) {
+	l.e.g.log.Warn("gate event loop: io_uring failed, going on with one system call per read and write", "error", err)
+	_ = l.ring.Close()
+	l.ring = nil
+}
+
+// readAhead reads, in one system call, from every client and upstream
+// socket of events that is readable and holds nothing unread, as fill
+// would (sock.took): what the state machine then wants is in s.in. A
+// socket whose unread bytes wait (say a pipelined request behind one
+// being admitted) is not read ahead, so a socket keeps at most one read
+// ahead of what its connection asks for. The events' read bits are noted
+// here, and taken out of events.
+func (l *eventLoop) readAhead(events []unix.EpollEvent) {
+	if l.ring == nil {
+		return
+	}
+	const readBits = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLHUP | unix.EPOLLERR
+	l.ahead = l.ahead[:0]
+	for i := range events {
+		ev := events[i].Events & readBits
+		if ev == 0 {
+			continue
+		}
+		var s *sock
+		switch o := l.fds[int(events[i].Fd)].(type) {
+		case *loopConn:
+			s = &o.sock
+		case *upConn:
+			s = &o.sock
+		default:
+			continue // the listener, the eventfd, a mark reader
+		}
+		s.note(l, ev)
+		events[i].Events &^= readBits
+		if s.readable && !s.eof && len(s.in) == 0 {
+			l.ahead = append(l.ahead, s)
+		}
+	}
+	if len(l.ahead) == 0 {
+		return
+	}
+	if l.aheadIn == nil {
+		l.aheadIn = make([]byte, loopEvents*loopAheadRead)
+	}
+	for i, s := range l.ahead {
+		l.ring.Recv(s.fd, l.aheadRead(i), uint64(i))
+	}
+	if err := l.ring.Submit(l.readIn); err != nil {
+		l.ringFailed(err)
+	}
+	clear(l.ahead)
+}
+
+// aheadRead is the buffer of the i-th read ahead.
+func (l *eventLoop) aheadRead(i int) []byte {
+	return l.aheadIn[i*loopAheadRead : (i+1)*loopAheadRead]
+}
+
+// readOne takes the result of a read ahead.
+func (l *eventLoop) readOne(tag uint64, res int32) {
+	n, err := ringResult(res)
+	l.ahead[tag].took(l.aheadRead(int(tag)), n, err)
+}
+
+// ringResult is a ring's result as a system call's.
+func ringResult(res int32) (int, error) {
+	if res < 0 {
+		return 0, unix.Errno(-res)
+	}
+	return int(res), nil
+}
+
+// writeLater queues c's next write, to socket s, for the end of the pass,
+// where the pass's writes go out in one system call; it reports false when
+// c must write now instead (no ring, or s is not writable: the write then
+// finds that itself).
+func (l *eventLoop) writeLater(c *loopConn, s *sock) bool {
+	if l.ring == nil || !s.writable {
+		return false
+	}
+	if !c.queued {
+		c.queued = true
+		l.writes = append(l.writes, c)
+	}
+	return true
+}
+
+// pendingWrite is a write out in the ring: c's answer to its client, or
+// (up) the rest of its request to its upstream connection.
+type pendingWrite struct {
+	c  *loopConn
+	s  *sock
+	up bool
+}
+
+// pendingOutput is what c would write next: its answer first, as run
+// writes it, then in stSend the rest of its request.
+func (c *loopConn) pendingOutput() (s *sock, p []byte, up bool) {
+	if len(c.out) > 0 {
+		return &c.sock, c.out, false
+	}
+	if c.state == stSend && c.up != nil {
+		return &c.up.sock, c.req[c.sent:], true
+	}
+	return nil, nil, false
+}
+
+// writeQueued makes the writes queued by writeLater, a ring's worth per
+// system call, then moves each connection on (which may queue more: the
+// loop calls it until none are left). A write's result is taken as
+// flushNow and send take write(2)'s.
+func (l *eventLoop) writeQueued() {
+	batch := l.writes
+	l.writes = l.spare[:0]
+	for next := 0; next < len(batch) && l.ring != nil; {
+		l.sending = l.sending[:0]
+		for ; next < len(batch) && l.ring.Space() > 0; next++ {
+			c := batch[next]
+			if c.closed || l.fds[c.fd] != fdOwner(c) { // closed, or handed to the fallback server
+				continue
+			}
+			s, p, up := c.pendingOutput()
+			if s == nil || !s.writable || len(p) == 0 {
+				continue
+			}
+			l.ring.Send(s.fd, p, uint64(len(l.sending)))
+			l.sending = append(l.sending, pendingWrite{c: c, s: s, up: up})
+		}
+		if err := l.ring.Submit(l.wrote); err != nil {
+			l.ringFailed(err)
+		}
+		clear(l.sending)
+	}
+	for _, c := range batch {
+		c.queued = false // all first: moving one on may move another
+	}
+	for i, c := range batch {
+		if !c.closed {
+			c.run()
+		}
+		batch[i] = nil
+	}
+	l.spare = batch[:0]
+}
+
+// wroteOne takes the result of a write out in the ring.
+func (l *eventLoop) wroteOne(tag uint64, res int32) {
+	w := l.sending[tag]
+	c, s := w.c, w.s
+	n, err := ringResult(res)
+	switch err {
+	case nil:
+	case unix.EINTR:
+		return
+	case unix.EAGAIN:
+		s.writable = false
+		_ = l.watch(s.fd, unix.EPOLL_CTL_MOD, true)
+		return
+	default:
+		if w.up {
+			c.upstreamBroke(syscallErr("write", err))
+		} else {
+			c.close() // the client is gone
+		}
+		return
+	}
+	if w.up {
+		c.sent += n
+		return
+	}
+	c.out = c.out[:copy(c.out, c.out[n:])]
+}
