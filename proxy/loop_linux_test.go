@@ -566,19 +566,10 @@ func TestLoopReadsAheadAtMostOnce(t *testing.T) {
 	var once sync.Once
 	open := func() { once.Do(func() { close(release) }) }
 	defer open()
-	upLn := serveRaw(t, func(up net.Conn) {
-		defer up.Close()
-		if _, err := http.ReadRequest(bufio.NewReader(up)); err == nil {
-			<-release
-			_, _ = io.WriteString(up, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
-		}
+	gs := serveGateBefore(t, func(up net.Conn) {
+		<-release
+		_, _ = io.WriteString(up, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
 	})
-	u, _ := url.Parse("http://" + upLn.Addr().String())
-	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := serveGate(t, g)
 	c, err := net.Dial("tcp", gs.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -635,10 +626,24 @@ func TestLoopReadsAheadAtMostOnce(t *testing.T) {
 	}
 }
 
-// dialGateBefore serves a gate (memory store, no rules) in front of an
-// upstream that reads each request and answers it with answer, then
-// closes; it returns a connection to the gate.
+// dialGateBefore serves a gate in front of an upstream that answers each
+// request with answer (see serveGateBefore); it returns a connection to
+// the gate.
 func dialGateBefore(t *testing.T, answer func(up net.Conn)) net.Conn {
+	t.Helper()
+	gs := serveGateBefore(t, answer)
+	c, err := net.Dial("tcp", gs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// serveGateBefore serves a gate (memory store, no rules) in front of an
+// upstream that reads each request and answers it with answer, then
+// closes.
+func serveGateBefore(t *testing.T, answer func(up net.Conn)) *gateServer {
 	t.Helper()
 	upLn := serveRaw(t, func(up net.Conn) {
 		if _, err := http.ReadRequest(bufio.NewReader(up)); err == nil {
@@ -651,13 +656,7 @@ func dialGateBefore(t *testing.T, answer func(up net.Conn)) net.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := serveGate(t, g)
-	c, err := net.Dial("tcp", gs.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	return serveGate(t, g)
 }
 
 // TestClientGoneMidWriteOnTheLoops: a client that hangs up after its

@@ -152,7 +152,7 @@ func (l *eventLoop) writeQueued() {
 		l.sending = l.sending[:0]
 		for ; next < len(batch) && l.ring.Space() > 0; next++ {
 			c := batch[next]
-			if c.closed || l.fds[c.fd] != fdOwner(c) { // closed, or handed to the fallback server
+			if !l.owns(c) {
 				continue
 			}
 			s, p, up := c.pendingOutput()
@@ -171,12 +171,18 @@ func (l *eventLoop) writeQueued() {
 		c.queued = false // all first: moving one on may move another
 	}
 	for i, c := range batch {
-		if !c.closed {
+		if l.owns(c) {
 			c.run()
 		}
 		batch[i] = nil
 	}
 	l.spare = batch[:0]
+}
+
+// owns reports whether c is still l's to move on: not closed, nor handed
+// to the fallback server.
+func (l *eventLoop) owns(c *loopConn) bool {
+	return !c.closed && l.fds[c.fd] == fdOwner(c)
 }
 
 // wroteOne takes the result of a write out in the ring.
