@@ -10,6 +10,8 @@
 // socket. On machines where a system call is dear (a virtual machine with
 // page-table isolation and no PCID makes one cost several microseconds),
 // one io_uring_enter for twenty sockets costs a fraction of twenty reads.
+// New refuses a kernel older than Linux 5.12, or one without recv and
+// send in its io_uring: the caller then makes its calls one by one.
 //
 // A Ring belongs to one OS thread, the one that made it (it is set up as
 // IORING_SETUP_SINGLE_ISSUER where the kernel knows it): its user calls

@@ -4,6 +4,7 @@ package uring
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"unsafe"
 
@@ -23,8 +24,28 @@ const (
 	offSQRing = 0          // IORING_OFF_SQ_RING
 	offSQEs   = 0x10000000 // IORING_OFF_SQES
 
-	featSingleMmap = 1 << 0 // IORING_FEAT_SINGLE_MMAP
+	featSingleMmap    = 1 << 0 // IORING_FEAT_SINGLE_MMAP
+	featNativeWorkers = 1 << 9 // IORING_FEAT_NATIVE_WORKERS (Linux 5.12)
+
+	registerProbe = 8 // IORING_REGISTER_PROBE
+	opSupported   = 1 // IO_URING_OP_SUPPORTED
 )
+
+// probe is struct io_uring_probe with room for every operation.
+type probe struct {
+	lastOp uint8
+	opsLen uint8
+	_      uint16
+	_      [3]uint32
+	ops    [256]probeOp
+}
+
+type probeOp struct {
+	op    uint8
+	_     uint8
+	flags uint16
+	_     uint32
+}
 
 // params is struct io_uring_params.
 type params struct {
@@ -110,11 +131,36 @@ func New(entries uint32) (*Ring, error) {
 		return nil, err
 	}
 	r := &Ring{fd: fd}
+	if err := r.check(&p); err != nil {
+		r.Close()
+		return nil, err
+	}
 	if err := r.mapRings(&p); err != nil {
 		r.Close()
 		return nil, err
 	}
 	return r, nil
+}
+
+// check refuses a kernel whose io_uring lacks what the package relies on:
+// recv and send (Linux 5.6), and MSG_DONTWAIT answering EAGAIN instead of
+// waiting for the socket, which kernels before 5.12 (the first with
+// IORING_FEAT_NATIVE_WORKERS) are not relied on for.
+func (r *Ring) check(p *params) error {
+	if p.features&featNativeWorkers == 0 {
+		return errors.New("uring: the kernel's io_uring is older than Linux 5.12")
+	}
+	var pr probe
+	_, _, errno := unix.Syscall6(unix.SYS_IO_URING_REGISTER, uintptr(r.fd), registerProbe, uintptr(unsafe.Pointer(&pr)), uintptr(len(pr.ops)), 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	for _, op := range []uint8{opSend, opRecv} {
+		if op > pr.lastOp || pr.ops[op].flags&opSupported == 0 {
+			return fmt.Errorf("uring: the kernel's io_uring has no operation %d", op)
+		}
+	}
+	return nil
 }
 
 func setup(entries uint32, p *params) (int, error) {
