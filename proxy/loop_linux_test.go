@@ -789,6 +789,106 @@ func TestLoopsGatherTheAuditLinesOfAPass(t *testing.T) {
 	waitFor(t, "every pass to release the log", func() bool { return batch.open.Load() == 0 })
 }
 
+// TestLoopsGoOnWhenTheRingFails: when a loop's io_uring fails (here every
+// loop's ring is swapped, mid-run, for one bound to another thread, whose
+// submits the kernel refuses), the loop drops it and goes on with one
+// system call per read and write: every write is answered 200 and reaches
+// the upstream exactly once, none is lost or sent twice. Read from the
+// upstream's record.
+func TestLoopsGoOnWhenTheRingFails(t *testing.T) {
+	up, u, st, l := newLeasedUpstream(t)
+	rules, _ := ParseRules(testRules)
+	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := serveGate(t, g)
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	loops := gs.srv.loops.Load().loops
+	rings := func() (n int) {
+		for _, lp := range loops {
+			lp.call(func() {
+				if lp.ring != nil {
+					n++
+				}
+			})
+		}
+		return n
+	}
+	if rings() == 0 {
+		t.Skip("no io_uring here")
+	}
+	const clients, writes = 8, 40
+	var done atomic.Int32
+	swapped := make(chan struct{})
+	go func() {
+		defer close(swapped)
+		waitFor(t, "half the writes", func() bool { return done.Load() >= clients*writes/2 })
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		for _, lp := range loops {
+			foreign, err := uring.New(8) // bound to this thread
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			lp.call(func() {
+				if lp.ring == nil {
+					_ = foreign.Close()
+					return
+				}
+				_ = lp.ring.Close()
+				lp.ring = foreign
+			})
+		}
+	}()
+	want := map[string]bool{}
+	for i := range clients {
+		for j := range writes {
+			want[fmt.Sprintf("w-%d-%d", i, j)] = true
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			c := gs.Client()
+			for j := range writes {
+				req, _ := http.NewRequest(http.MethodPut, gs.URL+"/jobs/1", strings.NewReader(fmt.Sprintf("w-%d-%d", i, j)))
+				req.Header.Set("Fencing-Token", tok(l.Token))
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("write answered %d", resp.StatusCode)
+				}
+				done.Add(1)
+				if j == writes/2 {
+					<-swapped // the rest after the swap
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got := map[string]int{}
+	for _, r := range up.take() {
+		got[r[strings.LastIndex(r, "\r\n\r\n")+4:]]++
+	}
+	for body := range want {
+		if got[body] != 1 {
+			t.Errorf("the upstream got write %s %d times", body, got[body])
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("the upstream got %d distinct writes, want %d", len(got), len(want))
+	}
+	if n := rings(); n != 0 {
+		t.Skipf("%d loops still have a ring: this kernel does not bind a ring to its thread, so no failure was injected", n)
+	}
+}
+
 type logOutput func([]byte) (int, error)
 
 func (f logOutput) Write(p []byte) (int, error) { return f(p) }
