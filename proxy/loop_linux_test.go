@@ -372,10 +372,11 @@ func newLeasedUpstream(t *testing.T) (*rawUpstream, *url.URL, *memstore.Store, f
 	return up, u, st, l
 }
 
-// TestLoopsServeTheListener: on Linux a TCP listener is served by the
-// event loops, which keep plain requests and hand a connection to the
-// fallback server only when a request needs it (here a chunked body).
-func TestLoopsServeTheListener(t *testing.T) {
+// serveLeasedGate serves a gate with the test rules in front of a raw
+// upstream and a memory store holding a lease on job:1 (see
+// newLeasedUpstream), once its event loops run.
+func serveLeasedGate(t *testing.T) (*rawUpstream, fencing.Lease, *gateServer) {
+	t.Helper()
 	up, u, st, l := newLeasedUpstream(t)
 	rules, _ := ParseRules(testRules)
 	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
@@ -384,6 +385,14 @@ func TestLoopsServeTheListener(t *testing.T) {
 	}
 	gs := serveGate(t, g)
 	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	return up, l, gs
+}
+
+// TestLoopsServeTheListener: on Linux a TCP listener is served by the
+// event loops, which keep plain requests and hand a connection to the
+// fallback server only when a request needs it (here a chunked body).
+func TestLoopsServeTheListener(t *testing.T) {
+	up, l, gs := serveLeasedGate(t)
 	e := gs.srv.engine()
 	handed := func() int { return len(e.handedConns(false)) }
 	ask := func(raw string) net.Conn {
@@ -755,16 +764,8 @@ func TestLoopsGatherTheAuditLinesOfAPass(t *testing.T) {
 		wg.Go(func() {
 			c := gs.Client()
 			for range writes {
-				req, _ := http.NewRequest(http.MethodPut, gs.URL+"/jobs/1", strings.NewReader("x"))
-				req.Header.Set("Fencing-Token", tok(l.Token))
-				resp, err := c.Do(req)
-				if err != nil {
-					t.Error(err)
+				if !writeJob1(t, gs, c, l.Token, "x") {
 					return
-				}
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					t.Errorf("write answered %d", resp.StatusCode)
 				}
 			}
 		})
@@ -796,14 +797,7 @@ func TestLoopsGatherTheAuditLinesOfAPass(t *testing.T) {
 // the upstream exactly once, none is lost or sent twice. Read from the
 // upstream's record.
 func TestLoopsGoOnWhenTheRingFails(t *testing.T) {
-	up, u, st, l := newLeasedUpstream(t)
-	rules, _ := ParseRules(testRules)
-	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := serveGate(t, g)
-	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	up, l, gs := serveLeasedGate(t)
 	loops := gs.srv.loops.Load().loops
 	rings := func() (n int) {
 		for _, lp := range loops {
@@ -853,16 +847,8 @@ func TestLoopsGoOnWhenTheRingFails(t *testing.T) {
 		wg.Go(func() {
 			c := gs.Client()
 			for j := range writes {
-				req, _ := http.NewRequest(http.MethodPut, gs.URL+"/jobs/1", strings.NewReader(fmt.Sprintf("w-%d-%d", i, j)))
-				req.Header.Set("Fencing-Token", tok(l.Token))
-				resp, err := c.Do(req)
-				if err != nil {
-					t.Error(err)
+				if !writeJob1(t, gs, c, l.Token, fmt.Sprintf("w-%d-%d", i, j)) {
 					return
-				}
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					t.Errorf("write answered %d", resp.StatusCode)
 				}
 				done.Add(1)
 				if j == writes/2 {
@@ -887,6 +873,24 @@ func TestLoopsGoOnWhenTheRingFails(t *testing.T) {
 	if n := rings(); n != 0 {
 		t.Skipf("%d loops still have a ring: this kernel does not bind a ring to its thread, so no failure was injected", n)
 	}
+}
+
+// writeJob1 sends a fenced write of body to job:1 through gs with token,
+// and reports an error unless it is answered 200; false when it got no
+// answer at all.
+func writeJob1(t *testing.T, gs *gateServer, c *http.Client, token fencing.Token, body string) bool {
+	req, _ := http.NewRequest(http.MethodPut, gs.URL+"/jobs/1", strings.NewReader(body))
+	req.Header.Set("Fencing-Token", tok(token))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("write %q answered %d", body, resp.StatusCode)
+	}
+	return true
 }
 
 type logOutput func([]byte) (int, error)
