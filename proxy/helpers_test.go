@@ -246,18 +246,14 @@ func serveGate(t testing.TB, g *Gate) *gateServer {
 	return serveGateWith(t, g, ServerOptions{})
 }
 
-// serveGateWith serves g with opts until the test ends; set, if any,
-// changes the server before it serves.
-func serveGateWith(t testing.TB, g *Gate, opts ServerOptions, set ...func(*Server)) *gateServer {
+// serveGateWith serves g with opts until the test ends.
+func serveGateWith(t testing.TB, g *Gate, opts ServerOptions) *gateServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := &gateServer{URL: "http://" + ln.Addr().String(), Listener: ln, srv: NewServer(g, opts)}
-	for _, f := range set {
-		f(s.srv)
-	}
 	go func() { _ = s.srv.Serve(ln) }()
 	t.Cleanup(s.Close)
 	return s

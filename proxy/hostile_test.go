@@ -149,7 +149,7 @@ func newHostileEnv(t *testing.T, header, plainIO bool) *hostileEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gateSrv := serveGateWith(t, g, ServerOptions{HeaderTimeout: time.Second}, func(s *Server) { s.noRing = plainIO })
+	gateSrv := serveGateWith(t, g, ServerOptions{HeaderTimeout: time.Second, NoIOURing: plainIO})
 	e.gateAddr = gateSrv.Listener.Addr().String()
 	return e
 }

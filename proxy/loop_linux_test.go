@@ -220,9 +220,8 @@ func newEngineGate(t *testing.T, kind engine) *engineGate {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewServer(g, ServerOptions{HeaderTimeout: 300 * time.Millisecond})
+	s := NewServer(g, ServerOptions{HeaderTimeout: 300 * time.Millisecond, NoIOURing: kind == engineLoopsPlainIO})
 	s.noLoops = kind == engineFasthttp
-	s.noRing = kind == engineLoopsPlainIO
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(func() { _ = s.Close() })
 	return &engineGate{addr: ln.Addr().String(), up: up}
@@ -534,7 +533,7 @@ func TestLoopSlowReaderBoundsMemory(t *testing.T) {
 
 // TestLoopsBatchThroughIOUring: where the test's kernel gives an io_uring,
 // every loop has one (made on its own thread), and a server told not to
-// use it has none.
+// use it (ServerOptions.NoIOURing, FENCEGATE_IO_URING=false) has none.
 func TestLoopsBatchThroughIOUring(t *testing.T) {
 	if r, err := uring.New(2); err != nil {
 		t.Skipf("no io_uring here: %v", err)
@@ -547,7 +546,7 @@ func TestLoopsBatchThroughIOUring(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		gs := serveGateWith(t, g, ServerOptions{}, func(s *Server) { s.noRing = plainIO })
+		gs := serveGateWith(t, g, ServerOptions{NoIOURing: plainIO})
 		resp, err := http.Get(gs.URL + "/r")
 		if err != nil {
 			t.Fatal(err)

@@ -48,6 +48,10 @@ type ServerOptions struct {
 	// Logger receives connection errors the server cannot answer (a
 	// client gone mid-response); nil discards.
 	Logger *slog.Logger
+	// NoIOURing makes the event loops (Linux) read and write one system
+	// call at a time even where the kernel gives them an io_uring to
+	// batch each pass's reads and writes through.
+	NoIOURing bool
 }
 
 // Server serves a Gate on a listener: HTTP/1.1 with keep-alive and
@@ -69,8 +73,8 @@ type Server struct {
 	// every connection. Only tests set it, to compare the engines.
 	noLoops bool
 	// noRing makes the event loops read and write one system call at a
-	// time, as they do where the kernel has no io_uring. Only tests set
-	// it, to cover both.
+	// time, as they do where the kernel has no io_uring
+	// (ServerOptions.NoIOURing).
 	noRing bool
 
 	mu    sync.Mutex
@@ -92,6 +96,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		idleTimeout:   cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
 		maxHead:       cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
 		limit:         connlimit.NewCounter(opts.MaxConns, 0),
+		noRing:        opts.NoIOURing,
 	}
 	s.srv = &fasthttp.Server{
 		Handler:      s.serve,

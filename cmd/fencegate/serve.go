@@ -195,6 +195,7 @@ func (l *listener) listen() error {
 			IdleTimeout:   l.cfg.IdleTimeout,
 			MaxConns:      l.cfg.MaxConns,
 			Logger:        l.log,
+			NoIOURing:     !l.cfg.IOURing,
 		})
 		return nil
 	}
