@@ -265,8 +265,6 @@ type eventLoop struct {
 	writes  []*loopConn    // connections whose next write waits for the end of the pass
 	spare   []*loopConn    // writes' other array, reused
 	sending []pendingWrite // the writes out in the ring, by tag
-	wrote   func(tag uint64, res int32)
-	readIn  func(tag uint64, res int32)
 
 	buf []byte        // one read
 	rd  bytes.Reader  // parsing: a head's bytes...

@@ -27,8 +27,6 @@ func (l *eventLoop) openRing() {
 		return
 	}
 	l.ring = r
-	l.wrote = l.wroteOne
-	l.readIn = l.readOne
 }
 
 // ringFailed drops a ring that failed: the reads and writes whose results
@@ -81,7 +79,7 @@ func (l *eventLoop) readAhead(events []unix.EpollEvent) {
 	for i, s := range l.ahead {
 		l.ring.Recv(s.fd, l.aheadRead(i), uint64(i))
 	}
-	if err := l.ring.Submit(l.readIn); err != nil {
+	if err := l.ring.Submit(l.readOne); err != nil {
 		l.ringFailed(err)
 	}
 	clear(l.ahead)
@@ -162,7 +160,7 @@ func (l *eventLoop) writeQueued() {
 			l.ring.Send(s.fd, p, uint64(len(l.sending)))
 			l.sending = append(l.sending, pendingWrite{c: c, s: s, up: up})
 		}
-		if err := l.ring.Submit(l.wrote); err != nil {
+		if err := l.ring.Submit(l.wroteOne); err != nil {
 			l.ringFailed(err)
 		}
 		clear(l.sending)
