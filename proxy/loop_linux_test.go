@@ -478,6 +478,18 @@ func TestChunkScanner(t *testing.T) {
 	bad := []string{
 		"\r\n", "x\r\n", "5\nhello\r\n", "5\r\nhelloXX", "3\r\nabc\r\n0\r\nX\n\r\n",
 		"3\r\nabc\r\n0\r\n\rX", "ffffffffffffffffff\r\n", "5 x\n",
+		// 2^63 and above overflow int64; 2^59 * 16 is the first.
+		"8000000000000000\r\n", "800000000000000f\r\nx", "0008000000000000000\r\n",
+		"ffffffffffffffff\r\n",
+	}
+	// The largest size that fits (1<<63-1), at any count of leading
+	// zeros, is a chunk like any other: its data is taken as it comes.
+	for _, size := range []string{"7fffffffffffffff", "0000007fffffffffffffff", "1000000000000000"} {
+		var s chunkScanner
+		data := size + "\r\n" + strings.Repeat("d", 100)
+		if n, done, err := s.scan([]byte(data)); err != nil || done || n != len(data) {
+			t.Errorf("%q: n=%d done=%v err=%v, want all of it taken", size, n, done, err)
+		}
 	}
 	for _, body := range bad {
 		var s chunkScanner
@@ -895,3 +907,34 @@ func writeJob1(t *testing.T, gs *gateServer, c *http.Client, token fencing.Token
 type logOutput func([]byte) (int, error)
 
 func (f logOutput) Write(p []byte) (int, error) { return f(p) }
+
+// TestLoopsSurviveAnOverflowingChunkSize: an upstream answer whose chunk
+// size does not fit in 63 bits (2^63, with leading zeros too) cuts that
+// answer off and nothing else: the same gate goes on answering.
+func TestLoopsSurviveAnOverflowingChunkSize(t *testing.T) {
+	for _, size := range []string{"8000000000000000", "800000000000000f", "00000008000000000000000"} {
+		t.Run(size, func(t *testing.T) {
+			gs := serveGateBefore(t, func(up net.Conn) {
+				io.WriteString(up, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"+size+"\r\nabc")
+			})
+			waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+			for i := range 2 {
+				c, err := net.Dial("tcp", gs.Listener.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				if _, err := io.WriteString(c, "GET /x HTTP/1.1\r\nHost: g\r\n\r\n"); err != nil {
+					t.Fatal(err)
+				}
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+				if _, err := io.ReadAll(resp.Body); err == nil {
+					t.Fatalf("request %d: the body was relayed whole; want it cut off", i)
+				}
+			}
+		})
+	}
+}

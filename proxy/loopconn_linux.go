@@ -926,7 +926,10 @@ func (s *chunkScanner) scan(p []byte) (int, bool, error) {
 		case chunkSize, chunkSizeDigits:
 			switch {
 			case isHex(b):
-				if s.size > 1<<59 {
+				// One more digit would overflow int64 (its largest
+				// value is 1<<63-1): refused, at any length of
+				// leading zeros.
+				if s.size >= 1<<59 {
 					return 0, false, errUpstreamBody
 				}
 				s.size = s.size<<4 | int64(unhex(b))
