@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/fencegate/fencegate/config"
+	"github.com/fencegate/fencegate/internal/certs"
 	"github.com/fencegate/fencegate/proxy"
 )
 
@@ -30,6 +31,17 @@ func check(environ []string, stdout io.Writer) error {
 	}
 	if _, err := valkeyTLS(cfg.ValkeyCAFile); err != nil {
 		return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
+	}
+	for _, l := range []struct{ name, cert, key, ca string }{
+		{"API_TLS", cfg.APITLSCert, cfg.APITLSKey, cfg.APITLSClientCA},
+		{"PROXY_TLS", cfg.ProxyTLSCert, cfg.ProxyTLSKey, cfg.ProxyTLSClientCA},
+	} {
+		if l.cert == "" {
+			continue
+		}
+		if _, err := certs.New(certs.Files{CertFile: l.cert, KeyFile: l.key, ClientCAFile: l.ca}); err != nil {
+			return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%s%s_CERT: %w", config.Prefix, l.name, err))
+		}
 	}
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
