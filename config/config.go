@@ -41,6 +41,7 @@ type Config struct {
 	APITLSCert     string `env:"API_TLS_CERT" help:"PEM certificate chain file: the lease API serves HTTPS (TLS 1.2+, ALPN h2 and http/1.1); set with FENCEGATE_API_TLS_KEY; re-read on SIGHUP"`
 	APITLSKey      string `env:"API_TLS_KEY" help:"PEM private key file of FENCEGATE_API_TLS_CERT"`
 	APITLSClientCA string `env:"API_TLS_CLIENT_CA" help:"PEM bundle of CA certificates: the lease API requires a client certificate they verify (mutual TLS); needs FENCEGATE_API_TLS_CERT"`
+	AccessFile     string `env:"ACCESS_FILE" help:"YAML file of lease API clients (bearer token SHA-256 or client certificate URI/DNS SAN) with their permissions by resource prefix; re-read on SIGHUP; instead of FENCEGATE_API_TOKEN"`
 
 	ProxyTLSCert     string        `env:"PROXY_TLS_CERT" help:"PEM certificate chain file: the write gate serves HTTPS (TLS 1.2+, ALPN h2 and http/1.1); set with FENCEGATE_PROXY_TLS_KEY; re-read on SIGHUP"`
 	ProxyTLSKey      string        `env:"PROXY_TLS_KEY" help:"PEM private key file of FENCEGATE_PROXY_TLS_CERT"`
@@ -166,6 +167,9 @@ func (c Config) Validate() error {
 	}
 	check("APIAddr", validateAddr(c.APIAddr))
 	check("APIToken", validateToken(c.APIToken))
+	if c.AccessFile != "" && c.APIToken != "" {
+		check("AccessFile", errors.New("set FENCEGATE_ACCESS_FILE or FENCEGATE_API_TOKEN, not both (give the token's holders a client entry with its token_sha256)"))
+	}
 	tlsTrio(check, "API_TLS", "APITLSCert", "APITLSKey", "APITLSClientCA", c.APITLSCert, c.APITLSKey, c.APITLSClientCA)
 	tlsTrio(check, "PROXY_TLS", "ProxyTLSCert", "ProxyTLSKey", "ProxyTLSClientCA", c.ProxyTLSCert, c.ProxyTLSKey, c.ProxyTLSClientCA)
 	if c.ProxyH2C && c.ProxyTLSCert != "" {

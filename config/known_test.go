@@ -52,6 +52,7 @@ var badValues = map[string][]string{
 	"FENCEGATE_PROXY_TLS_CERT":      {"cert.pem"}, // without its key
 	"FENCEGATE_PROXY_TLS_KEY":       {"key.pem"},  // without its certificate
 	"FENCEGATE_PROXY_TLS_CLIENT_CA": {"ca.pem"},   // without the listener's pair
+	"FENCEGATE_ACCESS_FILE":         nil,          // read at start-up; cmd/fencegate's access tests cover it
 	"FENCEGATE_STORE":               {"mysql://x", "file:", "memory", "valkey://"},
 	"FENCEGATE_PG_SCHEMA":           {"Bad-Name", "1st"},
 	"FENCEGATE_KEY_PREFIX":          {"a{b}", "x y"},

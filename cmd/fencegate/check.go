@@ -44,6 +44,11 @@ func check(environ []string, stdout io.Writer) error {
 		}
 	}
 
+	accessFile, err := loadAccess(cfg, nil)
+	if err != nil {
+		return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
+	}
+
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "VARIABLE\tVALUE\tFROM")
 	for _, s := range cfg.Effective(environ) {
@@ -87,6 +92,16 @@ func check(environ []string, stdout io.Writer) error {
 		}
 		if len(rules) == 0 && !cfg.ResourceHeaderOn(0) {
 			fmt.Fprintln(stdout, "warning: no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused")
+		}
+	}
+	if accessFile != nil {
+		p := accessFile.Policy()
+		fmt.Fprintf(stdout, "\nlease API access: %d clients (%s)\n", len(p.Clients()), cfg.AccessFile)
+		for _, cl := range p.Clients() {
+			fmt.Fprintf(stdout, "  %s\n", cl.Describe())
+		}
+		if p.HasCertClients() && cfg.APITLSClientCA == "" {
+			fmt.Fprintln(stdout, "warning: clients known by certificate cannot authenticate: FENCEGATE_API_TLS_CLIENT_CA is unset")
 		}
 	}
 	_, err = fmt.Fprintln(stdout, "configuration ok")

@@ -62,7 +62,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	defer logs.Flush()
 	servedLogs.Store(logs)
 	log := newLogger(cfg, logs)
-	log.Info("starting fencegate", "version", Version(), "api_auth", cfg.APIToken != "", "api_tls", cfg.APITLS(), "api_mtls", cfg.APITLSClientCA != "")
+	log.Info("starting fencegate", "version", Version(), "api_auth", cfg.APIToken != "" || cfg.AccessFile != "", "api_tls", cfg.APITLS(), "api_mtls", cfg.APITLSClientCA != "")
 	if err := gateTransportUnsupported(cfg); err != nil {
 		return err
 	}
@@ -70,6 +70,20 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	apiTLS, err := listenerTLS(ctx, "API_TLS", cfg.APITLSCert, cfg.APITLSKey, cfg.APITLSClientCA, cfg.TLSWatch, reg, log)
 	if err != nil {
 		return err
+	}
+	accessFile, err := loadAccess(cfg, log)
+	if err != nil {
+		return err
+	}
+	if accessFile != nil {
+		log.Info("lease API access file", "file", cfg.AccessFile, "clients", len(accessFile.Policy().Clients()))
+		reg.add("FENCEGATE_ACCESS_FILE "+cfg.AccessFile, func() error {
+			if err := accessFile.Reload(); err != nil {
+				return err
+			}
+			warnCertClients(cfg, accessFile.Policy(), log)
+			return nil
+		})
 	}
 	// Rules are configuration: a mistake in them stops start-up before
 	// telemetry and the store are set up.
@@ -101,6 +115,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		Store:              store,
 		Logger:             log,
 		AuthToken:          cfg.APIToken,
+		Access:             accessFile,
 		DefaultTTL:         cfg.DefaultTTL,
 		MaxCheckpointBytes: cfg.MaxCheckpointBytes,
 		Metrics:            tel.metrics,
