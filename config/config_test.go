@@ -2,6 +2,7 @@ package config
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -147,17 +148,25 @@ func TestHelpCoversEveryField(t *testing.T) {
 	}
 }
 
-// TestREADMEListsEveryVariable keeps the README's configuration table in
-// step with the Config struct.
+// TestREADMEListsEveryVariable keeps the configuration tables (in the
+// README or a docs/*.md reference page) in step with the Config struct.
 func TestREADMEListsEveryVariable(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
+	docs, _ := filepath.Glob("../docs/*.md")
+	for _, d := range docs {
+		b, err := os.ReadFile(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readme = append(readme, b...)
+	}
 	for _, v := range append(Help(), ClientVars...) {
 		row := "| `" + v.Name + "` |"
 		if !strings.Contains(string(readme), row) {
-			t.Errorf("README.md has no configuration row for %s", v.Name)
+			t.Errorf("neither README.md nor docs/*.md has a configuration row for %s", v.Name)
 		}
 	}
 }

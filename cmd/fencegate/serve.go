@@ -24,6 +24,7 @@ import (
 	"github.com/fencegate/fencegate/fencing/pgstore"
 	"github.com/fencegate/fencegate/fencing/storemetrics"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
+	"github.com/fencegate/fencegate/internal/certs"
 	"github.com/fencegate/fencegate/internal/logwriter"
 	"github.com/fencegate/fencegate/leaseapi"
 	"github.com/fencegate/fencegate/proxy"
@@ -47,6 +48,10 @@ func exitNow(code int) {
 // after DrainDelay the listeners stop accepting, in-flight requests get
 // ShutdownGrace to finish, and the store is closed.
 func serve(ctx context.Context, environ []string, stderr io.Writer) error {
+	// SIGHUP reloads (see reloads); subscribed first, so one sent during
+	// start-up is held until the reload loop runs, never ending the process.
+	hup := make(chan os.Signal, 1)
+	defer notifyReload(hup)()
 	cfg, err := config.Load(environ)
 	if err != nil {
 		return err
@@ -57,7 +62,29 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	defer logs.Flush()
 	servedLogs.Store(logs)
 	log := newLogger(cfg, logs)
-	log.Info("starting fencegate", "version", Version(), "api_auth", cfg.APIToken != "")
+	log.Info("starting fencegate", "version", Version(), "api_auth", cfg.APIToken != "" || cfg.AccessFile != "", "api_tls", cfg.APITLS(), "api_mtls", cfg.APITLSClientCA != "")
+	if err := gateTransportUnsupported(cfg); err != nil {
+		return err
+	}
+	reg := &reloads{log: log}
+	apiTLS, err := listenerTLS(ctx, "API_TLS", cfg.APITLSCert, cfg.APITLSKey, cfg.APITLSClientCA, cfg.TLSWatch, reg, log)
+	if err != nil {
+		return err
+	}
+	accessFile, err := loadAccess(cfg, log)
+	if err != nil {
+		return err
+	}
+	if accessFile != nil {
+		log.Info("lease API access file", "file", cfg.AccessFile, "clients", len(accessFile.Policy().Clients()))
+		reg.add("FENCEGATE_ACCESS_FILE "+cfg.AccessFile, func() error {
+			if err := accessFile.Reload(); err != nil {
+				return err
+			}
+			warnCertClients(cfg, accessFile.Policy(), log)
+			return nil
+		})
+	}
 	// Rules are configuration: a mistake in them stops start-up before
 	// telemetry and the store are set up.
 	var rules []proxy.Rule
@@ -88,6 +115,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		Store:              store,
 		Logger:             log,
 		AuthToken:          cfg.APIToken,
+		Access:             accessFile,
 		DefaultTTL:         cfg.DefaultTTL,
 		MaxCheckpointBytes: cfg.MaxCheckpointBytes,
 		Metrics:            tel.metrics,
@@ -95,7 +123,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		TracerProvider:     tel.tracerProvider,
 		ServerName:         cfg.APIAddr,
 	})
-	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api, health: isHealthCheck, cfg: cfg}}
+	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api, health: isHealthCheck, log: log, cfg: cfg, tls: apiTLS}}
 
 	var gate *proxy.Gate
 	if cfg.Upstream == "" {
@@ -121,8 +149,9 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 			}
 			return err
 		}
-		log.Info("listening", "listener", s.name, "addr", s.ln.Addr().String())
+		log.Info("listening", "listener", s.name, "addr", s.ln.Addr().String(), "tls", s.tls != nil)
 	}
+	defer reg.run(ctx, hup)()
 	errc := make(chan error, len(servers))
 	for _, s := range servers {
 		go func() { errc <- s.serve() }()
@@ -164,6 +193,7 @@ type listener struct {
 	cfg     config.Config
 	ln      net.Listener
 	srv     server
+	tls     *certs.Source // serve HTTPS with its certificates; nil: cleartext
 	// onCutOff, if set, runs when the shutdown grace ends with requests
 	// still in flight, before their connections are closed.
 	onCutOff func()
@@ -200,14 +230,32 @@ func (l *listener) listen() error {
 		return nil
 	}
 	l.ln = newConnLimit(ln, l.cfg.MaxConns, healthReserve)
-	l.srv = &http.Server{
+	hs := &http.Server{
 		Handler:           overflowHandler(l.handler, l.health),
 		ReadHeaderTimeout: l.cfg.ReadHeaderTimeout,
 		ReadTimeout:       l.cfg.ReadHeaderTimeout + l.cfg.BodyTimeout,
 		IdleTimeout:       l.cfg.IdleTimeout,
 		ConnContext:       connContext,
+		// A failed handshake (no client certificate, an unknown CA) is
+		// the client's problem, logged at debug by the handler's logger
+		// rather than on net/http's own log.
+		ErrorLog: slog.NewLogLogger(l.logger().Handler(), slog.LevelDebug),
 	}
+	if l.tls != nil {
+		// HTTP/2 by ALPN (the Source offers h2 and http/1.1).
+		hs.TLSConfig = l.tls.TLSConfig()
+		l.ln = tls.NewListener(l.ln, hs.TLSConfig)
+	}
+	l.srv = hs
 	return nil
+}
+
+// logger is the listener's logger, or one that discards.
+func (l *listener) logger() *slog.Logger {
+	if l.log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l.log
 }
 
 func (l *listener) serve() error {
