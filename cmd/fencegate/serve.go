@@ -63,9 +63,6 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	servedLogs.Store(logs)
 	log := newLogger(cfg, logs)
 	log.Info("starting fencegate", "version", Version(), "api_auth", cfg.APIToken != "" || cfg.AccessFile != "", "api_tls", cfg.APITLS(), "api_mtls", cfg.APITLSClientCA != "")
-	if err := gateTransportUnsupported(cfg); err != nil {
-		return err
-	}
 	reg := &reloads{log: log}
 	apiTLS, err := listenerTLS(ctx, "API_TLS", cfg.APITLSCert, cfg.APITLSKey, cfg.APITLSClientCA, cfg.TLSWatch, reg, log)
 	if err != nil {
@@ -136,10 +133,17 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		if cfg.RulesFile != "" {
+			reg.add("FENCEGATE_RULES_FILE "+cfg.RulesFile, func() error { return reloadRules(cfg, gate, log) })
+		}
 		if err := restoreHolds(ctx, gate, log); err != nil {
 			return err
 		}
-		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, gate: gate, log: log, cfg: cfg, onCutOff: func() { gate.LogCutOff() }})
+		gateTLS, err := listenerTLS(ctx, "PROXY_TLS", cfg.ProxyTLSCert, cfg.ProxyTLSKey, cfg.ProxyTLSClientCA, cfg.TLSWatch, reg, log)
+		if err != nil {
+			return err
+		}
+		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, gate: gate, log: log, cfg: cfg, tls: gateTLS, onCutOff: func() { gate.LogCutOff() }})
 	}
 
 	for _, s := range servers {
@@ -220,13 +224,18 @@ func (l *listener) listen() error {
 	}
 	if l.gate != nil {
 		l.ln = ln
-		l.srv = proxy.NewServer(l.gate, proxy.ServerOptions{
+		opts := proxy.ServerOptions{
 			HeaderTimeout: l.cfg.ReadHeaderTimeout,
 			IdleTimeout:   l.cfg.IdleTimeout,
 			MaxConns:      l.cfg.MaxConns,
 			Logger:        l.log,
 			NoIOURing:     !l.cfg.IOURing,
-		})
+			H2C:           l.cfg.ProxyH2C,
+		}
+		if l.tls != nil {
+			opts.TLS = l.tls.TLSConfig() // HTTP/2 by ALPN; certificates re-read on SIGHUP
+		}
+		l.srv = proxy.NewServer(l.gate, opts)
 		return nil
 	}
 	l.ln = newConnLimit(ln, l.cfg.MaxConns, healthReserve)
@@ -409,6 +418,20 @@ func loadRules(cfg config.Config) ([]proxy.Rule, error) {
 	return rules, nil
 }
 
+// reloadRules re-reads FENCEGATE_RULES_FILE into gate (SIGHUP): rules that
+// do not load leave the ones in force, and the error names the file.
+func reloadRules(cfg config.Config, gate *proxy.Gate, log *slog.Logger) error {
+	rules, err := loadRules(cfg)
+	if err != nil {
+		return err
+	}
+	if err := gate.SetRules(rules); err != nil {
+		return err
+	}
+	log.Info("write gate rules reloaded", "file", cfg.RulesFile, "rules", len(rules))
+	return nil
+}
+
 // newGate builds the write gate from the configuration and its parsed rules;
 // holds, when the store has the capability, keeps barrier holds across
 // restarts; logs, the logger's output, gathers the audit lines of each of
@@ -417,6 +440,9 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 	upstream, err := url.Parse(cfg.Upstream)
 	if err != nil {
 		return nil, fmt.Errorf("FENCEGATE_UPSTREAM: %w", err)
+	}
+	if sock, err := config.UpstreamSocket(cfg.Upstream); err == nil {
+		upstream = &url.URL{Scheme: "unix", Path: sock}
 	}
 	resourceHeader := cfg.ResourceHeaderOn(len(rules))
 	log.Info("write gate", "upstream", upstream.Redacted(), "rules", len(rules), "resource_header", resourceHeader)
@@ -449,6 +475,8 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		Holds:           holds,
 		UpstreamTimeout: cfg.UpstreamTimeout,
 		UpstreamConns:   cfg.UpstreamConns,
+		UpstreamHTTP2:   cfg.UpstreamHTTP2,
+		NoWriteReuse:    !cfg.UpstreamReuseWrites,
 		MeterProvider:   tel.meterProvider,
 		TracerProvider:  tel.tracerProvider,
 		ServerName:      cfg.ProxyAddr,
