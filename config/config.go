@@ -122,6 +122,9 @@ func explain(err error, environ map[string]string) error {
 
 // kindWords says in words what a value of type t looks like.
 func kindWords(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer { // an optional value (*bool): unset means "not given"
+		t = t.Elem()
+	}
 	switch {
 	case t == reflect.TypeFor[time.Duration]():
 		return "a duration such as 500ms, 10s or 2m"
