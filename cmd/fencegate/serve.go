@@ -24,6 +24,7 @@ import (
 	"github.com/fencegate/fencegate/fencing/pgstore"
 	"github.com/fencegate/fencegate/fencing/storemetrics"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
+	"github.com/fencegate/fencegate/internal/connlimit"
 	"github.com/fencegate/fencegate/internal/logwriter"
 	"github.com/fencegate/fencegate/leaseapi"
 	"github.com/fencegate/fencegate/proxy"
@@ -94,6 +95,8 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		MeterProvider:      tel.meterProvider,
 		TracerProvider:     tel.tracerProvider,
 		ServerName:         cfg.APIAddr,
+		AccessLog:          cfg.AccessLog,
+		ReadyWithoutStore:  cfg.ReadyWithoutStore,
 	})
 	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api, health: isHealthCheck, cfg: cfg}}
 
@@ -122,6 +125,20 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 			return err
 		}
 		log.Info("listening", "listener", s.name, "addr", s.ln.Addr().String())
+	}
+	var conns []proxy.ConnCount
+	for _, s := range servers {
+		if c, ok := s.connCount(); ok {
+			conns = append(conns, c)
+		}
+	}
+	if err := proxy.ObserveConnections(tel.meterProvider, conns...); err != nil {
+		log.Warn("connections gauge", "error", err)
+	}
+	if gate != nil {
+		if err := proxy.ObserveWritesInFlight(tel.meterProvider, gate); err != nil {
+			log.Warn("writes in flight gauge", "error", err)
+		}
 	}
 	errc := make(chan error, len(servers))
 	for _, s := range servers {
@@ -208,6 +225,20 @@ func (l *listener) listen() error {
 		ConnContext:       connContext,
 	}
 	return nil
+}
+
+// connCount is the listener's open connections, for the
+// fencegate_connections gauge.
+func (l *listener) connCount() (proxy.ConnCount, bool) {
+	switch srv := l.srv.(type) {
+	case *proxy.Server:
+		return proxy.ConnCount{Listener: l.name, Active: srv.ActiveConnections}, true
+	default:
+		if cl, ok := l.ln.(*connlimit.Listener); ok {
+			return proxy.ConnCount{Listener: l.name, Active: cl.Counter.Active}, true
+		}
+	}
+	return proxy.ConnCount{}, false
 }
 
 func (l *listener) serve() error {
@@ -404,7 +435,7 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		MeterProvider:   tel.meterProvider,
 		TracerProvider:  tel.tracerProvider,
 		ServerName:      cfg.ProxyAddr,
-		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample},
+		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample, Access: cfg.AccessLog},
 		LogBatch:        batch,
 	})
 }
