@@ -142,7 +142,7 @@ type Server struct {
 	metrics         http.Handler
 	telemetry       bool // tag spans and metrics with the route pattern
 	draining        atomic.Bool
-	unready         atomic.Bool  // the last /readyz store ping failed: log state changes only
+	unready         atomic.Bool // the last /readyz store ping failed: log state changes only
 	accessLog       bool
 	readyNoStore    bool
 	handler         http.Handler // the routes, wrapped with otelhttp when telemetry is on
