@@ -71,7 +71,8 @@ type Config struct {
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest exchange with the upstream, from sending the request to the end of its response, a duration > 0"`
 	UpstreamConns   int           `env:"UPSTREAM_CONNS" envDefault:"1024" help:"most connections from the gate to the upstream (> 0); a request that finds them all busy waits for one"`
 	BodyBuffer      int           `env:"BODY_BUFFER" envDefault:"16384" help:"largest request body in bytes (by its Content-Length) the gate reads in full before admitting a write; larger and chunked bodies stream through; 0 streams every body"`
-	AuditLog        string        `env:"AUDIT_LOG" envDefault:"on" help:"one info line per write through the gate: on, off, or a fraction between 0 and 1 (such as 0.1) of successful writes to log, refusals and faults always logged"`
+	AuditLog        string        `env:"AUDIT_LOG" envDefault:"on" help:"one info line per write through the gate: on, off, or a fraction between 0 and 1 (such as 0.1) of successful writes to log; refusals and faults are always logged (with off, at most 20 a second)"`
+	AccessLog       bool          `env:"ACCESS_LOG" envDefault:"false" help:"true or false: one info line per lease API call and per read through the gate (client address, method, path, status, duration, request id); health checks and /metrics are not logged"`
 	Barrier         string        `env:"BARRIER" envDefault:"local" help:"local (order writes through this gate) or shared (order writes across every gate on the store; valkey:// or postgres:// only)"`
 	GateID          string        `env:"GATE_ID" help:"this gate's name in shared-barrier entries, 1 to 100 bytes of A-Z a-z 0-9 . _ -; default: host name and process id"`
 
@@ -81,10 +82,11 @@ type Config struct {
 	MaxConns          int           `env:"MAX_CONNS" envDefault:"4096" help:"most concurrent client connections per listener (> 0); beyond it a connection is answered 503 too-many-connections and closed, while a small reserve keeps /livez and /readyz answering"`
 	IOURing           bool          `env:"IO_URING" envDefault:"true" help:"true or false: on Linux the gate's event loops batch their socket reads and writes through io_uring where the kernel allows it (5.12 or later); false makes one system call per read and write"`
 
-	DrainDelay    time.Duration `env:"DRAIN_DELAY" envDefault:"0s" help:"after SIGTERM, how long /readyz answers 503 before the listeners close, a duration >= 0"`
-	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"15s" help:"after the drain delay, how long in-flight requests may take to finish, a duration > 0"`
-	LogFormat     string        `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
-	LogLevel      string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
+	ReadyWithoutStore bool          `env:"READY_WITHOUT_STORE" envDefault:"false" help:"true or false: keep /readyz at 200 while the store does not answer, so reads through the gate keep flowing (writes and lease calls still fail closed with 503); false takes the process out of its load balancer until the store answers"`
+	DrainDelay        time.Duration `env:"DRAIN_DELAY" envDefault:"0s" help:"after SIGTERM, how long /readyz answers 503 before the listeners close, a duration >= 0"`
+	ShutdownGrace     time.Duration `env:"SHUTDOWN_GRACE" envDefault:"15s" help:"after the drain delay, how long in-flight requests may take to finish, a duration > 0"`
+	LogFormat         string        `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
+	LogLevel          string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 }
 
 // Load parses and validates the configuration from environ (KEY=VALUE
@@ -136,6 +138,9 @@ func explain(err error, environ map[string]string) error {
 
 // kindWords says in words what a value of type t looks like.
 func kindWords(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer { // an optional value (*bool): unset means "not given"
+		t = t.Elem()
+	}
 	switch {
 	case t == reflect.TypeFor[time.Duration]():
 		return "a duration such as 500ms, 10s or 2m"

@@ -25,6 +25,7 @@ import (
 	"github.com/fencegate/fencegate/fencing/storemetrics"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
 	"github.com/fencegate/fencegate/internal/certs"
+	"github.com/fencegate/fencegate/internal/connlimit"
 	"github.com/fencegate/fencegate/internal/logwriter"
 	"github.com/fencegate/fencegate/leaseapi"
 	"github.com/fencegate/fencegate/proxy"
@@ -119,6 +120,8 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		MeterProvider:      tel.meterProvider,
 		TracerProvider:     tel.tracerProvider,
 		ServerName:         cfg.APIAddr,
+		AccessLog:          cfg.AccessLog,
+		ReadyWithoutStore:  cfg.ReadyWithoutStore,
 	})
 	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api, health: isHealthCheck, log: log, cfg: cfg, tls: apiTLS}}
 
@@ -156,6 +159,20 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		log.Info("listening", "listener", s.name, "addr", s.ln.Addr().String(), "tls", s.tls != nil)
 	}
 	defer reg.run(ctx, hup)()
+	var conns []proxy.ConnCount
+	for _, s := range servers {
+		if c, ok := s.connCount(); ok {
+			conns = append(conns, c)
+		}
+	}
+	if err := proxy.ObserveConnections(tel.meterProvider, conns...); err != nil {
+		log.Warn("connections gauge", "error", err)
+	}
+	if gate != nil {
+		if err := proxy.ObserveWritesInFlight(tel.meterProvider, gate); err != nil {
+			log.Warn("writes in flight gauge", "error", err)
+		}
+	}
 	errc := make(chan error, len(servers))
 	for _, s := range servers {
 		go func() { errc <- s.serve() }()
@@ -197,7 +214,8 @@ type listener struct {
 	cfg     config.Config
 	ln      net.Listener
 	srv     server
-	tls     *certs.Source // serve HTTPS with its certificates; nil: cleartext
+	tls     *certs.Source      // serve HTTPS with its certificates; nil: cleartext
+	conns   *connlimit.Counter // the lease API's open connections
 	// onCutOff, if set, runs when the shutdown grace ends with requests
 	// still in flight, before their connections are closed.
 	onCutOff func()
@@ -238,7 +256,8 @@ func (l *listener) listen() error {
 		l.srv = proxy.NewServer(l.gate, opts)
 		return nil
 	}
-	l.ln = newConnLimit(ln, l.cfg.MaxConns, healthReserve)
+	cl := newConnLimit(ln, l.cfg.MaxConns, healthReserve)
+	l.ln, l.conns = cl, cl.Counter
 	hs := &http.Server{
 		Handler:           overflowHandler(l.handler, l.health),
 		ReadHeaderTimeout: l.cfg.ReadHeaderTimeout,
@@ -265,6 +284,20 @@ func (l *listener) logger() *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return l.log
+}
+
+// connCount is the listener's open connections, for the
+// fencegate_connections gauge.
+func (l *listener) connCount() (proxy.ConnCount, bool) {
+	switch srv := l.srv.(type) {
+	case *proxy.Server:
+		return proxy.ConnCount{Listener: l.name, Active: srv.ActiveConnections}, true
+	default:
+		if l.conns != nil {
+			return proxy.ConnCount{Listener: l.name, Active: l.conns.Active}, true
+		}
+	}
+	return proxy.ConnCount{}, false
 }
 
 func (l *listener) serve() error {
@@ -480,7 +513,7 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		MeterProvider:   tel.meterProvider,
 		TracerProvider:  tel.tracerProvider,
 		ServerName:      cfg.ProxyAddr,
-		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample},
+		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample, Access: cfg.AccessLog},
 		LogBatch:        batch,
 	})
 }
