@@ -90,7 +90,7 @@ type callState int
 
 const (
 	callQueued callState = iota
-	callTaken             // in a group (running, or chosen to lead one)
+	callTaken            // in a group (running, or chosen to lead one)
 	callCancelled
 )
 
