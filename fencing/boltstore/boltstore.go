@@ -42,7 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -104,10 +104,14 @@ type Store struct {
 	// "" if it did not.
 	lossDetected string
 	// marker and lineage (the identity, the generation of the last
-	// marker write, the highest token issued) change only inside
-	// read-write transactions, which bbolt runs one at a time.
+	// commit that moved it, the highest token issued) change at Open and
+	// after each group's commit, one group commit leader at a time.
 	marker  *markerFile
 	lineage lineage
+	// markerMu orders the marker's last writes: a group's after its
+	// commit, and Close's, which closes it (markerClosed).
+	markerMu     sync.Mutex
+	markerClosed bool
 
 	// marks answers admissions at the mark without a transaction.
 	marks marks
@@ -251,17 +255,28 @@ func (s *Store) checkLineage(meta *bolt.Bucket, fresh bool, state markerState, m
 // After a loss every resource has moved past the tokens issued before it.
 func (s *Store) LossDetected() string { return s.lossDetected }
 
-// bump records, before tx commits, that it issues a token or raises a mark
-// up to top: the marker first (fsynced), then the file's generation.
-func (s *Store) bump(tx *bolt.Tx, top fencing.Token) error {
+// nextLineage records in tx, before it commits, that it issues tokens or
+// raises marks up to top: the file's generation moves on. The caller makes
+// the result the store's lineage and puts it in the marker once tx has
+// committed (see committed).
+func (s *Store) nextLineage(tx *bolt.Tx, top fencing.Token) (lineage, error) {
 	next := s.lineage
 	next.gen++
 	next.max = max(next.max, top)
-	if err := s.marker.write(next); err != nil {
-		return fmt.Errorf("write lineage marker: %w", err)
-	}
+	return next, putUint64(tx.Bucket(bucketMeta), keyGen, next.gen)
+}
+
+// committed makes next, whose commit has returned, the store's lineage and
+// writes it into the marker, without a flush of its own (see lineage.go).
+// A marker write that fails leaves the marker behind the file, which is
+// safe (it is never taken for a loss); Close writes it again.
+func (s *Store) committed(next lineage) {
+	s.markerMu.Lock()
+	defer s.markerMu.Unlock()
 	s.lineage = next
-	return putUint64(tx.Bucket(bucketMeta), keyGen, next.gen)
+	if !s.markerClosed {
+		_ = s.marker.put(next)
+	}
 }
 
 // Path is the store file's path.
@@ -576,8 +591,21 @@ func (s *Store) Close() error {
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("boltstore: close %s: %w", s.path, err)
 	}
-	// After the database: no transaction can write the marker any more.
-	if err := s.marker.close(); err != nil && !errors.Is(err, os.ErrClosed) {
+	// After the database: no transaction can write the marker any more
+	// (a group that committed just before may still put its lineage: it
+	// holds markerMu meanwhile). The last lineage, flushed: a clean stop
+	// leaves the marker exact.
+	s.markerMu.Lock()
+	defer s.markerMu.Unlock()
+	if s.markerClosed {
+		return nil
+	}
+	s.markerClosed = true
+	err := s.marker.write(s.lineage)
+	if cerr := s.marker.close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("boltstore: close %s: %w", s.path+markerSuffix, err)
 	}
 	return nil

@@ -262,8 +262,10 @@ func (s *Store) tryGroup(live []*call) int {
 		_ = tx.Rollback() // nothing to write: no commit, no flush
 		return -1
 	}
+	var next lineage
 	if raised {
-		if err := s.bump(tx, top); err != nil {
+		var err error
+		if next, err = s.nextLineage(tx, top); err != nil {
 			_ = tx.Rollback()
 			settle(false)
 			err = s.classify(err, false)
@@ -289,6 +291,9 @@ func (s *Store) tryGroup(live []*call) int {
 		return -1
 	}
 	settle(true)
+	if raised {
+		s.committed(next)
+	}
 	return -1
 }
 
