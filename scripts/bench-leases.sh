@@ -14,6 +14,10 @@
 # store and connection count, and the ratios the performance notes quote:
 # file@N ÷ file@1 and file@N ÷ memory@N.
 #
+# With LEASES_BASELINE set to a git revision (such as main), it also builds
+# fencegate at that revision (git archive, no worktree) and measures its file
+# store beside the current one, as store "file-base", in the same rounds.
+#
 # Environment: LEASES_DURATION (5s), LEASES_ROUNDS (3), LEASES_CONNS (16),
 # LEASES_STORES ("memory file"; add "postgres" with LEASES_PG_URL set to a
 # postgres:// URL of a server you started), LEASES_OP (acquire, or cycle:
@@ -43,6 +47,13 @@ trap cleanup EXIT
 say "building fencegate and leasebench"
 go build -o "$tmp/fencegate" ./cmd/fencegate
 go build -o "$tmp/leasebench" ./scripts/leasebench
+if [ -n "${LEASES_BASELINE:-}" ]; then
+	say "building fencegate at $LEASES_BASELINE"
+	mkdir "$tmp/base"
+	git archive "$LEASES_BASELINE" | tar -x -C "$tmp/base"
+	(cd "$tmp/base" && go build -o "$tmp/fencegate-base" ./cmd/fencegate)
+	STORES="$STORES file-base"
+fi
 
 "$tmp/leasebench" -fsyncprobe "$tmp" -d 2s | sed 's/^/disk: /'
 
@@ -53,15 +64,18 @@ for st in $STORES; do
 	case $st in
 	memory) spec=memory: ;;
 	file) spec=file:$tmp/fencegate.db ;;
+	file-base) spec=file:$tmp/fencegate-base.db ;;
 	postgres)
 		[ -n "${LEASES_PG_URL:-}" ] || { say "postgres needs LEASES_PG_URL"; exit 2; }
 		spec=$LEASES_PG_URL
 		;;
 	*) say "unknown store $st"; exit 2 ;;
 	esac
+	bin=$tmp/fencegate
+	if [ "$st" = file-base ]; then bin=$tmp/fencegate-base; fi
 	port=$(free_port)
 	FENCEGATE_STORE=$spec FENCEGATE_API_ADDR=127.0.0.1:$port FENCEGATE_LOG_LEVEL=warn \
-		"$tmp/fencegate" serve >"$tmp/$st.log" 2>&1 &
+		"$bin" serve >"$tmp/$st.log" 2>&1 &
 	pids+=($!)
 	url[$st]=http://127.0.0.1:$port
 	for _ in $(seq 100); do
@@ -105,6 +119,9 @@ def ratio(a, b):
     return f"{med[a] / med[b]:.2f}" if a in med and b in med and med[b] else "n/a"
 print(f"file@{conns} / file@1 = {ratio(('file', conns), ('file', 1))}")
 print(f"file@{conns} / memory@{conns} = {ratio(('file', conns), ('memory', conns))}")
+if ("file-base", 1) in med:
+    print(f"file-base@{conns} / file-base@1 = {ratio(('file-base', conns), ('file-base', 1))}")
+    print(f"file@1 / file-base@1 = {ratio(('file', 1), ('file-base', 1))} (throughput at one connection, current over baseline)")
 if ("postgres", 1) in med:
     print(f"postgres@{conns} / postgres@1 = {ratio(('postgres', conns), ('postgres', 1))}")
 EOF

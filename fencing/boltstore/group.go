@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -99,6 +100,22 @@ type committer struct {
 	mu      sync.Mutex
 	queue   []*call
 	running bool // a group runs, or a woken leader is about to take the queue
+
+	groups, calls atomic.Uint64 // committed groups and the calls in them
+}
+
+// CommitStats counts the store's group commits since Open.
+type CommitStats struct {
+	// Groups is the number of transactions committed for writes, Calls
+	// the writes they carried: Calls/Groups is the mean group size, the
+	// number of writes one flush of the disk made durable.
+	Groups, Calls uint64
+}
+
+// CommitStats returns how many group commits the store made and how many
+// writes they carried. Safe for concurrent use.
+func (s *Store) CommitStats() CommitStats {
+	return CommitStats{Groups: s.group.groups.Load(), Calls: s.group.calls.Load()}
 }
 
 // do runs c in a group and returns its error, or ctx's error when ctx
@@ -291,6 +308,8 @@ func (s *Store) tryGroup(live []*call) int {
 		return -1
 	}
 	settle(true)
+	s.group.groups.Add(1)
+	s.group.calls.Add(uint64(len(live)))
 	if raised {
 		s.committed(next)
 	}

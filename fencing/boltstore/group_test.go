@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -126,6 +127,9 @@ func TestGroupCommitOneTransactionManyAnswers(t *testing.T) {
 	if got := g.groupSizes(); len(got) != 2 || got[0] != 1 || got[1] != n+1+len(contested) {
 		t.Fatalf("calls per commit %v, want [1 %d]: the queued writes share one transaction", got, n+1+len(contested))
 	}
+	if cs := g.st.CommitStats(); cs.Groups != 2 || cs.Calls != uint64(1+n+1+len(contested)) {
+		t.Fatalf("CommitStats %+v, want 2 groups carrying %d calls", cs, 1+n+1+len(contested))
+	}
 	for i, r := range results {
 		if r.err != nil {
 			t.Fatalf("Acquire g:%d: %v", i, r.err)
@@ -244,5 +248,47 @@ func TestGroupCommitCancelWhileQueued(t *testing.T) {
 	}
 	if st, err := g.st.Status(context.Background(), "g:gone"); err != nil || st.Issued != 0 {
 		t.Fatalf("Status(g:gone) = %+v, %v; want nothing stored", st, err)
+	}
+}
+
+// BenchmarkAcquireFresh measures acquisitions of resources never used
+// before (each issues a token: one durable write) from 1 and 16
+// concurrent callers, the store-level counterpart of
+// scripts/bench-leases.sh. With group commit the 16 callers share flushes:
+// compare the ops/s of the two.
+func BenchmarkAcquireFresh(b *testing.B) {
+	for _, callers := range []int{1, 16} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			st := open(b, filepath.Join(b.TempDir(), "fencegate.db"), boltstore.Options{})
+			defer st.Close()
+			ctx := context.Background()
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, callers)
+			b.ResetTimer()
+			for range callers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						n := next.Add(1)
+						if n > int64(b.N) {
+							return
+						}
+						if _, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: fmt.Sprintf("bench:%d", n), Owner: "o", TTL: time.Hour}); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			close(errs)
+			for err := range errs {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+		})
 	}
 }
