@@ -345,3 +345,59 @@ func BenchmarkAcquireFresh(b *testing.B) {
 		})
 	}
 }
+
+// TestGroupCommitCloseUnderLoad: Close while writers keep coming answers
+// every write (done, or unavailable once the file is closed), hangs none,
+// and leaves a file that opens without a loss and holds every write that
+// was answered as done.
+func TestGroupCommitCloseUnderLoad(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fencegate.db")
+	st := open(t, path, boltstore.Options{})
+	ctx := context.Background()
+	const writers = 16
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	done := map[string]fencing.Token{}
+	var started sync.WaitGroup
+	started.Add(writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				res := fmt.Sprintf("c:%d:%d", w, i)
+				l, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: res, Owner: "w", TTL: time.Hour})
+				if i == 0 {
+					started.Done()
+				}
+				if errors.Is(err, fencing.ErrUnavailable) {
+					return
+				}
+				if err != nil {
+					t.Errorf("Acquire %s: %v", res, err)
+					return
+				}
+				mu.Lock()
+				done[res] = l.Token
+				mu.Unlock()
+			}
+		}()
+	}
+	started.Wait()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	st = open(t, path, boltstore.Options{})
+	defer st.Close()
+	if why := st.LossDetected(); why != "" {
+		t.Fatalf("reopened after Close under load: loss detected: %s", why)
+	}
+	for res, tok := range done {
+		s, err := st.Status(ctx, res)
+		if err != nil || s.Lease == nil || s.Lease.Token != tok {
+			t.Fatalf("Status(%s) = %+v, %v; want the lease with token %d", res, s, err, tok)
+		}
+	}
+	t.Logf("%d writes done before Close", len(done))
+}
