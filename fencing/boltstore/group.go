@@ -174,7 +174,9 @@ func (s *Store) do(ctx context.Context, c *call) error {
 func (g *committer) remove(c *call) {
 	for i, q := range g.queue {
 		if q == c {
-			g.queue = append(g.queue[:i], g.queue[i+1:]...)
+			n := copy(g.queue[i:], g.queue[i+1:])
+			g.queue[i+n] = nil
+			g.queue = g.queue[:i+n]
 			return
 		}
 	}
