@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencegate/fencegate/internal/connlimit"
+	"github.com/fencegate/fencegate/internal/h1"
 	"github.com/fencegate/fencegate/internal/uring"
 )
 
@@ -266,10 +267,12 @@ type eventLoop struct {
 	spare   []*loopConn    // writes' other array, reused
 	sending []pendingWrite // the writes out in the ring, by tag
 
-	buf []byte        // one read
-	rd  bytes.Reader  // parsing: a head's bytes...
-	br  *bufio.Reader // ...as fasthttp reads them
-	hdr http.Header   // the headers decide reads, reused (see decisionHeader)
+	buf  []byte        // one read
+	rd   bytes.Reader  // parsing: a head's bytes...
+	br   *bufio.Reader // ...as fasthttp reads them
+	hdr  http.Header   // the headers decide reads, reused (see decisionHeader)
+	head h1.Request    // the request head parsed last (parseHead), reused
+	resp h1.Response   // the response head parsed last (readResponse), reused
 }
 
 // fdOwner is a socket of a loop: a client or an upstream connection.

@@ -3,12 +3,12 @@
 package proxy
 
 import (
-	"bytes"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing/barrier"
 	"github.com/fencegate/fencegate/fencing/reqid"
+	"github.com/fencegate/fencegate/internal/h1"
 )
 
 // connState is where a loop connection's current request is.
@@ -58,15 +59,14 @@ type loopConn struct {
 	req     []byte // the request as the upstream gets it
 	sent    int    // bytes of req sent
 	retried bool   // a read resent once on a new connection
-	resp    fasthttp.Response
 	relay   relayState
 }
 
 // relayState is the progress of a response body through the loop.
 type relayState struct {
 	noBody  bool
-	left    int64 // Content-Length bytes still due; -1: chunked, -2: until the upstream closes
-	chunked chunkScanner
+	left    int64 // Content-Length bytes still due, h1.Chunked or h1.UntilClose
+	chunked h1.ChunkScanner
 }
 
 func (c *loopConn) ready(ev uint32) {
@@ -228,11 +228,10 @@ const keepBuffer = 16 << 10
 func (c *loopConn) readHead() bool {
 	s := c.l.e.s
 	for {
-		end := bytes.Index(c.in, crlfcrlf)
-		if end >= 0 {
-			return c.parseHead(end + 4)
+		if end := h1.HeadEnd(c.in); end >= 0 {
+			return c.parseHead(end)
 		}
-		if len(c.in) >= s.maxHead || bareLineEnd(c.in) {
+		if len(c.in) >= s.maxHead || h1.BareLineEnd(c.in) {
 			c.l.handoff(c) // fasthttp refuses it (431, 400) or waits for more
 			return false
 		}
@@ -255,34 +254,16 @@ func (c *loopConn) readHead() bool {
 	}
 }
 
-var crlfcrlf = []byte("\r\n\r\n")
-
-// bareLineEnd reports whether b has a CR not followed by LF, or an LF not
-// preceded by CR, or a NUL: heads the loop leaves to fasthttp.
-func bareLineEnd(b []byte) bool {
-	for i, ch := range b {
-		switch ch {
-		case '\r':
-			if i+1 < len(b) && b[i+1] != '\n' {
-				return true
-			}
-		case '\n':
-			if i == 0 || b[i-1] != '\r' {
-				return true
-			}
-		case 0:
-			return true
-		}
-	}
-	return false
-}
-
-// parseHead parses the head in c.in[:n] with fasthttp's request parser; a
-// request outside the loop's plain subset goes to the fallback.
+// parseHead parses the head in c.in[:n]: first with h1's strict parser,
+// which accepts only heads net/http reads the same way (one valid Host
+// among them), then with fasthttp's request parser, which fills the
+// request the gate decides on; the two must agree on the body's length. A
+// request outside the loop's plain subset goes to the fallback, whose
+// parser and answers then judge it.
 func (c *loopConn) parseHead(n int) bool {
 	l := c.l
 	head := c.in[:n]
-	if bareLineEnd(head) {
+	if err := h1.ParseRequest(head, &l.head); err != nil || l.head.ContentLength < 0 {
 		l.handoff(c)
 		return false
 	}
@@ -292,7 +273,8 @@ func (c *loopConn) parseHead(n int) bool {
 	l.rd.Reset(head)
 	l.br.Reset(&l.rd)
 	err := req.Header.Read(l.br)
-	if err != nil || l.br.Buffered() != 0 || l.rd.Len() != 0 || !c.plain() {
+	if err != nil || l.br.Buffered() != 0 || l.rd.Len() != 0 || !c.plain() ||
+		int64(max(req.Header.ContentLength(), 0)) != l.head.ContentLength {
 		l.handoff(c)
 		return false
 	}
@@ -478,7 +460,7 @@ func (c *loopConn) readResponse() bool {
 	u := c.up
 	l := c.l
 	for {
-		end := bytes.Index(u.in, crlfcrlf)
+		end := h1.HeadEnd(u.in)
 		if end < 0 {
 			if len(u.in) > upstreamReadBuffer {
 				c.upstreamBroke(errUpstreamHead)
@@ -493,16 +475,14 @@ func (c *loopConn) readResponse() bool {
 			}
 			continue
 		}
-		head := u.in[:end+4]
-		c.resp.Reset()
-		l.rd.Reset(head)
-		l.br.Reset(&l.rd)
-		if err := c.resp.Header.Read(l.br); err != nil || l.br.Buffered() != 0 || l.rd.Len() != 0 {
+		// The head's fields alias u.in until answered has copied them
+		// to c.out, before u reads again.
+		if err := h1.ParseResponse(u.in[:end], &l.resp); err != nil {
 			c.upstreamBroke(errUpstreamHead)
 			return true
 		}
-		u.in = u.in[end+4:]
-		status := c.resp.StatusCode()
+		u.in = u.in[end:]
+		status := l.resp.Status
 		if status >= 100 && status < 200 {
 			if status == http.StatusSwitchingProtocols {
 				c.upstreamBroke(errUpstreamHead) // no upgrade was asked for
@@ -521,90 +501,111 @@ func (c *loopConn) readResponse() bool {
 func (c *loopConn) answered() {
 	g := c.l.e.g
 	x := c.x
+	rh := &c.l.resp
+	status := rh.Status
 	if c.t != nil {
 		c.t.Leave()
 		c.t = nil
-		x.audit.answered(c.resp.StatusCode())
+		x.audit.answered(status)
 		g.count(x, CodeAdmitted)
 	}
-	rh := &c.resp.Header
-	r := relayState{left: int64(rh.ContentLength())}
-	status := rh.StatusCode()
+	r := relayState{left: rh.ContentLength}
 	r.noBody = c.ctx.Request.Header.IsHead() || status == http.StatusNoContent || status == http.StatusNotModified
-	if rh.ConnectionClose() || r.left == -2 && !r.noBody {
-		c.up.reusable = false
-	} else {
-		c.up.reusable = true
-	}
-	r.chunked = chunkScanner{}
+	c.up.reusable = !rh.Close && (r.left != h1.UntilClose || r.noBody)
 	c.relay = r
 	x.c.Response.SetStatusCode(status) // for the telemetry of end
 	if c.ctx.Request.Header.ConnectionClose() || c.l.e.closing.Load() {
 		c.closeEnd = true
 	}
-	rh.SetNoDefaultContentType(true) // none is added where the upstream sent none
-	c.out = appendResponseHead(c.out, rh, x.id, r, c.closeEnd)
+	c.out = appendRelayHead(c.out, rh, x.id, r, c.closeEnd)
 	c.state = stRelay
 }
 
-// appendResponseHead serializes a response head for the client: status,
-// the headers h holds except the framing ones, then the framing r says.
-// With a request id, h is the upstream's head, written as responseHeader
-// and this function would write it together on the fasthttp path, without
-// copying it first: the hop-by-hop headers and those its Connection header
-// names are left out, and X-Request-Id is id (in the upstream's place for
-// it, or last).
-func appendResponseHead(dst []byte, h *fasthttp.ResponseHeader, id string, r relayState, closeConn bool) []byte {
+// appendRelayHead serializes the upstream's response head h for the
+// client: its status, its fields but for the framing ones, the hop-by-hop
+// ones and those its Connection fields name, X-Request-Id as id (in the
+// upstream's place for it, or last), then the framing r says. These are
+// the bytes the general path writes for the same head (responseHeader).
+func appendRelayHead(dst []byte, h *h1.Response, id string, r relayState, closeConn bool) []byte {
 	var named []string // the headers the upstream's Connection names
-	if id != "" {
-		named = connectionNamed(h.All())
+	for _, f := range h.Fields {
+		if strings.EqualFold(string(f.Name), "Connection") {
+			named = append(named, connectionOptions(f.Value)...)
+		}
 	}
-	idDone := id == ""
-	status := h.StatusCode()
-	dst = append(dst, "HTTP/1.1 "...)
-	dst = strconv.AppendInt(dst, int64(status), 10)
-	dst = append(dst, ' ')
-	if m := h.StatusMessage(); len(m) > 0 {
-		dst = append(dst, m...)
-	} else {
-		dst = append(dst, fasthttp.StatusMessage(status)...)
-	}
-	dst = append(dst, "\r\n"...)
-	for k, v := range h.All() {
-		switch string(k) {
-		case "Content-Length", "Transfer-Encoding", "Connection":
+	dst = appendStatusLine(dst, h.Status, h.Reason)
+	idDone := false
+	hasLength := false
+	for _, f := range h.Fields {
+		k, v := f.Name, f.Value
+		if strings.EqualFold(string(k), "Content-Length") {
+			hasLength = true
 			continue
 		}
-		if id != "" {
-			if isHopHeader(k) || nameIn(k, named) {
+		if isHopHeader(k) || nameIn(k, named) {
+			continue // Transfer-Encoding and Connection among them
+		}
+		if strings.EqualFold(string(k), reqid.Header) { // the gate's, once, where the upstream's first was
+			if idDone {
 				continue
 			}
-			if string(k) == reqid.Header { // the gate's, once, where the upstream's first was
-				if idDone {
-					continue
-				}
-				v, idDone = []byte(id), true
-			}
+			k, v, idDone = reqIDName, []byte(id), true
 		}
-		dst = append(append(append(append(dst, k...), ": "...), v...), "\r\n"...)
+		dst = h1.AppendField(dst, k, v)
 	}
 	if !idDone {
-		dst = append(append(append(append(dst, reqid.Header...), ": "...), id...), "\r\n"...)
+		dst = h1.AppendField(dst, reqIDName, []byte(id))
 	}
+	return appendFraming(dst, h.Status, r, hasLength, closeConn)
+}
+
+// reqIDName is the request id's header name as the gate writes it.
+var reqIDName = []byte(reqid.Header)
+
+// appendStatusLine writes a status line as the general path does: the
+// reason given, or fasthttp's for the status.
+func appendStatusLine(dst []byte, status int, reason []byte) []byte {
+	if len(reason) > 0 {
+		return h1.AppendStatusLine(dst, status, reason)
+	}
+	dst = append(dst, "HTTP/1.1 "...)
+	dst = strconv.AppendInt(dst, int64(status), 10)
+	dst = append(append(dst, ' '), fasthttp.StatusMessage(status)...)
+	return append(dst, "\r\n"...)
+}
+
+// appendFraming ends a head with the body's framing as r says (a length,
+// or chunked to the client for a chunked body or one delimited by the
+// upstream's close), Connection: close when asked, and the empty line. A
+// body-less answer keeps a Content-Length its source had (hasLength), as a
+// HEAD's answer does.
+func appendFraming(dst []byte, status int, r relayState, hasLength, closeConn bool) []byte {
 	switch {
-	case r.left >= 0 && (!r.noBody || len(h.Peek("Content-Length")) > 0):
+	case r.left >= 0 && (!r.noBody || hasLength):
 		if status != http.StatusNoContent && status >= 200 {
-			dst = append(dst, "Content-Length: "...)
-			dst = strconv.AppendInt(dst, r.left, 10)
-			dst = append(dst, "\r\n"...)
+			dst = h1.AppendContentLength(dst, r.left)
 		}
-	case r.left < 0 && !r.noBody: // chunked, or until the upstream closes: chunked to the client
+	case r.left < 0 && !r.noBody:
 		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
 	}
 	if closeConn {
 		dst = append(dst, "Connection: close\r\n"...)
 	}
 	return append(dst, "\r\n"...)
+}
+
+// appendAnswerHead serializes the head of an answer the gate made itself
+// (a refusal, a problem): its status and fields, then the framing r says.
+func appendAnswerHead(dst []byte, h *fasthttp.ResponseHeader, r relayState, closeConn bool) []byte {
+	dst = appendStatusLine(dst, h.StatusCode(), h.StatusMessage())
+	for k, v := range h.All() {
+		switch string(k) {
+		case "Content-Length", "Transfer-Encoding", "Connection":
+			continue
+		}
+		dst = h1.AppendField(dst, k, v)
+	}
+	return appendFraming(dst, h.StatusCode(), r, len(h.Peek("Content-Length")) > 0, closeConn)
 }
 
 // relayBody moves the response body from the upstream to the client.
@@ -622,9 +623,9 @@ func (c *loopConn) relayBody() bool {
 			return false // the client reads slowly: wait for it
 		}
 		if !u.fill(u.l.buf) {
-			if u.eof && r.left == -2 {
+			if u.eof && r.left == h1.UntilClose {
 				u.reusable = false
-				c.out = append(c.out, "0\r\n\r\n"...)
+				c.out = append(c.out, h1.LastChunk...)
 				break // the end of a body delimited by the close
 			}
 			if u.eof {
@@ -652,16 +653,16 @@ func (c *loopConn) take() bool {
 	}
 	p := u.in
 	switch {
-	case r.left == -2: // chunked here: the client's connection stays open
-		c.out = strconv.AppendInt(c.out, int64(len(p)), 16)
-		c.out = append(append(append(c.out, "\r\n"...), p...), "\r\n"...)
+	case r.left == h1.UntilClose: // chunked here: the client's connection stays open
+		c.out = h1.AppendChunkHeader(c.out, len(p))
+		c.out = append(append(c.out, p...), "\r\n"...)
 		u.in = u.in[:0]
 		return true
 	case r.left > 0:
 		p = p[:min(int64(len(p)), r.left)]
 		r.left -= int64(len(p))
-	case r.left == -1:
-		n, done, err := r.chunked.scan(p)
+	case r.left == h1.Chunked:
+		n, done, err := r.chunked.Scan(p)
 		if err != nil {
 			c.cutOff()
 			return false
@@ -686,7 +687,7 @@ func (c *loopConn) answer() {
 	if h.ConnectionClose() || c.ctx.Request.Header.ConnectionClose() || c.x.bodyErr != nil || c.l.e.closing.Load() {
 		c.closeEnd = true // asked for, the body's framing is lost, or the server is stopping
 	}
-	c.out = appendResponseHead(c.out, h, "", relayState{left: int64(len(body))}, c.closeEnd)
+	c.out = appendAnswerHead(c.out, h, relayState{left: int64(len(body))}, c.closeEnd)
 	c.out = append(c.out, body...)
 	c.finish()
 }
@@ -894,112 +895,4 @@ func (u *upConn) close() {
 	delete(l.fds, u.fd)
 	unix.Close(u.fd)
 	l.e.upConns.Add(-1)
-}
-
-// chunkScanner follows a chunked body's framing (RFC 9112 §7.1) as it is
-// relayed byte for byte, to find where it ends.
-type chunkScanner struct {
-	state int
-	size  int64
-}
-
-const (
-	chunkSize = iota
-	chunkExt
-	chunkSizeLF
-	chunkData
-	chunkDataCR
-	chunkDataLF
-	chunkTrailer     // at the start of a trailer line (or the final CRLF)
-	chunkTrailerLine // inside a trailer line
-	chunkTrailerLF   // after a trailer line's CR
-	chunkFinalLF     // after the final CR
-	chunkSizeDigits  // inside the size, after one digit
-)
-
-// scan consumes p; it returns how many bytes belong to the body (all of p
-// unless the body ends inside it) and whether the body ended.
-func (s *chunkScanner) scan(p []byte) (int, bool, error) {
-	for i := 0; i < len(p); i++ {
-		b := p[i]
-		switch s.state {
-		case chunkSize, chunkSizeDigits:
-			switch {
-			case isHex(b):
-				// One more digit would overflow int64 (its largest
-				// value is 1<<63-1): refused, at any length of
-				// leading zeros.
-				if s.size >= 1<<59 {
-					return 0, false, errUpstreamBody
-				}
-				s.size = s.size<<4 | int64(unhex(b))
-				s.state = chunkSizeDigits
-			case s.state == chunkSize:
-				return 0, false, errUpstreamBody
-			case b == ';' || b == ' ' || b == '\t':
-				s.state = chunkExt
-			case b == '\r':
-				s.state = chunkSizeLF
-			default:
-				return 0, false, errUpstreamBody
-			}
-		case chunkExt:
-			if b == '\r' {
-				s.state = chunkSizeLF
-			} else if b == '\n' {
-				return 0, false, errUpstreamBody
-			}
-		case chunkSizeLF:
-			if b != '\n' {
-				return 0, false, errUpstreamBody
-			}
-			if s.size == 0 {
-				s.state = chunkTrailer
-			} else {
-				s.state = chunkData
-			}
-		case chunkData:
-			n := min(int64(len(p)-i), s.size)
-			s.size -= n
-			i += int(n) - 1
-			if s.size == 0 {
-				s.state = chunkDataCR
-			}
-		case chunkDataCR:
-			if b != '\r' {
-				return 0, false, errUpstreamBody
-			}
-			s.state = chunkDataLF
-		case chunkDataLF:
-			if b != '\n' {
-				return 0, false, errUpstreamBody
-			}
-			s.state = chunkSize
-		case chunkTrailer:
-			if b == '\r' {
-				s.state = chunkFinalLF
-			} else if b == '\n' {
-				return 0, false, errUpstreamBody
-			} else {
-				s.state = chunkTrailerLine
-			}
-		case chunkTrailerLine:
-			if b == '\r' {
-				s.state = chunkTrailerLF
-			} else if b == '\n' {
-				return 0, false, errUpstreamBody
-			}
-		case chunkTrailerLF:
-			if b != '\n' {
-				return 0, false, errUpstreamBody
-			}
-			s.state = chunkTrailer
-		case chunkFinalLF:
-			if b != '\n' {
-				return 0, false, errUpstreamBody
-			}
-			return i + 1, true, nil
-		}
-	}
-	return len(p), false, nil
 }
