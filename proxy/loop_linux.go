@@ -267,12 +267,15 @@ type eventLoop struct {
 	spare   []*loopConn    // writes' other array, reused
 	sending []pendingWrite // the writes out in the ring, by tag
 
-	buf  []byte        // one read
-	rd   bytes.Reader  // parsing: a head's bytes...
-	br   *bufio.Reader // ...as fasthttp reads them
-	hdr  http.Header   // the headers decide reads, reused (see decisionHeader)
-	head h1.Request    // the request head parsed last (parseHead), reused
-	resp h1.Response   // the response head parsed last (readResponse), reused
+	buf       []byte        // one read
+	rd        bytes.Reader  // parsing: a head's bytes...
+	br        *bufio.Reader // ...as fasthttp reads them
+	hdr       http.Header   // the headers decide reads, reused (see decisionHeader)
+	head      h1.Request    // the request head parsed last (parseHead), reused
+	lastSweep time.Time
+	cur       *loopConn   // the connection the current step serves (loopguard_linux.go)
+	touched   []*loopConn // the connections the current pass touched
+	resp      h1.Response // the response head parsed last (readResponse), reused
 }
 
 // fdOwner is a socket of a loop: a client or an upstream connection.
@@ -348,7 +351,7 @@ func (l *eventLoop) run() {
 	}
 	events := make([]unix.EpollEvent, loopEvents)
 	l.now = time.Now()
-	lastSweep := l.now
+	l.lastSweep = l.now
 	for !l.stopped {
 		timeout := int(loopTick / time.Millisecond)
 		l.asleep.Store(true)
@@ -361,43 +364,51 @@ func (l *eventLoop) run() {
 			l.e.g.log.Error("gate event loop failed", "error", err)
 			return
 		}
-		l.now = time.Now()
-		if lb := l.e.g.logBatch; lb != nil {
-			lb.Hold()
-		}
-		l.readAhead(events[:max(n, 0)])
-		for i := range max(n, 0) {
-			fd := int(events[i].Fd)
-			switch {
-			case fd == l.wake:
-				var b [8]byte
-				_, _ = unix.Read(l.wake, b[:])
-				l.posted.Store(false)
-			case fd == l.e.lnFD:
-				l.accept()
-			default:
-				if o := l.fds[fd]; o != nil {
-					o.ready(events[i].Events)
-				}
+		l.pass(events[:max(n, 0)])
+	}
+}
+
+// pass moves on what the events and the inbox make ready, each socket's
+// event, posted function, deadline and queued write a step of its own
+// (see loopguard_linux.go: a panic in one closes the connections it
+// touched, and the pass goes on).
+func (l *eventLoop) pass(events []unix.EpollEvent) {
+	l.now = time.Now()
+	if lb := l.e.g.logBatch; lb != nil {
+		lb.Hold()
+		defer lb.Release() // the pass's log lines, in one write
+	}
+	defer l.endPass()
+	defer l.containPass()
+	l.readAhead(events)
+	for i := range events {
+		fd := int(events[i].Fd)
+		switch {
+		case fd == l.wake:
+			var b [8]byte
+			_, _ = unix.Read(l.wake, b[:])
+			l.posted.Store(false)
+		case fd == l.e.lnFD:
+			l.accept()
+		default:
+			if o := l.fds[fd]; o != nil {
+				l.step(func() { o.ready(events[i].Events) })
 			}
 		}
-		if l.queued.Load() {
-			l.runInbox()
-		}
+	}
+	if l.queued.Load() {
+		l.runInbox()
+	}
+	l.forwardPassed()
+	l.sendAdmits()
+	if l.now.Sub(l.lastSweep) >= loopTick {
+		l.lastSweep = l.now
+		l.sweep()
+	}
+	for len(l.writes) > 0 {
+		l.writeQueued()
 		l.forwardPassed()
 		l.sendAdmits()
-		if l.now.Sub(lastSweep) >= loopTick {
-			lastSweep = l.now
-			l.sweep()
-		}
-		for len(l.writes) > 0 {
-			l.writeQueued()
-			l.forwardPassed()
-			l.sendAdmits()
-		}
-		if lb := l.e.g.logBatch; lb != nil {
-			lb.Release() // the pass's log lines, in one write
-		}
 	}
 }
 
@@ -409,7 +420,7 @@ func (l *eventLoop) forwardPassed() {
 		batch := l.passed
 		l.passed = l.forwarded[:0]
 		for i, p := range batch {
-			p.c.admitted(p.t, true)
+			l.step(func() { p.c.admitted(p.t, true) })
 			batch[i] = passedRequest{}
 		}
 		l.forwarded = batch[:0]
@@ -424,7 +435,7 @@ func (l *eventLoop) runInbox() {
 	l.inbox = nil
 	l.mu.Unlock()
 	for _, f := range work {
-		f()
+		l.step(f)
 	}
 }
 
@@ -500,7 +511,7 @@ func (l *eventLoop) watch(fd, op int, out bool) error {
 func (l *eventLoop) sweep() {
 	for c := range l.clients {
 		if !c.deadline.IsZero() && l.now.After(c.deadline) {
-			c.expire()
+			l.step(c.expire)
 		}
 	}
 	for len(l.idle) > 0 && l.now.Sub(l.idle[0].idleSince) > upstreamIdleFor {
@@ -634,6 +645,7 @@ func dialFD(addr string) (int, error) {
 // on.
 func (l *eventLoop) handoff(c *loopConn) {
 	l.forget(c)
+	c.closed, c.fdClosed = true, true // the loop's part is over: its descriptor is closed below
 	_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
 	f := os.NewFile(uintptr(c.fd), "gate-client")
 	nc, err := net.FileConn(f) // a duplicate, in Go's poller

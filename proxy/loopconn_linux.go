@@ -43,6 +43,8 @@ type loopConn struct {
 	state    connState
 	deadline time.Time // of the current step; zero: none
 	closed   bool
+	fdClosed bool // its descriptor is closed
+	touched  bool // in its loop's touched list (loopguard_linux.go)
 
 	out    []byte // to write to the client
 	served int    // requests answered on this connection
@@ -70,12 +72,14 @@ type relayState struct {
 }
 
 func (c *loopConn) ready(ev uint32) {
+	c.l.touch(c)
 	c.note(c.l, ev)
 	c.run()
 }
 
 // run moves c's request on as far as its sockets allow.
 func (c *loopConn) run() {
+	c.l.touch(c)
 	for !c.closed {
 		// A response head waits for the first of its body, to go in one
 		// write: relayBody flushes.
@@ -327,6 +331,9 @@ func (c *loopConn) start(bodyErr error) {
 	x, d := g.open(&c.ctx, c.l.hdr, c.l.now) // the start of the loop's pass: one clock read less, as exact as a pass
 	x.bodyErr = bodyErr
 	c.x = x
+	if hook := loopPanicHook.Load(); hook != nil {
+		(*hook)(c)
+	}
 	switch p := g.verdict(x, d); {
 	case p == passFence:
 		t, now := g.admitNow(x, d)
@@ -392,6 +399,7 @@ type passedRequest struct {
 // admitted goes on with a write whose admission ran elsewhere (a
 // goroutine, a batch, or earlier in the pass: t nil when not fenced).
 func (c *loopConn) admitted(t flight, ok bool) {
+	c.l.touch(c)
 	if c.closed {
 		if ok && t != nil {
 			t.Leave() // admitted, never forwarded
@@ -769,6 +777,7 @@ func (c *loopConn) cutOff() {
 
 // expire fires c's deadline.
 func (c *loopConn) expire() {
+	c.l.touch(c)
 	switch c.state {
 	case stHead:
 		if len(c.in) == 0 {
@@ -806,6 +815,7 @@ func (c *loopConn) close() {
 	}
 	c.closed = true
 	c.l.forget(c)
+	c.fdClosed = true
 	unix.Close(c.fd)
 	c.l.e.s.limit.Release()
 	if u := c.detach(); u != nil {

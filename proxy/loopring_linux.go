@@ -170,7 +170,7 @@ func (l *eventLoop) writeQueued() {
 	}
 	for i, c := range batch {
 		if l.owns(c) {
-			c.run()
+			l.step(c.run)
 		}
 		batch[i] = nil
 	}
