@@ -80,7 +80,13 @@ type loopEngine struct {
 	closing  atomic.Bool // Shutdown or Close: accept nothing, end idle connections
 	done     chan struct{}
 	doneOnce sync.Once
-	wg       sync.WaitGroup
+	wg       sync.WaitGroup // the loops
+	// work is the engine's other goroutines (dials, admissions, waits
+	// for a turn, the fallback's connections, mark readers opening):
+	// stop waits for them, after cancelling ctx, which bounds the dials.
+	work   sync.WaitGroup
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu     sync.Mutex
 	handed map[*handedConn]bool // connections served by the fallback; true while idle
@@ -112,9 +118,11 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 	}
 	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.client.MaxConns), done: make(chan struct{}),
 		handed: make(map[*handedConn]bool)}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
 	for range loopCount(runtime.GOMAXPROCS(0)) {
 		l, err := newEventLoop(e)
 		if err != nil {
+			e.cancel()
 			e.closeLoops()
 			unix.Close(lnFD)
 			return nil, err
@@ -132,22 +140,32 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 // about 10 % more writes than two, for a quarter less CPU per write.
 func loopCount(procs int) int { return max(1, procs/2) }
 
-// serve runs the loops until Shutdown or Close.
+// serve runs the loops until Shutdown or Close, and returns once stop has
+// cleaned up after them.
 func (e *loopEngine) serve() error {
 	for _, l := range e.loops {
 		e.wg.Go(l.run)
 	}
 	<-e.done
-	e.wg.Wait()
+	e.doneOnce.Do(func() {}) // waits for stop's cleanup
 	return nil
 }
+
+// goTracked runs f on a goroutine stop waits for.
+func (e *loopEngine) goTracked(f func()) { e.work.Go(f) }
 
 func (e *loopEngine) stopAccepting() {
 	if e.closing.Swap(true) {
 		return
 	}
 	for _, l := range e.loops {
-		l.post(func() { _ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, e.lnFD, nil) })
+		l.post(func() {
+			if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, e.lnFD, nil); err != nil {
+				// The loop may be woken for connections it then
+				// closes at once (accept checks closing).
+				e.g.log.Warn("gate event loop: could not stop watching the listener", "error", err)
+			}
+		})
 	}
 }
 
@@ -213,17 +231,21 @@ func (e *loopEngine) handedConns(idleOnly bool) []*handedConn {
 	return hs
 }
 
+// stop stops the loops and waits for them and for the engine's other
+// goroutines: once it returns, every connection is closed, every barrier
+// place a write of the loops took is left (or held for the grace, as for
+// a client gone), and every dialed descriptor is closed.
 func (e *loopEngine) stop() {
 	e.doneOnce.Do(func() {
 		for _, l := range e.loops {
 			l.post(func() { l.stopped = true })
 		}
+		e.cancel()
 		close(e.done)
-		go func() {
-			e.wg.Wait()
-			e.closeLoops()
-			unix.Close(e.lnFD)
-		}()
+		e.wg.Wait()
+		e.closeLoops()
+		unix.Close(e.lnFD)
+		e.work.Wait()
 	})
 }
 
@@ -244,6 +266,7 @@ type eventLoop struct {
 	queued  atomic.Bool // the inbox may hold work
 	mu      sync.Mutex
 	inbox   []func()
+	shut    bool // closeAll ran: post refuses
 	fds     map[int]fdOwner
 	clients map[*loopConn]struct{}
 	idle    []*upConn   // idle upstream connections, most recent last
@@ -310,15 +333,28 @@ func newEventLoop(e *loopEngine) (*eventLoop, error) {
 // eventfd: a system call, and on a busy loop one per post). The loop marks
 // itself asleep before it checks its inbox one last time, and post queues
 // before it checks that mark, so one of the two sees the other.
-func (l *eventLoop) post(f func()) {
+//
+// Once the loop has stopped and closeAll has run, post runs nothing and
+// reports false: its caller then cleans up what f would have (a dialed
+// descriptor, a barrier place). Until then, f runs on the loop or, if the
+// loop stopped meanwhile, in closeAll.
+func (l *eventLoop) post(f func()) bool {
 	l.mu.Lock()
+	if l.shut {
+		l.mu.Unlock()
+		return false
+	}
 	l.inbox = append(l.inbox, f)
 	l.mu.Unlock()
 	l.queued.Store(true)
 	if l.asleep.Load() && l.posted.CompareAndSwap(false, true) {
 		var one = [8]byte{1}
-		_, _ = unix.Write(l.wake, one[:])
+		if _, err := unix.Write(l.wake, one[:]); err != nil && err != unix.EAGAIN {
+			// Not woken: the loop finds f within loopTick anyway.
+			l.posted.Store(false)
+		}
 	}
+	return true
 }
 
 // call runs f on l's goroutine and waits for it; it does not run f once
@@ -456,16 +492,19 @@ func (l *eventLoop) accept() {
 			continue
 		}
 		if _, ok := e.s.limit.Acquire(); !ok {
-			_, _ = unix.Write(fd, connlimit.Refusal)
+			_, _ = unix.Write(fd, connlimit.Refusal) // best effort: the connection is closed either way
 			unix.Close(fd)
 			continue
 		}
-		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+			e.g.log.Debug("gate: TCP_NODELAY refused on a client connection", "error", err) // served all the same, a little later
+		}
 		to := e.loops[int(e.next.Add(1))%len(e.loops)]
 		if to == l {
 			l.add(fd, sa)
-		} else {
-			to.post(func() { to.add(fd, sa) })
+		} else if !to.post(func() { to.add(fd, sa) }) {
+			unix.Close(fd) // that loop has stopped
+			e.s.limit.Release()
 		}
 	}
 }
@@ -533,11 +572,23 @@ func (l *eventLoop) endIdle() {
 	}
 }
 
-// closeAll closes what the loop still holds, once it has stopped.
+// closeAll closes what the loop still holds, once it has stopped. What
+// was posted and not run yet runs now, on closed connections (a write's
+// barrier place is left, a dialed connection closed); what is posted from
+// now on is refused, and its poster cleans up.
 func (l *eventLoop) closeAll() {
+	l.mu.Lock()
+	l.shut = true
+	work := l.inbox
+	l.inbox = nil
+	l.mu.Unlock()
 	for c := range l.clients {
 		c.close()
 	}
+	for _, f := range work {
+		l.step(f)
+	}
+	l.endPass()
 	for len(l.idle) > 0 {
 		l.idle[0].close()
 	}
@@ -578,9 +629,9 @@ func (l *eventLoop) dial(c *loopConn) {
 	l.e.upConns.Add(1)
 	c.dialing = true
 	g := l.e.g
-	go func() {
-		fd, err := dialFD(g.client.Addr)
-		l.post(func() {
+	l.e.goTracked(func() {
+		fd, err := dialFD(l.e.ctx, g.client.Addr)
+		posted := l.post(func() {
 			fail := func(err error) {
 				if c.dialing {
 					c.dialing = false
@@ -609,13 +660,19 @@ func (l *eventLoop) dial(c *loopConn) {
 			u.attach(c)
 			c.run()
 		})
-	}()
+		if !posted { // the loop has stopped: the connection is not wanted
+			if err == nil {
+				unix.Close(fd)
+			}
+			l.e.upConns.Add(-1)
+		}
+	})
 }
 
 // dialFD connects to addr and returns the connection's descriptor, in
 // non-blocking mode, owned by the caller.
-func dialFD(addr string) (int, error) {
-	nc, err := (&net.Dialer{Timeout: 5 * time.Second}).Dial("tcp", addr)
+func dialFD(ctx context.Context, addr string) (int, error) {
+	nc, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return -1, err
 	}
@@ -632,7 +689,7 @@ func dialFD(addr string) (int, error) {
 	if dupErr != nil {
 		return -1, &net.OpError{Op: "dial", Net: "tcp", Err: dupErr}
 	}
-	unix.CloseOnExec(fd)
+	unix.CloseOnExec(fd) // dup(2) does not carry close-on-exec over; fcntl cannot fail on a descriptor just made
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
 		return -1, &net.OpError{Op: "dial", Net: "tcp", Err: err}
@@ -646,7 +703,11 @@ func dialFD(addr string) (int, error) {
 func (l *eventLoop) handoff(c *loopConn) {
 	l.forget(c)
 	c.closed, c.fdClosed = true, true // the loop's part is over: its descriptor is closed below
-	_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
+	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil); err != nil {
+		// Events for the descriptor find no owner in l.fds and are
+		// dropped; closing it below removes it from the epoll set.
+		l.e.g.log.Debug("gate event loop: could not stop watching a handed-off connection", "error", err)
+	}
 	f := os.NewFile(uintptr(c.fd), "gate-client")
 	nc, err := net.FileConn(f) // a duplicate, in Go's poller
 	f.Close()
@@ -664,7 +725,7 @@ func (l *eventLoop) handoff(c *loopConn) {
 	l.e.mu.Lock()
 	l.e.handed[h] = false
 	l.e.mu.Unlock()
-	go func() { _ = l.e.s.srv.ServeConn(h) }()
+	l.e.goTracked(func() { _ = l.e.s.srv.ServeConn(h) })
 }
 
 // forget drops c from the loop's tables.

@@ -81,6 +81,10 @@ func (c *loopConn) ready(ev uint32) {
 func (c *loopConn) run() {
 	c.l.touch(c)
 	for !c.closed {
+		if c.err != nil || c.up != nil && c.up.err != nil {
+			c.sockFailed()
+			return
+		}
 		// A response head waits for the first of its body, to go in one
 		// write: relayBody flushes.
 		if c.state != stRelay && !c.flush() {
@@ -107,6 +111,22 @@ func (c *loopConn) run() {
 		if !moved {
 			return
 		}
+	}
+}
+
+// sockFailed ends c's exchange after the loop lost track of one of its
+// sockets (sock.broke): the client's closes c; the upstream's fails the
+// exchange as a broken upstream connection would, or cuts off a relay.
+func (c *loopConn) sockFailed() {
+	if c.err != nil {
+		c.close()
+		return
+	}
+	switch c.state {
+	case stSend, stResponse:
+		c.upstreamBroke(c.up.err)
+	default:
+		c.cutOff()
 	}
 }
 
@@ -147,6 +167,7 @@ type sock struct {
 	writable bool
 	hup      bool // the peer closed or failed: read to the end
 	eof      bool
+	err      error // the loop could not change its epoll registration: its owner closes it
 }
 
 // note records the readiness an epoll event reports; writable again after
@@ -160,8 +181,20 @@ func (s *sock) note(l *eventLoop, ev uint32) {
 	}
 	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 && !s.writable {
 		s.writable = true
-		_ = l.watch(s.fd, unix.EPOLL_CTL_MOD, false)
+		if err := l.watch(s.fd, unix.EPOLL_CTL_MOD, false); err != nil {
+			s.broke(err)
+		}
 	}
+}
+
+// broke records that s's epoll registration could not be changed: s is
+// then neither read nor written, and its owner closes it (a socket whose
+// readiness the loop can no longer follow would stall to its deadline).
+func (s *sock) broke(err error) {
+	if s.err == nil {
+		s.err = syscallErr("epoll_ctl", err)
+	}
+	s.readable, s.writable, s.eof = false, false, true
 }
 
 // write writes p to the socket until all of it is written, a write would
@@ -177,12 +210,15 @@ func (s *sock) write(l *eventLoop, p []byte) (int, error) {
 		case unix.EINTR:
 		case unix.EAGAIN:
 			s.writable = false
-			_ = l.watch(s.fd, unix.EPOLL_CTL_MOD, true)
+			if err := l.watch(s.fd, unix.EPOLL_CTL_MOD, true); err != nil {
+				s.broke(err)
+				return n, s.err
+			}
 		default:
 			return n, err
 		}
 	}
-	return n, nil
+	return n, s.err
 }
 
 // fill reads what the peer sent into s.in, through buf; false when
@@ -349,7 +385,8 @@ func (c *loopConn) start(bodyErr error) {
 			c.l.queueAdmit(c, d)
 			return
 		}
-		go func() {
+		l := c.l
+		l.e.goTracked(func() {
 			var f flight
 			ok := false
 			if t != nil {
@@ -357,8 +394,10 @@ func (c *loopConn) start(bodyErr error) {
 			} else {
 				f, ok = g.admitWrite(x, d)
 			}
-			c.l.post(func() { c.admitted(f, ok) })
-		}()
+			if !l.post(func() { c.admitted(f, ok) }) {
+				abandonAdmitted(g, x, f, ok) // the loop has stopped
+			}
+		})
 	case p == passAnswered:
 		c.answer()
 	case bodyErr != nil:
@@ -396,6 +435,16 @@ type passedRequest struct {
 	t flight // nil: not fenced
 }
 
+// abandonAdmitted ends write x, whose admission ran on a goroutine that
+// found its loop stopped: admitted (ok), its place t is left, as admitted
+// leaves it for a closed connection; it was never forwarded.
+func abandonAdmitted(g *Gate, x *exchange, t flight, ok bool) {
+	if ok && t != nil {
+		t.Leave()
+	}
+	g.end(x)
+}
+
 // admitted goes on with a write whose admission ran elsewhere (a
 // goroutine, a batch, or earlier in the pass: t nil when not fenced).
 func (c *loopConn) admitted(t flight, ok bool) {
@@ -429,15 +478,15 @@ func (c *loopConn) forward(t flight) {
 	c.deadline = l.now.Add(g.upstreamTO)
 	c.state = stUpstream
 	if g.beforeSend != nil {
-		go func() {
+		l.e.goTracked(func() {
 			g.beforeSend()
-			l.post(func() {
+			l.post(func() { // refused once the loop has stopped: closeAll closed c, holding its place
 				if !c.closed && c.state == stUpstream {
 					l.upstream(c)
 					c.run()
 				}
 			})
-		}()
+		})
 		return
 	}
 	l.upstream(c)
@@ -859,6 +908,10 @@ func (u *upConn) ready(ev uint32) {
 	u.note(u.l, ev)
 	if c := u.client; c != nil {
 		c.run()
+		return
+	}
+	if u.err != nil {
+		u.close()
 		return
 	}
 	// Idle: anything from the upstream now (its close, or bytes no

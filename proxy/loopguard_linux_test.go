@@ -5,6 +5,9 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -15,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
 )
 
@@ -115,5 +121,168 @@ func TestLoopsContainAPanic(t *testing.T) {
 	got := strings.Join(up.take(), "")
 	if strings.Contains(got, "/boom") || !strings.Contains(got, "/after") {
 		t.Fatalf("the upstream got:\n%s", got)
+	}
+}
+
+// blockingStore admits only when a test lets it: its Admit waits for
+// release. It has none of the fast admission paths, so the loops admit
+// through it on a goroutine of their own.
+type blockingStore struct {
+	fencing.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *blockingStore) Admit(_ context.Context, r fencing.AdmitRequest) (fencing.Admission, error) {
+	s.entered <- struct{}{}
+	<-s.release
+	// Admitted whatever became of the request's context (Close ends
+	// it): a store that answered after all.
+	return s.Store.Admit(context.Background(), r)
+}
+
+// TestLoopsWaitForTheirGoroutinesOnStop: Close while a write's admission
+// is with the store returns only once that admission is done, and the
+// write's place at the barrier is then left (the loop had stopped: the
+// result found no loop to go on with, and was not dropped). Nothing
+// reaches the upstream.
+func TestLoopsWaitForTheirGoroutinesOnStop(t *testing.T) {
+	up, u, st, l := newLeasedUpstream(t)
+	bs := &blockingStore{Store: st, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	rules, _ := ParseRules(testRules)
+	g, err := New(Options{Upstream: u, Store: bs, Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := serveGate(t, g)
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	if gs.srv.loops.Load() == nil {
+		t.Skip("no event loops on this listener")
+	}
+	c, err := net.Dial("tcp", gs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := fmt.Fprintf(c, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: %d\r\nContent-Length: 1\r\n\r\nx", l.Token); err != nil {
+		t.Fatal(err)
+	}
+	<-bs.entered
+	if n := g.InFlightResources(); n != 1 {
+		t.Fatalf("%d resources in flight during the admission, want 1", n)
+	}
+	closed := make(chan struct{})
+	go func() {
+		_ = gs.srv.Close()
+		close(closed)
+	}()
+	// Close cannot return before the admission does: it waits for it.
+	// (This check catches an early return only when Close is quick
+	// enough; the check of the barrier below catches it always: an
+	// admission that ends after its loop stopped, untracked, finds no
+	// loop to leave its place.)
+	time.Sleep(10 * time.Millisecond)
+	select {
+	case <-closed:
+		t.Fatal("Close returned while an admission of its loops was still with the store")
+	default:
+	}
+	close(bs.release)
+	<-closed
+	if n := g.InFlightResources(); n != 0 {
+		t.Fatalf("%d resources still in flight after Close returned; the admitted write's place was never left", n)
+	}
+	if got := up.take(); len(got) != 0 {
+		t.Fatalf("the upstream got %q", got)
+	}
+}
+
+// TestLoopClosesAConnectionItCannotWatch: when the loop cannot change a
+// socket's epoll registration (here the client's socket is taken out of
+// the loop's epoll set behind its back, so EPOLL_CTL_MOD fails with
+// ENOENT when a write to the slow client blocks), the connection is
+// closed at once rather than left to stall until its deadline.
+func TestLoopClosesAConnectionItCannotWatch(t *testing.T) {
+	arrived := make(chan struct{})
+	gs := serveGateBefore(t, func(up net.Conn) {
+		close(arrived)
+		fmt.Fprintf(up, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", 64<<20)
+		_, _ = io.Copy(up, &patternReader{n: 64 << 20})
+	})
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	e := gs.srv.loops.Load()
+	if e == nil {
+		t.Skip("no event loops on this listener")
+	}
+	c, err := net.Dial("tcp", gs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /big HTTP/1.1\r\nHost: gate\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	<-arrived // the loop read the request: its connection is registered
+	for _, l := range e.loops {
+		l.call(func() {
+			for lc := range l.clients {
+				if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, lc.fd, nil); err != nil {
+					t.Errorf("taking the client out of the epoll set: %v", err)
+				}
+			}
+		})
+	}
+	// The client reads nothing until the gate has let go of its
+	// connection: the gate's writes block, and a blocked write, which
+	// cannot ask to be woken, closes it. (Were the failure ignored, the
+	// connection would stay, stalled until its deadline, and this wait
+	// would time out.)
+	waitFor(t, "the loop to close the connection it cannot watch", func() bool {
+		open := 0
+		for _, l := range e.loops {
+			l.call(func() { open += len(l.clients) })
+		}
+		return open == 0
+	})
+	_ = c.SetReadDeadline(time.Now().Add(60 * time.Second))
+	n, err := io.Copy(io.Discard, c)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("the connection stalled (%d bytes read); want it closed", n)
+	}
+	if n >= 64<<20 {
+		t.Fatalf("%d bytes relayed whole; want the connection closed when its write blocked", n)
+	}
+}
+
+// TestSockBrokeOnAFailedRegistration: a socket whose registration change
+// fails reports the error on its next write and reads nothing more.
+func TestSockBrokeOnAFailedRegistration(t *testing.T) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ep)
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	l := &eventLoop{ep: ep} // fds[0] is not in its set: every EPOLL_CTL_MOD fails
+	s := &sock{fd: fds[0]}
+	s.note(l, unix.EPOLLOUT|unix.EPOLLIN)
+	if s.err == nil || !errors.Is(s.err, unix.ENOENT) {
+		t.Fatalf("err = %v, want ENOENT from epoll_ctl", s.err)
+	}
+	if _, err := s.write(l, []byte("x")); err == nil {
+		t.Fatal("a write after the failure reported no error")
+	}
+	if s.fill(make([]byte, 16)) {
+		t.Fatal("a read after the failure took bytes")
+	}
+	// A write that blocks and cannot ask to be woken fails too.
+	s2 := &sock{fd: fds[1], writable: true}
+	if _, err := s2.write(l, make([]byte, 8<<20)); !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("a blocked write: %v, want ENOENT from epoll_ctl", err)
 	}
 }

@@ -194,7 +194,9 @@ func (l *eventLoop) wroteOne(tag uint64, res int32) {
 		return
 	case unix.EAGAIN:
 		s.writable = false
-		_ = l.watch(s.fd, unix.EPOLL_CTL_MOD, true)
+		if err := l.watch(s.fd, unix.EPOLL_CTL_MOD, true); err != nil {
+			s.broke(err) // c.run, right after the batch, ends it
+		}
 		return
 	default:
 		if w.up {
