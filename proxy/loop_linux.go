@@ -513,7 +513,7 @@ func (l *eventLoop) accept() {
 func (l *eventLoop) add(fd int, sa unix.Sockaddr) {
 	c := &loopConn{sock: sock{fd: fd}, l: l, remote: tcpAddr(sa)}
 	c.ctx.Init2(c, nil, false)
-	c.deadline = l.now.Add(l.e.s.headerTimeout)
+	c.enter(stHead)
 	l.clients[c] = struct{}{}
 	l.fds[fd] = c
 	c.writable = true
