@@ -2,6 +2,7 @@ package config
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -153,6 +154,15 @@ func TestREADMEListsEveryVariable(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Rows in the reference pages under docs/ count too.
+	docs, _ := filepath.Glob("../docs/*.md")
+	for _, d := range docs {
+		b, err := os.ReadFile(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readme = append(readme, b...)
 	}
 	for _, v := range append(Help(), ClientVars...) {
 		row := "| `" + v.Name + "` |"

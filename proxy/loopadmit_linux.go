@@ -47,7 +47,7 @@ func (g *Gate) batches(d Decision) bool {
 // lease, the worker's otherwise.
 func (l *eventLoop) queueAdmit(c *loopConn, d Decision) {
 	p := pendingAdmit{c: c, x: c.x, d: d}
-	if l.e.g.marks != nil && !d.Targets[0].Strict {
+	if l.e.g.marks != nil && !l.e.s.noMarks && !d.Targets[0].Strict {
 		l.reads = append(l.reads, p)
 		return
 	}

@@ -52,6 +52,10 @@ type ServerOptions struct {
 	// call at a time even where the kernel gives them an io_uring to
 	// batch each pass's reads and writes through.
 	NoIOURing bool
+	// NoMarkReaders makes the event loops (Linux) admit every write
+	// through the store's client, without the mark readers a store may
+	// offer (fencing.MarkReaders).
+	NoMarkReaders bool
 }
 
 // Server serves a Gate on a listener: HTTP/1.1 with keep-alive and
@@ -76,6 +80,8 @@ type Server struct {
 	// time, as they do where the kernel has no io_uring
 	// (ServerOptions.NoIOURing).
 	noRing bool
+	// noMarks: ServerOptions.NoMarkReaders.
+	noMarks bool
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{} // open connections of the fasthttp engine, closed by Close
@@ -97,6 +103,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		maxHead:       cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
 		limit:         connlimit.NewCounter(opts.MaxConns, 0),
 		noRing:        opts.NoIOURing,
+		noMarks:       opts.NoMarkReaders,
 	}
 	s.srv = &fasthttp.Server{
 		Handler:      s.serve,

@@ -196,6 +196,7 @@ func (l *listener) listen() error {
 			MaxConns:      l.cfg.MaxConns,
 			Logger:        l.log,
 			NoIOURing:     !l.cfg.IOURing,
+			NoMarkReaders: !l.cfg.MarkReaders,
 		})
 		return nil
 	}
