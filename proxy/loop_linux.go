@@ -15,11 +15,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/fencegate/fencegate/internal/connlimit"
+	"github.com/fencegate/fencegate/internal/evloop"
 	"github.com/fencegate/fencegate/internal/h1"
 	"github.com/fencegate/fencegate/internal/uring"
 )
@@ -160,7 +160,7 @@ func (e *loopEngine) stopAccepting() {
 	}
 	for _, l := range e.loops {
 		l.post(func() {
-			if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, e.lnFD, nil); err != nil {
+			if err := l.p.Remove(e.lnFD); err != nil {
 				// The loop may be woken for connections it then
 				// closes at once (accept checks closing).
 				e.g.log.Warn("gate event loop: could not stop watching the listener", "error", err)
@@ -259,14 +259,7 @@ func (e *loopEngine) closeLoops() {
 // goroutine touches them; other goroutines hand it work with post.
 type eventLoop struct {
 	e       *loopEngine
-	ep      int
-	wake    int         // an eventfd: post writes it while the loop sleeps
-	posted  atomic.Bool // the eventfd was written and not read yet
-	asleep  atomic.Bool // the loop is in (or about to enter) a blocking epoll_wait
-	queued  atomic.Bool // the inbox may hold work
-	mu      sync.Mutex
-	inbox   []func()
-	shut    bool // closeAll ran: post refuses
+	p       *evloop.Poller // its epoll instance and inbox
 	fds     map[int]fdOwner
 	clients map[*loopConn]struct{}
 	idle    []*upConn   // idle upstream connections, most recent last
@@ -284,7 +277,7 @@ type eventLoop struct {
 	now       time.Time
 
 	ring    *uring.Ring    // the pass's reads and writes in a system call each; nil: one by one
-	ahead   []*sock        // the sockets read ahead this pass, in readAhead's buffer's order
+	ahead   []*evloop.Sock // the sockets read ahead this pass, in readAhead's buffer's order
 	aheadIn []byte         // their reads, loopAheadRead bytes each
 	writes  []*loopConn    // connections whose next write waits for the end of the pass
 	spare   []*loopConn    // writes' other array, reused
@@ -305,57 +298,26 @@ type eventLoop struct {
 type fdOwner interface{ ready(events uint32) }
 
 func newEventLoop(e *loopEngine) (*eventLoop, error) {
-	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	p, err := evloop.New()
 	if err != nil {
 		return nil, err
 	}
-	wake, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		unix.Close(ep)
-		return nil, err
-	}
-	l := &eventLoop{e: e, ep: ep, wake: wake, fds: make(map[int]fdOwner), clients: make(map[*loopConn]struct{}),
+	l := &eventLoop{e: e, p: p, fds: make(map[int]fdOwner), clients: make(map[*loopConn]struct{}),
 		buf: make([]byte, loopReadBuffer), exited: make(chan struct{})}
 	l.br = bufio.NewReaderSize(&l.rd, upstreamReadBuffer+1)
 	l.hdr = make(http.Header, 2)
-	for fd, ev := range map[int]uint32{wake: unix.EPOLLIN, e.lnFD: unix.EPOLLIN | unix.EPOLLEXCLUSIVE} {
-		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: ev, Fd: int32(fd)}); err != nil {
-			unix.Close(ep)
-			unix.Close(wake)
-			return nil, err
-		}
+	if err := p.Add(e.lnFD, unix.EPOLLIN|unix.EPOLLEXCLUSIVE); err != nil {
+		p.Close()
+		return nil, err
 	}
 	return l, nil
 }
 
-// post runs f on l's goroutine. A loop that is awake finds f when its
-// pass over the ready sockets ends; only a sleeping one is woken (by the
-// eventfd: a system call, and on a busy loop one per post). The loop marks
-// itself asleep before it checks its inbox one last time, and post queues
-// before it checks that mark, so one of the two sees the other.
-//
-// Once the loop has stopped and closeAll has run, post runs nothing and
-// reports false: its caller then cleans up what f would have (a dialed
-// descriptor, a barrier place). Until then, f runs on the loop or, if the
-// loop stopped meanwhile, in closeAll.
-func (l *eventLoop) post(f func()) bool {
-	l.mu.Lock()
-	if l.shut {
-		l.mu.Unlock()
-		return false
-	}
-	l.inbox = append(l.inbox, f)
-	l.mu.Unlock()
-	l.queued.Store(true)
-	if l.asleep.Load() && l.posted.CompareAndSwap(false, true) {
-		var one = [8]byte{1}
-		if _, err := unix.Write(l.wake, one[:]); err != nil && err != unix.EAGAIN {
-			// Not woken: the loop finds f within loopTick anyway.
-			l.posted.Store(false)
-		}
-	}
-	return true
-}
+// post runs f on l's goroutine (see evloop.Poller.Post): false once the
+// loop has stopped and closeAll has run, when its caller cleans up what f
+// would have (a dialed descriptor, a barrier place). Until then, f runs on
+// the loop or, if the loop stopped meanwhile, in closeAll.
+func (l *eventLoop) post(f func()) bool { return l.p.Post(f) }
 
 // call runs f on l's goroutine and waits for it; it does not run f once
 // the loop has stopped.
@@ -389,18 +351,12 @@ func (l *eventLoop) run() {
 	l.now = time.Now()
 	l.lastSweep = l.now
 	for !l.stopped {
-		timeout := int(loopTick / time.Millisecond)
-		l.asleep.Store(true)
-		if l.queued.Load() {
-			timeout = 0 // posted while this pass ran: look, without sleeping
-		}
-		n, err := unix.EpollWait(l.ep, events, timeout)
-		l.asleep.Store(false)
-		if err != nil && err != unix.EINTR {
+		n, err := l.p.Wait(events, loopTick)
+		if err != nil {
 			l.e.g.log.Error("gate event loop failed", "error", err)
 			return
 		}
-		l.pass(events[:max(n, 0)])
+		l.pass(events[:n])
 	}
 }
 
@@ -420,10 +376,6 @@ func (l *eventLoop) pass(events []unix.EpollEvent) {
 	for i := range events {
 		fd := int(events[i].Fd)
 		switch {
-		case fd == l.wake:
-			var b [8]byte
-			_, _ = unix.Read(l.wake, b[:])
-			l.posted.Store(false)
 		case fd == l.e.lnFD:
 			l.accept()
 		default:
@@ -432,9 +384,7 @@ func (l *eventLoop) pass(events []unix.EpollEvent) {
 			}
 		}
 	}
-	if l.queued.Load() {
-		l.runInbox()
-	}
+	l.runInbox()
 	l.forwardPassed()
 	l.sendAdmits()
 	if l.now.Sub(l.lastSweep) >= loopTick {
@@ -465,12 +415,7 @@ func (l *eventLoop) forwardPassed() {
 
 // runInbox runs what was posted.
 func (l *eventLoop) runInbox() {
-	l.queued.Store(false) // before taking the inbox: a later post sets it again
-	l.mu.Lock()
-	work := l.inbox
-	l.inbox = nil
-	l.mu.Unlock()
-	for _, f := range work {
+	for _, f := range l.p.Take() {
 		l.step(f)
 	}
 }
@@ -511,12 +456,12 @@ func (l *eventLoop) accept() {
 
 // add starts serving client connection fd.
 func (l *eventLoop) add(fd int, sa unix.Sockaddr) {
-	c := &loopConn{sock: sock{fd: fd}, l: l, remote: tcpAddr(sa)}
+	c := &loopConn{Sock: evloop.Sock{FD: fd}, l: l, remote: tcpAddr(sa)}
 	c.ctx.Init2(c, nil, false)
 	c.enter(stHead)
 	l.clients[c] = struct{}{}
 	l.fds[fd] = c
-	c.writable = true
+	c.Writable = true
 	if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
 		c.close()
 	}
@@ -532,18 +477,9 @@ func tcpAddr(sa unix.Sockaddr) *net.TCPAddr {
 	return &net.TCPAddr{}
 }
 
-// watch registers socket fd with the loop (op EPOLL_CTL_ADD), or changes
-// its registration (EPOLL_CTL_MOD): edge-triggered, for reading always,
-// for writing only when out says so. A socket is watched for writing only
-// while a write to it is blocked: otherwise every acknowledgement from the
-// peer would wake the loop.
-func (l *eventLoop) watch(fd, op int, out bool) error {
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
-	if out {
-		ev.Events |= unix.EPOLLOUT
-	}
-	return unix.EpollCtl(l.ep, op, fd, &ev)
-}
+// watch registers socket fd with the loop, or changes its registration
+// (see evloop.Poller.Watch).
+func (l *eventLoop) watch(fd, op int, out bool) error { return l.p.Watch(fd, op, out) }
 
 // sweep fires the deadlines that passed, and drops upstream connections
 // idle too long.
@@ -566,7 +502,7 @@ func (l *eventLoop) sweep() {
 // endIdle closes the client connections between requests (Shutdown).
 func (l *eventLoop) endIdle() {
 	for c := range l.clients {
-		if c.state == stHead && len(c.in) == 0 {
+		if c.state == stHead && len(c.In) == 0 {
 			c.close()
 		}
 	}
@@ -577,11 +513,7 @@ func (l *eventLoop) endIdle() {
 // barrier place is left, a dialed connection closed); what is posted from
 // now on is refused, and its poster cleans up.
 func (l *eventLoop) closeAll() {
-	l.mu.Lock()
-	l.shut = true
-	work := l.inbox
-	l.inbox = nil
-	l.mu.Unlock()
+	work := l.p.Shut()
 	for c := range l.clients {
 		c.close()
 	}
@@ -593,8 +525,7 @@ func (l *eventLoop) closeAll() {
 		l.idle[0].close()
 	}
 	l.marks.close()
-	unix.Close(l.ep)
-	unix.Close(l.wake)
+	l.p.Close()
 }
 
 // upstream gives c an upstream connection: an idle one, a new one, or a
@@ -644,14 +575,14 @@ func (l *eventLoop) dial(c *loopConn) {
 				fail(err)
 				return
 			}
-			u := &upConn{sock: sock{fd: fd}, l: l}
+			u := &upConn{Sock: evloop.Sock{FD: fd}, l: l}
 			l.fds[fd] = u
 			if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
 				u.close()
 				fail(&net.OpError{Op: "dial", Net: "tcp", Err: err})
 				return
 			}
-			u.writable = true
+			u.Writable = true
 			if !c.dialing { // c went away meanwhile
 				u.release()
 				return
@@ -703,19 +634,19 @@ func dialFD(ctx context.Context, addr string) (int, error) {
 func (l *eventLoop) handoff(c *loopConn) {
 	l.forget(c)
 	c.closed, c.fdClosed = true, true // the loop's part is over: its descriptor is closed below
-	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil); err != nil {
+	if err := l.p.Remove(c.FD); err != nil {
 		// Events for the descriptor find no owner in l.fds and are
 		// dropped; closing it below removes it from the epoll set.
 		l.e.g.log.Debug("gate event loop: could not stop watching a handed-off connection", "error", err)
 	}
-	f := os.NewFile(uintptr(c.fd), "gate-client")
+	f := os.NewFile(uintptr(c.FD), "gate-client")
 	nc, err := net.FileConn(f) // a duplicate, in Go's poller
 	f.Close()
 	if err != nil {
 		l.e.s.limit.Release()
 		return
 	}
-	h := &handedConn{pre: bytes.Clone(c.in), e: l.e}
+	h := &handedConn{pre: bytes.Clone(c.In), e: l.e}
 	h.Conn = connlimit.Counted(nc, func() {
 		l.e.mu.Lock()
 		delete(l.e.handed, h)
@@ -731,7 +662,7 @@ func (l *eventLoop) handoff(c *loopConn) {
 // forget drops c from the loop's tables.
 func (l *eventLoop) forget(c *loopConn) {
 	delete(l.clients, c)
-	delete(l.fds, c.fd)
+	delete(l.fds, c.FD)
 	l.unqueue(c)
 }
 
@@ -778,33 +709,6 @@ func (e *loopEngine) setIdle(c net.Conn, idle bool) {
 	if idle && e.closing.Load() {
 		_ = h.Close()
 	}
-}
-
-// rawRead and rawWrite are read(2) and write(2) on a non-blocking socket,
-// without telling the Go scheduler: they never block, and the loops make
-// two of each per request.
-func rawRead(fd int, p []byte) (int, error) {
-	n, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
-
-func rawWrite(fd int, p []byte) (int, error) {
-	n, _, errno := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
-
-// syscallErr wraps a failed socket call as the net package would.
-func syscallErr(op string, err error) error {
-	if err == nil {
-		return nil
-	}
-	return &net.OpError{Op: op, Net: "tcp", Err: os.NewSyscallError(op, err)}
 }
 
 var (

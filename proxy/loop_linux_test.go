@@ -559,7 +559,7 @@ func TestLoopReadsAheadAtMostOnce(t *testing.T) {
 		for _, l := range gs.srv.loops.Load().loops {
 			l.call(func() {
 				for lc := range l.clients {
-					n += len(lc.in)
+					n += len(lc.In)
 				}
 			})
 		}

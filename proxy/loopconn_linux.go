@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
+	"github.com/fencegate/fencegate/internal/evloop"
 	"github.com/fencegate/fencegate/internal/h1"
 )
 
@@ -52,7 +53,7 @@ func (c *loopConn) enter(st connState) {
 	c.state = st
 	switch st {
 	case stHead:
-		if c.served == 0 || len(c.in) > 0 {
+		if c.served == 0 || len(c.In) > 0 {
 			c.deadline = now.Add(s.headerTimeout)
 		} else {
 			c.deadline = now.Add(s.idleTimeout)
@@ -76,7 +77,7 @@ func (c *loopConn) enter(st connState) {
 // net.Conn only as far as fasthttp.RequestCtx asks (the addresses): the
 // loop does the I/O.
 type loopConn struct {
-	sock
+	evloop.Sock
 	l        *eventLoop
 	remote   *net.TCPAddr
 	state    connState
@@ -115,7 +116,7 @@ type relayState struct {
 
 func (c *loopConn) ready(ev uint32) {
 	c.l.touch(c)
-	c.note(c.l, ev)
+	c.Note(c.l.p, ev)
 	c.run()
 }
 
@@ -123,7 +124,7 @@ func (c *loopConn) ready(ev uint32) {
 func (c *loopConn) run() {
 	c.l.touch(c)
 	for !c.closed {
-		if c.err != nil || c.up != nil && c.up.err != nil {
+		if c.Err != nil || c.up != nil && c.up.Err != nil {
 			c.sockFailed()
 			return
 		}
@@ -160,13 +161,13 @@ func (c *loopConn) run() {
 // sockets (sock.broke): the client's closes c; the upstream's fails the
 // exchange as a broken upstream connection would, or cuts off a relay.
 func (c *loopConn) sockFailed() {
-	if c.err != nil {
+	if c.Err != nil {
 		c.close()
 		return
 	}
 	switch c.state {
 	case stSend, stResponse:
-		c.upstreamBroke(c.up.err)
+		c.upstreamBroke(c.up.Err)
 	default:
 		c.cutOff()
 	}
@@ -175,7 +176,7 @@ func (c *loopConn) sockFailed() {
 // flush writes c.out, or queues it for the end of the pass (see
 // writeLater); false while some is left (or c failed).
 func (c *loopConn) flush() bool {
-	if len(c.out) > 0 && c.l.writeLater(c, &c.sock) {
+	if len(c.out) > 0 && c.l.writeLater(c, &c.Sock) {
 		return false
 	}
 	return c.flushNow()
@@ -183,7 +184,7 @@ func (c *loopConn) flush() bool {
 
 // flushNow writes c.out at once, as far as the socket takes it.
 func (c *loopConn) flushNow() bool {
-	n, err := c.write(c.l, c.out)
+	n, err := c.Sock.Write(c.l.p, c.out)
 	if err != nil {
 		c.close() // the client is gone
 		return false
@@ -198,120 +199,12 @@ func (c *loopConn) flushNow() bool {
 	return true
 }
 
-// sock is a loop's socket as the loop sees it: its edge-triggered
-// readiness, remembered until a call returns EAGAIN, and what was read
-// from it and not consumed yet.
-type sock struct {
-	fd       int
-	in       []byte
-	keep     []byte // the array in starts on, reused once in is consumed
-	readable bool
-	writable bool
-	hup      bool // the peer closed or failed: read to the end
-	eof      bool
-	err      error // the loop could not change its epoll registration: its owner closes it
-}
-
-// note records the readiness an epoll event reports; writable again after
-// a blocked write, the socket is no longer watched for writing.
-func (s *sock) note(l *eventLoop, ev uint32) {
-	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		s.readable = true
-	}
-	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		s.hup = true
-	}
-	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 && !s.writable {
-		s.writable = true
-		if err := l.watch(s.fd, unix.EPOLL_CTL_MOD, false); err != nil {
-			s.broke(err)
-		}
-	}
-}
-
-// broke records that s's epoll registration could not be changed: s is
-// then neither read nor written, and its owner closes it (a socket whose
-// readiness the loop can no longer follow would stall to its deadline).
-func (s *sock) broke(err error) {
-	if s.err == nil {
-		s.err = syscallErr("epoll_ctl", err)
-	}
-	s.readable, s.writable, s.eof = false, false, true
-}
-
-// write writes p to the socket until all of it is written, a write would
-// block (the socket is then watched for writing until it is writable
-// again), or a write fails; it returns how much it wrote.
-func (s *sock) write(l *eventLoop, p []byte) (int, error) {
-	n := 0
-	for n < len(p) && s.writable {
-		m, err := rawWrite(s.fd, p[n:])
-		switch err {
-		case nil:
-			n += m
-		case unix.EINTR:
-		case unix.EAGAIN:
-			s.writable = false
-			if err := l.watch(s.fd, unix.EPOLL_CTL_MOD, true); err != nil {
-				s.broke(err)
-				return n, s.err
-			}
-		default:
-			return n, err
-		}
-	}
-	return n, s.err
-}
-
-// fill reads what the peer sent into s.in, through buf; false when
-// nothing was read (EAGAIN, the end of the stream, or an error: eof).
-func (s *sock) fill(buf []byte) bool {
-	if !s.readable || s.eof {
-		return false
-	}
-	n, err := rawRead(s.fd, buf)
-	return s.took(buf, n, err)
-}
-
-// took records a read into buf that gave n bytes, or err: the bytes go to
-// s.in, and the readiness follows (a short read drained the socket). It
-// reports what fill reports.
-func (s *sock) took(buf []byte, n int, err error) bool {
-	switch {
-	case err == unix.EINTR:
-		return true
-	case err == unix.EAGAIN:
-		s.readable = false
-		return false
-	case err != nil || n == 0:
-		s.eof = true
-		s.readable = false
-		return false
-	}
-	if n < len(buf) && !s.hup {
-		s.readable = false // drained: the next byte is a new edge (the end of the stream is not)
-	}
-	if len(s.in) == 0 {
-		if cap(s.keep) > keepBuffer {
-			s.keep = nil // one large read does not pin its buffer
-		}
-		s.in = append(s.keep[:0], buf[:n]...)
-		s.keep = s.in
-	} else {
-		s.in = append(s.in, buf[:n]...)
-	}
-	return true
-}
-
-// keepBuffer is the largest read buffer a socket keeps between reads.
-const keepBuffer = 16 << 10
-
 // expire fires c's deadline.
 func (c *loopConn) expire() {
 	c.l.touch(c)
 	switch c.state {
 	case stHead:
-		if len(c.in) == 0 {
+		if len(c.In) == 0 {
 			c.close() // idle, or nothing sent in time
 			return
 		}
@@ -346,7 +239,7 @@ func (c *loopConn) close() {
 	c.closed = true
 	c.l.forget(c)
 	c.fdClosed = true
-	unix.Close(c.fd)
+	unix.Close(c.FD)
 	c.l.e.s.limit.Release()
 	if u := c.detach(); u != nil {
 		u.close()

@@ -103,8 +103,8 @@ func (l *eventLoop) abandon(c *loopConn) {
 			l.forget(c)
 			if !c.fdClosed {
 				c.fdClosed = true
-				_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
-				unix.Close(c.fd)
+				_ = l.p.Remove(c.FD)
+				unix.Close(c.FD)
 			}
 		}
 	}()

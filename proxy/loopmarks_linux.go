@@ -272,7 +272,7 @@ func (m *markConn) fail(err error) {
 	}
 	m.batch = nil
 	fd := m.r.Fd()
-	_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, fd, nil) // closing fd below removes it from the set anyway
+	_ = l.p.Remove(fd) // closing fd below removes it from the set anyway
 	delete(l.fds, fd)
 	_ = m.r.Close()
 	l.marks.conn = nil

@@ -18,17 +18,17 @@ import (
 func (c *loopConn) readHead() bool {
 	s := c.l.e.s
 	for {
-		if end := h1.HeadEnd(c.in); end >= 0 {
+		if end := h1.HeadEnd(c.In); end >= 0 {
 			return c.parseHead(end)
 		}
-		if len(c.in) >= s.maxHead || h1.BareLineEnd(c.in) {
+		if len(c.In) >= s.maxHead || h1.BareLineEnd(c.In) {
 			c.l.handoff(c) // fasthttp refuses it (431, 400) or waits for more
 			return false
 		}
-		started := len(c.in) > 0
-		if !c.fill(c.l.buf) {
-			if c.eof {
-				if len(c.in) == 0 {
+		started := len(c.In) > 0
+		if !c.Fill(c.l.buf) {
+			if c.EOF {
+				if len(c.In) == 0 {
 					c.close()
 				} else {
 					c.l.handoff(c) // a head cut short: fasthttp answers it
@@ -44,7 +44,7 @@ func (c *loopConn) readHead() bool {
 	}
 }
 
-// parseHead parses the head in c.in[:n]: first with h1's strict parser,
+// parseHead parses the head in c.In[:n]: first with h1's strict parser,
 // which accepts only heads net/http reads the same way (one valid Host
 // among them), then with fasthttp's request parser, which fills the
 // request the gate decides on; the two must agree on the body's length. A
@@ -52,7 +52,7 @@ func (c *loopConn) readHead() bool {
 // parser and answers then judge it.
 func (c *loopConn) parseHead(n int) bool {
 	l := c.l
-	head := c.in[:n]
+	head := c.In[:n]
 	if err := h1.ParseRequest(head, &l.head); err != nil || l.head.ContentLength < 0 {
 		l.handoff(c)
 		return false
@@ -68,7 +68,7 @@ func (c *loopConn) parseHead(n int) bool {
 		l.handoff(c)
 		return false
 	}
-	c.in = c.in[n:]
+	c.In = c.In[n:]
 	c.bodyLen = max(req.Header.ContentLength(), 0)
 	c.enter(stBody)
 	return true
@@ -91,9 +91,9 @@ func (c *loopConn) plain() bool {
 
 // readBody waits for the request's body, then starts the exchange.
 func (c *loopConn) readBody() bool {
-	for len(c.in) < c.bodyLen {
-		if !c.fill(c.l.buf) {
-			if c.eof {
+	for len(c.In) < c.bodyLen {
+		if !c.Fill(c.l.buf) {
+			if c.EOF {
 				c.start(io.ErrUnexpectedEOF)
 				return true
 			}
@@ -101,8 +101,8 @@ func (c *loopConn) readBody() bool {
 		}
 	}
 	if c.bodyLen > 0 {
-		c.ctx.Request.SetBody(c.in[:c.bodyLen])
-		c.in = c.in[c.bodyLen:]
+		c.ctx.Request.SetBody(c.In[:c.bodyLen])
+		c.In = c.In[c.bodyLen:]
 	}
 	c.start(nil)
 	return true

@@ -145,13 +145,13 @@ func (c *loopConn) relayBody() bool {
 		if len(c.out) >= loopReadBuffer && !c.flush() {
 			return false // the client reads slowly: wait for it
 		}
-		if !u.fill(u.l.buf) {
-			if u.eof && r.left == h1.UntilClose {
+		if !u.Fill(u.l.buf) {
+			if u.EOF && r.left == h1.UntilClose {
 				u.reusable = false
 				c.out = append(c.out, h1.LastChunk...)
 				break // the end of a body delimited by the close
 			}
-			if u.eof {
+			if u.EOF {
 				c.cutOff() // the upstream broke off its answer
 			} else if !c.flush() {
 				return false
@@ -159,7 +159,7 @@ func (c *loopConn) relayBody() bool {
 			return false
 		}
 	}
-	if len(u.in) > 0 {
+	if len(u.In) > 0 {
 		u.reusable = false // bytes past the response's end
 	}
 	c.finish()
@@ -171,15 +171,15 @@ func (c *loopConn) relayBody() bool {
 func (c *loopConn) take() bool {
 	u := c.up
 	r := &c.relay
-	if r.noBody || r.left == 0 || len(u.in) == 0 {
+	if r.noBody || r.left == 0 || len(u.In) == 0 {
 		return true
 	}
-	p := u.in
+	p := u.In
 	switch {
 	case r.left == h1.UntilClose: // chunked here: the client's connection stays open
 		c.out = h1.AppendChunkHeader(c.out, len(p))
 		c.out = append(append(c.out, p...), "\r\n"...)
-		u.in = u.in[:0]
+		u.In = u.In[:0]
 		return true
 	case r.left > 0:
 		p = p[:min(int64(len(p)), r.left)]
@@ -196,7 +196,7 @@ func (c *loopConn) take() bool {
 		}
 	}
 	c.out = append(c.out, p...)
-	u.in = u.in[len(p):]
+	u.In = u.In[len(p):]
 	return true
 }
 
@@ -219,7 +219,7 @@ func (c *loopConn) answer() {
 // the pool, and c waits for its next request.
 func (c *loopConn) finish() {
 	if u := c.detach(); u != nil {
-		if u.reusable && len(u.in) == 0 && !c.l.e.closing.Load() {
+		if u.reusable && len(u.In) == 0 && !c.l.e.closing.Load() {
 			u.release()
 		} else {
 			u.close()
@@ -232,7 +232,7 @@ func (c *loopConn) finish() {
 	c.served++
 	c.ctx.Request.Reset()
 	c.ctx.Response.Reset()
-	if c.closeEnd || c.eof {
+	if c.closeEnd || c.EOF {
 		c.enter(stClosing)
 		return
 	}

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fencegate/fencegate/internal/evloop"
 	"github.com/fencegate/fencegate/internal/h1"
 )
 
@@ -45,14 +46,14 @@ func (c *loopConn) forward(t flight) {
 // send writes the request to the upstream connection, or queues it for
 // the end of the pass (see writeLater).
 func (c *loopConn) send() bool {
-	if c.sent < len(c.req) && c.l.writeLater(c, &c.up.sock) {
+	if c.sent < len(c.req) && c.l.writeLater(c, &c.up.Sock) {
 		return false
 	}
-	n, err := c.up.write(c.l, c.req[c.sent:])
+	n, err := c.up.Write(c.l.p, c.req[c.sent:])
 	c.sent += n
 	switch {
 	case err != nil:
-		c.upstreamBroke(syscallErr("write", err))
+		c.upstreamBroke(evloop.SyscallErr("write", err))
 		return true
 	case c.sent < len(c.req):
 		return false
@@ -67,14 +68,14 @@ func (c *loopConn) readResponse() bool {
 	u := c.up
 	l := c.l
 	for {
-		end := h1.HeadEnd(u.in)
+		end := h1.HeadEnd(u.In)
 		if end < 0 {
-			if len(u.in) > upstreamReadBuffer {
+			if len(u.In) > upstreamReadBuffer {
 				c.upstreamBroke(errUpstreamHead)
 				return true
 			}
-			if !u.fill(u.l.buf) {
-				if u.eof {
+			if !u.Fill(u.l.buf) {
+				if u.EOF {
 					c.upstreamBroke(errUpstreamClosed)
 					return true
 				}
@@ -82,13 +83,13 @@ func (c *loopConn) readResponse() bool {
 			}
 			continue
 		}
-		// The head's fields alias u.in until answered has copied them
+		// The head's fields alias u.In until answered has copied them
 		// to c.out, before u reads again.
-		if err := h1.ParseResponse(u.in[:end], &l.resp); err != nil {
+		if err := h1.ParseResponse(u.In[:end], &l.resp); err != nil {
 			c.upstreamBroke(errUpstreamHead)
 			return true
 		}
-		u.in = u.in[end:]
+		u.In = u.In[end:]
 		status := l.resp.Status
 		if status >= 100 && status < 200 {
 			if status == http.StatusSwitchingProtocols {
@@ -130,7 +131,7 @@ func (c *loopConn) upstreamFailed(err error) {
 // may have been closed by the upstream while idle); a write never is.
 func (c *loopConn) upstreamBroke(err error) {
 	u := c.up
-	if u != nil && u.reused && !c.retried && len(u.in) == 0 && safeMethod(c.x.method) && err != errUpstreamHead {
+	if u != nil && u.reused && !c.retried && len(u.In) == 0 && safeMethod(c.x.method) && err != errUpstreamHead {
 		c.detach().close()
 		c.retried = true
 		c.sent = 0
@@ -144,7 +145,7 @@ func (c *loopConn) upstreamBroke(err error) {
 // upConn is a connection to the upstream, owned by a loop: attached to one
 // client connection while a request uses it, idle in the pool otherwise.
 type upConn struct {
-	sock
+	evloop.Sock
 	l         *eventLoop
 	client    *loopConn
 	reused    bool // it served a request before
@@ -154,18 +155,18 @@ type upConn struct {
 }
 
 func (u *upConn) ready(ev uint32) {
-	u.note(u.l, ev)
+	u.Note(u.l.p, ev)
 	if c := u.client; c != nil {
 		c.run()
 		return
 	}
-	if u.err != nil {
+	if u.Err != nil {
 		u.close()
 		return
 	}
 	// Idle: anything from the upstream now (its close, or bytes no
 	// request asked for, maybe read ahead) ends the connection.
-	if len(u.in) > 0 || u.eof || u.readable && (u.fill(u.l.buf) || u.eof) {
+	if len(u.In) > 0 || u.EOF || u.Readable && (u.Fill(u.l.buf) || u.EOF) {
 		u.close()
 	}
 }
@@ -181,7 +182,7 @@ func (u *upConn) attach(c *loopConn) {
 func (u *upConn) release() {
 	l := u.l
 	u.reused = true
-	u.in = u.in[:0]
+	u.In = u.In[:0]
 	if len(l.waiting) > 0 {
 		c := popFront(&l.waiting)
 		u.attach(c)
@@ -204,7 +205,7 @@ func (u *upConn) close() {
 			break
 		}
 	}
-	delete(l.fds, u.fd)
-	unix.Close(u.fd)
+	delete(l.fds, u.FD)
+	unix.Close(u.FD)
 	l.e.upConns.Add(-1)
 }
