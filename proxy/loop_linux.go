@@ -97,7 +97,7 @@ type loopEngine struct {
 // speak plain TCP only).
 func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 	tl, ok := ln.(*net.TCPListener)
-	if !ok || s.g.client.IsTLS || s.noLoops {
+	if !ok || s.g.upstream.Scheme != "http" || s.g.noWriteReuse || s.noLoops {
 		return nil, nil
 	}
 	raw, err := tl.SyscallConn()
@@ -116,7 +116,7 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 		unix.Close(lnFD)
 		return nil, err
 	}
-	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.client.MaxConns), done: make(chan struct{}),
+	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.upstreamConns), done: make(chan struct{}),
 		handed: make(map[*handedConn]bool)}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	for range loopCount(runtime.GOMAXPROCS(0)) {
@@ -561,7 +561,7 @@ func (l *eventLoop) dial(c *loopConn) {
 	c.dialing = true
 	g := l.e.g
 	l.e.goTracked(func() {
-		fd, err := dialFD(l.e.ctx, g.client.Addr)
+		fd, err := dialFD(l.e.ctx, g.dialer.addr)
 		posted := l.post(func() {
 			fail := func(err error) {
 				if c.dialing {
@@ -656,7 +656,7 @@ func (l *eventLoop) handoff(c *loopConn) {
 	l.e.mu.Lock()
 	l.e.handed[h] = false
 	l.e.mu.Unlock()
-	l.e.goTracked(func() { _ = l.e.s.srv.ServeConn(h) })
+	l.e.goTracked(func() { l.e.s.serveHanded(h) })
 }
 
 // forget drops c from the loop's tables.
