@@ -81,6 +81,7 @@ type Config struct {
 	IdleTimeout       time.Duration `env:"IDLE_TIMEOUT" envDefault:"2m" help:"how long an idle keep-alive connection stays open, a duration > 0"`
 	MaxConns          int           `env:"MAX_CONNS" envDefault:"4096" help:"most concurrent client connections per listener (> 0); beyond it a connection is answered 503 too-many-connections and closed, while a small reserve keeps /livez and /readyz answering"`
 	IOURing           bool          `env:"IO_URING" envDefault:"true" help:"true or false: on Linux the gate's event loops batch their socket reads and writes through io_uring where the kernel allows it (5.12 or later); false makes one system call per read and write"`
+	MarkReaders       bool          `env:"MARK_READERS" envDefault:"true" help:"true or false: on Linux with a single-node Valkey store, each event loop reads high-water marks over a store connection of its own, inside the loop; false admits every write through the store's client (valkey-go's pipelining)"`
 
 	ReadyWithoutStore bool          `env:"READY_WITHOUT_STORE" envDefault:"false" help:"true or false: keep /readyz at 200 while the store does not answer, so reads through the gate keep flowing (writes and lease calls still fail closed with 503); false takes the process out of its load balancer until the store answers"`
 	DrainDelay        time.Duration `env:"DRAIN_DELAY" envDefault:"0s" help:"after SIGTERM, how long /readyz answers 503 before the listeners close, a duration >= 0"`

@@ -249,6 +249,7 @@ func (l *listener) listen() error {
 			Logger:        l.log,
 			NoIOURing:     !l.cfg.IOURing,
 			H2C:           l.cfg.ProxyH2C,
+			NoMarkReaders: !l.cfg.MarkReaders,
 		}
 		if l.tls != nil {
 			opts.TLS = l.tls.TLSConfig() // HTTP/2 by ALPN; certificates re-read on SIGHUP
