@@ -109,13 +109,13 @@ func (s *Store) liveLease(ctx context.Context, res string) (*fencing.Lease, erro
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case r[0] == "NONE":
-		return nil, nil
-	case r[0] == "LIVE" && len(r) == 6:
-		if l, ok := lease(res, r[1], r[2:]); ok {
-			return &l, nil
-		}
+	l, n := decodeList(r)
+	if err := n.err(); err != nil {
+		return nil, err
 	}
-	return nil, corrupt("list", r)
+	if !l.live {
+		return nil, nil
+	}
+	lease := l.lease.of(res, l.owner)
+	return &lease, nil
 }

@@ -33,22 +33,15 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 	if err != nil {
 		return fencing.Lease{}, err
 	}
-	switch {
-	case r[0] == "OK" && len(r) == 6:
-		l, ok1 := lease(req.Resource, req.Owner, r[1:5])
-		floor, ok2 := parseToken(r[5])
-		if ok1 && ok2 {
-			s.seen.observe(req.Resource, l.Token, floor)
-			return l, nil
-		}
-	case r[0] == "HELD" && len(r) == 4:
-		exp, ok1 := parseMillis(r[2])
-		now, ok2 := parseMillis(r[3])
-		if ok1 && ok2 {
-			return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: r[1], ExpiresAt: fromMillis(exp), Now: fromMillis(now)}
-		}
+	a, n := decodeAcquire(r)
+	if err := n.err(); err != nil {
+		return fencing.Lease{}, err
 	}
-	return fencing.Lease{}, corrupt("acquire", r)
+	if a.held {
+		return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: a.holder, ExpiresAt: fromMillis(a.expiresMs), Now: fromMillis(a.nowMs)}
+	}
+	s.seen.observe(req.Resource, a.lease.token, a.floor)
+	return a.lease.of(req.Resource, req.Owner), nil
 }
 
 // Renew implements fencing.Store.
@@ -65,7 +58,19 @@ func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest) (fencing.Le
 	if err != nil {
 		return fencing.Lease{}, err
 	}
-	return leaseReply("renew", req.Resource, req.Owner, r)
+	return renewed("renew", req.Resource, req.Owner, r)
+}
+
+// renewed is the answer of Renew and Checkpoint from the script's reply.
+func renewed(op, res, owner string, r []string) (fencing.Lease, error) {
+	l, n := decodeLease(op, r)
+	if err := n.err(); err != nil {
+		return fencing.Lease{}, err
+	}
+	if l.lost {
+		return fencing.Lease{}, leaseLost(res)
+	}
+	return l.lease.of(res, owner), nil
 }
 
 // Release implements fencing.Store. It is never retried (a retry after a
@@ -83,13 +88,14 @@ func (s *Store) Release(ctx context.Context, req fencing.ReleaseRequest) (bool, 
 	if err != nil {
 		return false, err
 	}
-	switch {
-	case r[0] == "OK" && len(r) == 2:
-		return r[1] == "1", nil
-	case r[0] == "LOST":
+	rr, n := decodeRelease(r)
+	if err := n.err(); err != nil {
+		return false, err
+	}
+	if rr.lost {
 		return false, leaseLost(req.Resource)
 	}
-	return false, corrupt("release", r)
+	return rr.released, nil
 }
 
 // Checkpoint implements fencing.Store.
@@ -103,7 +109,7 @@ func (s *Store) Checkpoint(ctx context.Context, req fencing.CheckpointRequest) (
 	if err != nil {
 		return fencing.Lease{}, err
 	}
-	return leaseReply("checkpoint", req.Resource, req.Owner, r)
+	return renewed("checkpoint", req.Resource, req.Owner, r)
 }
 
 // ReadCheckpoint implements fencing.Store. A checkpoint exists when the
@@ -122,14 +128,14 @@ func (s *Store) ReadCheckpoint(ctx context.Context, resource string) (fencing.Ch
 	if err != nil {
 		return fencing.Checkpoint{}, err
 	}
-	r, ok := parseRecord(resource, f)
-	if !ok || len(f) != 18 {
-		return fencing.Checkpoint{}, corrupt("read checkpoint", f)
+	r, n := decodeRecord("read checkpoint", resource, f, true)
+	if err := n.err(); err != nil {
+		return fencing.Checkpoint{}, err
 	}
 	if r.saved == nil {
 		return fencing.Checkpoint{}, fmt.Errorf("%w for %q", fencing.ErrNoCheckpoint, resource)
 	}
-	state := []byte(f[17])
+	state := r.state
 	if !json.Valid(state) {
 		return fencing.Checkpoint{}, fmt.Errorf("valkeystore: the checkpoint state of %q is not valid JSON (its key was changed outside fencegate)", resource)
 	}
@@ -145,9 +151,9 @@ func (s *Store) Status(ctx context.Context, resource string) (fencing.Status, er
 	if err != nil {
 		return fencing.Status{}, err
 	}
-	r, ok := parseRecord(resource, f)
-	if !ok {
-		return fencing.Status{}, corrupt("status", f)
+	r, n := decodeRecord("status", resource, f, false)
+	if err := n.err(); err != nil {
+		return fencing.Status{}, err
 	}
 	return fencing.Status{Resource: resource, Issued: r.issued, HighWater: r.highWater, Lease: r.live, Previous: r.previous, Checkpoint: r.saved}, nil
 }
@@ -180,50 +186,41 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	if err != nil {
 		return fencing.Admission{}, err
 	}
-	if r[0] == "WAIT" && len(r) == 1 && s.waitReplicas > 0 {
-		if r, err = s.admitWaiting(ctx, req, live); err != nil {
+	a, ok := decodeAdmit(r, false)
+	if !ok || a.kind == admitWait && s.waitReplicas == 0 {
+		return fencing.Admission{}, corrupt("admit", r)
+	}
+	if a.kind == admitWait {
+		if a, err = s.admitWaiting(ctx, req, live); err != nil {
 			return fencing.Admission{}, err
 		}
 	}
-	return s.admitReply(ctx, req, r, top, before, known)
+	return s.admitted(ctx, req, a, top, before, known)
 }
 
-// admitReply decodes admit.lua's reply (shared with the shared barrier's
-// admit_register.lua) and checks it against what this Store had seen
-// before sending the call (top, before, known: see checkNotLost).
-func (s *Store) admitReply(ctx context.Context, req fencing.AdmitRequest, r []string, top fencing.Token, before seenRecord, known bool) (fencing.Admission, error) {
-	switch {
-	case r[0] == "OK" && (len(r) == 5 || len(r) == 6 && s.waitReplicas > 0):
-		issued, ok1 := parseToken(r[1])
-		hw, ok2 := parseToken(r[2])
-		floor, ok3 := parseToken(r[len(r)-1])
-		if ok1 && ok2 && ok3 {
-			if err := s.checkNotLost(ctx, req.Resource, top, before, known, issued, floor); err != nil {
-				return fencing.Admission{}, err
-			}
-			return fencing.Admission{Resource: req.Resource, Token: req.Token, HighWater: hw, Issued: issued, Raised: r[3] == "1"}, nil
+// admitted is the answer to an admission from admit.lua's reply (also
+// admit_register.lua's), checked against what this Store had seen before
+// sending the call (top, before, known: see checkNotLost).
+func (s *Store) admitted(ctx context.Context, req fencing.AdmitRequest, a admitReply, top fencing.Token, before seenRecord, known bool) (fencing.Admission, error) {
+	switch a.kind {
+	case admitOK:
+		if err := s.checkNotLost(ctx, req.Resource, top, before, known, a.issued, a.floor); err != nil {
+			return fencing.Admission{}, err
 		}
-	case r[0] == "NOTISSUED" && len(r) == 3:
-		issued, ok1 := parseToken(r[1])
-		floor, ok2 := parseToken(r[2])
-		if ok1 && ok2 {
-			if err := s.checkNotLost(ctx, req.Resource, top, before, known, issued, floor); err != nil {
-				return fencing.Admission{}, err
-			}
-			return fencing.Admission{}, &fencing.TokenNotIssuedError{Resource: req.Resource, Token: req.Token, Issued: issued}
+		return fencing.Admission{Resource: req.Resource, Token: req.Token, HighWater: a.hw, Issued: a.issued, Raised: a.raised}, nil
+	case admitNotIssued:
+		if err := s.checkNotLost(ctx, req.Resource, top, before, known, a.issued, a.floor); err != nil {
+			return fencing.Admission{}, err
 		}
-	case r[0] == "STALE" && len(r) == 2:
-		if hw, ok := parseToken(r[1]); ok {
-			return fencing.Admission{}, &fencing.StaleTokenError{Resource: req.Resource, Token: req.Token, HighWater: hw}
-		}
-	case r[0] == "FLOOR" && len(r) == 2:
-		if next, ok := parseToken(r[1]); ok {
-			return fencing.Admission{}, &fencing.StaleTokenError{Resource: req.Resource, Token: req.Token, HighWater: next, BeforeLoss: true}
-		}
-	case r[0] == "NOTHELD":
+		return fencing.Admission{}, &fencing.TokenNotIssuedError{Resource: req.Resource, Token: req.Token, Issued: a.issued}
+	case admitStale:
+		return fencing.Admission{}, &fencing.StaleTokenError{Resource: req.Resource, Token: req.Token, HighWater: a.hw}
+	case admitFloor:
+		return fencing.Admission{}, &fencing.StaleTokenError{Resource: req.Resource, Token: req.Token, HighWater: a.hw, BeforeLoss: true}
+	case admitNotHeld:
 		return fencing.Admission{}, fmt.Errorf("%w: no live lease on %q holds token %d", fencing.ErrLeaseNotHeld, req.Resource, req.Token)
 	}
-	return fencing.Admission{}, corrupt("admit", r)
+	return fencing.Admission{}, fmt.Errorf("%w: admit: unexpected outcome %d", fencing.ErrAmbiguous, a.kind)
 }
 
 // checkNotLost compares a resource's issued counter and floor as the server
@@ -248,14 +245,10 @@ func (s *Store) checkNotLost(ctx context.Context, res string, top fencing.Token,
 	if err != nil {
 		return fmt.Errorf("%w; lifting it failed: %w", lost, err)
 	}
-	if r[0] != "OK" || len(r) != 3 {
-		return fmt.Errorf("%w; lift: %w", lost, corrupt("lift", r))
+	l, n := decodeLift(r)
+	if err := n.err(); err != nil {
+		return fmt.Errorf("%w; lift: %w", lost, err)
 	}
-	newIssued, ok1 := parseToken(r[1])
-	newFloor, ok2 := parseToken(r[2])
-	if !ok1 || !ok2 {
-		return fmt.Errorf("%w; lift: %w", lost, corrupt("lift", r))
-	}
-	s.seen.observe(res, newIssued, newFloor)
-	return fmt.Errorf("%w; it now refuses every token up to %d", lost, newFloor)
+	s.seen.observe(res, l.issued, l.floor)
+	return fmt.Errorf("%w; it now refuses every token up to %d", lost, l.floor)
 }
