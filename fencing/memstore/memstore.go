@@ -7,7 +7,6 @@ package memstore
 import (
 	"context"
 	"sort"
-	"strings"
 	"sync"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -175,7 +174,7 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 	now := s.clock.Now()
 	names := make([]string, 0, len(s.records))
 	for name := range s.records {
-		if strings.HasPrefix(name, req.Prefix) {
+		if req.Wants(name) {
 			names = append(names, name)
 		}
 	}
