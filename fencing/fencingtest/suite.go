@@ -75,4 +75,10 @@ var cases = []testCase{
 	{"BadListRequestRefused", testBadListRequestRefused, false},
 	// Faults.
 	{"ClosedStoreFailsClosed", testClosedStoreFailsClosed, false},
+	// Tokens on the clock and retention (DESIGN §12).
+	{"TokensFollowClock", testTokensFollowClock, false},
+	{"RetentionRemovesIdle", testRetentionRemovesIdle, true},
+	{"RetentionKeepsWrittenRecord", testRetentionKeepsWrittenRecord, false},
+	{"ClockSteppedBack", testClockSteppedBack, false},
+	{"RestoreFromOlderCopy", testRestoreFromOlderCopy, false},
 }
