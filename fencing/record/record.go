@@ -150,7 +150,7 @@ func (r *Record) Acquire(req fencing.AcquireRequest, now time.Time) (fencing.Lea
 
 // AcquireAt applies fencing.Store.Acquire with tokens on the store's
 // clock: a new lease gets max(Issued+1, clock), clock being the store's
-// clock reading in µs (DESIGN §12). A fresh record (nothing issued yet)
+// clock reading in µs (DESIGN §12). A fresh record (never acquired)
 // also starts with its floor at clock-1 (see Lift), so every token issued
 // before the record existed (or before it was removed, lost or restored
 // from an older copy) is refused as stale, with the mark reported at
@@ -174,7 +174,7 @@ func (r *Record) AcquireAt(req fencing.AcquireRequest, now time.Time, clock fenc
 	if r.Last != nil {
 		r.Prior = r.ended()
 	}
-	if r.Issued == 0 && clock > 0 {
+	if r.Last == nil && clock > 0 { // never acquired: a fresh record
 		r.Floor = max(r.Floor, clock-1)
 	}
 	r.Issued = max(r.Issued+1, clock)
