@@ -134,6 +134,9 @@ type Store struct {
 	// read-write transactions, which bbolt runs one at a time.
 	marker  *markerFile
 	lineage lineage
+	// markerMu orders the marker's writes: before a commit (inside the
+	// write transaction) and after it (the committed generation, outside).
+	markerMu sync.Mutex
 
 	// marks answers admissions at the mark without a transaction.
 	marks marks
@@ -227,6 +230,7 @@ func Open(path string, opts Options) (*Store, error) {
 		marker.close()
 		return nil, fmt.Errorf("%w: initialize store file %s: %w", fencing.ErrUnavailable, path, err)
 	}
+	s.committed(s.lineage.gen)
 	if state == markerAbsent {
 		if err := syncDir(path); err != nil {
 			s.Close()
@@ -278,6 +282,7 @@ func (s *Store) checkLineage(meta *bolt.Bucket, fresh bool, state markerState, m
 		}
 	}
 	next := lineage{id: id, gen: max(file.gen, mk.gen) + 1, max: max(floor, mk.max)}
+	next.committed = file.gen // Open raises it once its transaction has committed
 	if state == markerOK && mk.id != id {
 		next.max = floor // another lineage's tokens are below floor already
 	}
@@ -300,8 +305,12 @@ func (s *Store) checkLineage(meta *bolt.Bucket, fresh bool, state markerState, m
 func (s *Store) LossDetected() string { return s.lossDetected }
 
 // bump records, before tx commits, that it issues a token or raises a mark
-// up to top: the marker first (fsynced), then the file's generation.
+// up to top: the marker first (fsynced), then the file's generation. Once
+// tx has committed, the marker's committed generation follows (see
+// lineage.go: a crash between the two writes is then told from a loss).
 func (s *Store) bump(tx *bolt.Tx, top fencing.Token) error {
+	s.markerMu.Lock()
+	defer s.markerMu.Unlock()
 	next := s.lineage
 	next.gen++
 	next.max = max(next.max, top)
@@ -309,7 +318,22 @@ func (s *Store) bump(tx *bolt.Tx, top fencing.Token) error {
 		return fmt.Errorf("write lineage marker: %w", err)
 	}
 	s.lineage = next
+	gen := next.gen
+	tx.OnCommit(func() { s.committed(gen) })
 	return putUint64(tx.Bucket(bucketMeta), keyGen, next.gen)
+}
+
+// committed records in the marker that the commit of generation gen
+// completed. A failed write is harmless: the marker then only lags, and a
+// later commit or Close writes it again.
+func (s *Store) committed(gen uint64) {
+	s.markerMu.Lock()
+	defer s.markerMu.Unlock()
+	if gen <= s.lineage.committed {
+		return
+	}
+	s.lineage.committed = gen
+	_ = s.marker.put(s.lineage)
 }
 
 // Path is the store file's path.
@@ -696,6 +720,13 @@ func (s *Store) Close() error {
 		return fmt.Errorf("boltstore: close %s: %w", s.path, err)
 	}
 	// After the database: no transaction can write the marker any more.
+	// Sync it, committed generation and all.
+	s.markerMu.Lock()
+	werr := s.marker.write(s.lineage)
+	s.markerMu.Unlock()
+	if werr != nil && !errors.Is(werr, os.ErrClosed) {
+		return fmt.Errorf("boltstore: close %s: %w", s.path+markerSuffix, werr)
+	}
 	if err := s.marker.close(); err != nil && !errors.Is(err, os.ErrClosed) {
 		return fmt.Errorf("boltstore: close %s: %w", s.path+markerSuffix, err)
 	}

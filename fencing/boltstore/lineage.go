@@ -24,15 +24,26 @@ import (
 // high-water mark. A small marker file beside it, PATH.lineage, repeats the
 // identity and generation, plus the highest token the file has issued. The
 // marker is written and fsynced before the commit it describes, so for a
-// file that lost nothing, marker generation == file generation (or the
-// marker is one ahead after a crash between the two writes).
+// file that lost nothing, marker generation == file generation, or the
+// marker is one ahead after a crash between the two writes.
+//
+// A crash is not a loss. To tell that crash from a file restored one commit
+// back, the marker also keeps the committed generation: the generation of
+// the last commit known to have completed, written (without an fsync of its
+// own) just after each such commit, and fsynced by Close. A process killed
+// between the marker and the commit leaves marker generation = committed
+// generation + 1 = file generation + 1: the commit never happened, nothing
+// it would have issued or raised was returned to anyone, and the file is
+// whole. A file whose generation is behind the committed generation lost
+// commits that completed. (After a power loss the unsynced committed
+// generation may lag; it is then only more lenient, by the commits since
+// the last fsync of the marker, with the file itself fsynced at each.)
 //
 // On Open the two are compared. The file is judged to have lost data when
 // it is new but a marker names an earlier file (deleted, or replaced by a
 // fresh one), when its identity differs from the marker's (replaced by
 // another store file), when its generation is behind the marker's
-// (restored from an older copy, or the last commit did not survive a
-// crash), or when the marker is missing or unreadable beside an existing
+// committed generation (restored from an older copy), or when the marker is missing or unreadable beside an existing
 // file (restored or moved without it). The store then sets its floor to
 // max(the highest token the marker records, the host clock in µs, the old
 // floor) and lifts every record to it when it is next read
@@ -54,19 +65,24 @@ import (
 // detected. Renewals, releases and checkpoints do not bump the generation:
 // an older copy that differs from the lost file only by those is not
 // detected (a released lease may look live again; a checkpoint may be
-// older). A false alarm (the crash between marker and commit) costs only
-// what a detected loss costs: tokens skip ahead and holders acquire again.
+// older). Markers of the first layout (FGLINE01) have no committed
+// generation: a crash between marker and commit is then judged a loss,
+// which costs only what a detected loss costs (tokens skip ahead and
+// holders acquire again); the first write after Open upgrades the marker.
 
 // markerSuffix names the marker file: PATH + markerSuffix.
 const markerSuffix = ".lineage"
 
-// Marker layout: magic, identity, generation, highest token, CRC32 (IEEE)
-// of what precedes it. Fixed size, written in place at offset 0 in one
-// write, far below a disk sector; a torn or foreign marker fails the CRC
-// and is treated as unreadable.
+// Marker layout: magic, identity, generation, highest token, committed
+// generation, CRC32 (IEEE) of what precedes it. Fixed size, written in
+// place at offset 0 in one write, far below a disk sector; a torn or
+// foreign marker fails the CRC and is treated as unreadable. The first
+// layout (markerMagicV1) lacks the committed generation and is still read.
 const (
-	markerMagic = "FGLINE01"
-	markerSize  = 8 + 16 + 8 + 8 + 4
+	markerMagic   = "FGLINE02"
+	markerSize    = 8 + 16 + 8 + 8 + 8 + 4
+	markerMagicV1 = "FGLINE01"
+	markerSizeV1  = 8 + 16 + 8 + 8 + 4
 )
 
 var (
@@ -75,11 +91,15 @@ var (
 	keyFloor = []byte("floor")
 )
 
-// lineage is a file's identity and generation, or a marker's (with max).
+// lineage is a file's identity and generation, or a marker's (with max
+// and committed).
 type lineage struct {
 	id  [16]byte
 	gen uint64
 	max fencing.Token // markers only: the highest token issued
+	// committed (markers only) is the generation of the last commit known
+	// to have completed; a first-layout marker reads as committed = gen.
+	committed uint64
 }
 
 func (l lineage) encode() []byte {
@@ -88,23 +108,37 @@ func (l lineage) encode() []byte {
 	copy(b[8:], l.id[:])
 	binary.BigEndian.PutUint64(b[24:], l.gen)
 	binary.BigEndian.PutUint64(b[32:], uint64(l.max))
-	binary.BigEndian.PutUint32(b[40:], crc32.ChecksumIEEE(b[:40]))
+	binary.BigEndian.PutUint64(b[40:], l.committed)
+	binary.BigEndian.PutUint32(b[48:], crc32.ChecksumIEEE(b[:48]))
 	return b
 }
 
 func decodeMarker(b []byte) (lineage, bool) {
-	if len(b) != markerSize || string(b[:8]) != markerMagic || binary.BigEndian.Uint32(b[40:]) != crc32.ChecksumIEEE(b[:40]) {
+	n := len(b)
+	switch {
+	case n == markerSize && string(b[:8]) == markerMagic:
+	case n == markerSizeV1 && string(b[:8]) == markerMagicV1:
+	default:
+		return lineage{}, false
+	}
+	if binary.BigEndian.Uint32(b[n-4:]) != crc32.ChecksumIEEE(b[:n-4]) {
 		return lineage{}, false
 	}
 	var l lineage
 	copy(l.id[:], b[8:24])
 	l.gen = binary.BigEndian.Uint64(b[24:])
 	l.max = fencing.Token(binary.BigEndian.Uint64(b[32:]))
+	l.committed = l.gen
+	if n == markerSize {
+		l.committed = binary.BigEndian.Uint64(b[40:])
+	}
 	return l, true
 }
 
-// markerFile is the open marker. Writes are serialized by bbolt's single
-// writer: they happen only inside read-write transactions.
+// markerFile is the open marker. Writes before a commit happen inside
+// read-write transactions (bbolt's single writer); the committed
+// generation is written after a commit, outside it: the Store's markerMu
+// orders the two.
 type markerFile struct {
 	f *os.File
 }
@@ -142,13 +176,19 @@ func openMarker(path string) (*markerFile, lineage, markerState, error) {
 
 // write replaces the marker's content and fsyncs it.
 func (m *markerFile) write(l lineage) error {
-	if _, err := m.f.WriteAt(l.encode(), 0); err != nil {
-		return err
-	}
-	if err := m.f.Truncate(markerSize); err != nil {
+	if err := m.put(l); err != nil {
 		return err
 	}
 	return m.f.Sync()
+}
+
+// put replaces the marker's content without an fsync: it survives the
+// process being killed, not necessarily a power loss.
+func (m *markerFile) put(l lineage) error {
+	if _, err := m.f.WriteAt(l.encode(), 0); err != nil {
+		return err
+	}
+	return m.f.Truncate(markerSize)
 }
 
 func (m *markerFile) close() error { return m.f.Close() }
@@ -203,8 +243,10 @@ func lossReason(fresh, hasID bool, file lineage, state markerState, mk lineage) 
 		return "the lineage marker beside the store file is unreadable"
 	case !bytes.Equal(mk.id[:], file.id[:]):
 		return "the store file is not the one its lineage marker names (the file was replaced)"
-	case mk.gen > file.gen:
-		return fmt.Sprintf("the store file is at generation %d, its lineage marker at %d (the file was restored from an older copy, or its last commit was lost in a crash)", file.gen, mk.gen)
+	case mk.committed > file.gen:
+		return fmt.Sprintf("the store file is at generation %d, its lineage marker saw generation %d committed (the file was restored from an older copy)", file.gen, mk.committed)
+	case mk.gen > file.gen+1:
+		return fmt.Sprintf("the store file is at generation %d, its lineage marker at %d (the file was restored from an older copy)", file.gen, mk.gen)
 	}
 	return ""
 }
