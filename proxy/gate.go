@@ -420,21 +420,38 @@ func (g *Gate) verdict(x *exchange, d Decision) pass {
 }
 
 // admitWrite admits fenced write x (passFence) in the store and waits for
-// its turn at the barrier. It returns the write's place, to forward under,
-// or false when x was refused (its answer set). It may wait: for the
-// store, and behind lower tokens in flight, up to BarrierTimeout.
+// its turn at the barrier, target by target in their fixed order (see
+// flights). It returns the write's place, to forward under, or false when
+// x was refused (its answer set, every place taken left). It may wait: for
+// the store, and behind lower tokens in flight, up to BarrierTimeout on
+// each target.
+//
+// This is the one admission pipeline: every engine's strategy (admitNow,
+// the loops' batches and mark reads) registers before it admits, as
+// order.admit does, and ends in waitTurn when the write cannot pass at
+// once.
 func (g *Gate) admitWrite(x *exchange, d Decision) (flight, bool) {
-	// Registered before (local barrier) or with (shared barrier) the
-	// admission check: any write admitted before this one is already
-	// registered, so the wait below cannot miss it. A write with a
-	// Destination registers and is admitted on both resources.
-	t, resource, adm, err := g.order.admit(x.ctx, d.Targets, d.Token)
-	x.audit.admitted(adm)
-	if err != nil {
-		g.refuseWrite(x, err, resource, d.Token)
-		return nil, false
+	var taken flights
+	for i, target := range d.Targets {
+		t, adm, err := g.order.admit(x.ctx, target)
+		if i == 0 {
+			x.audit.admitted(adm)
+		}
+		if err != nil {
+			taken.Leave()
+			g.refuseWrite(x, err, target.Resource, target.Token)
+			return nil, false
+		}
+		if !g.waitTurn(x, target, t) {
+			taken.Leave()
+			return nil, false
+		}
+		if len(d.Targets) == 1 {
+			return t, true // the common case, without a slice
+		}
+		taken = append(taken, t)
 	}
-	return t, g.waitTurn(x, d, t)
+	return taken, true
 }
 
 // admitNow is admitWrite without waiting, for the event loops: with this
@@ -449,8 +466,8 @@ func (g *Gate) admitNow(x *exchange, d Decision) (*barrier.Ticket, bool) {
 		return nil, false
 	}
 	target := d.Targets[0]
-	t := lo.b.Register(target.Resource, d.Token)
-	adm, ok := g.quick.AdmitNow(fencing.AdmitRequest{Resource: target.Resource, Token: d.Token, RequireLive: target.Strict})
+	t := lo.b.Register(target.Resource, target.Token)
+	adm, ok := g.quick.AdmitNow(fencing.AdmitRequest{Resource: target.Resource, Token: target.Token, RequireLive: target.Strict})
 	if !ok {
 		t.Leave()
 		return nil, false
@@ -470,16 +487,16 @@ func (g *Gate) passNow(t *barrier.Ticket) bool {
 	return now && err == nil
 }
 
-// waitTurn waits until admitted write x may be forwarded: no lower token
-// in flight on its resources. It reports false when x was refused (its
-// place left, its answer set).
-func (g *Gate) waitTurn(x *exchange, d Decision, t flight) bool {
+// waitTurn waits until write x, admitted on target, may be forwarded
+// there: no lower token in flight on target's resource. It reports false
+// when x was refused (its place t left, its answer set).
+func (g *Gate) waitTurn(x *exchange, target Target, t flight) bool {
 	err := g.wait(x.ctx, t)
 	if err == nil {
 		return true
 	}
 	t.Leave()
-	resource, token := d.Targets[0].Resource, d.Token
+	resource, token := target.Resource, target.Token
 	switch {
 	case errors.Is(err, barrier.ErrClosed):
 		p := problem.New(http.StatusServiceUnavailable, "gate-stopping",
@@ -491,7 +508,7 @@ func (g *Gate) waitTurn(x *exchange, d Decision, t flight) bool {
 	default:
 		p := problem.New(http.StatusServiceUnavailable, "barrier-timeout",
 			"a write with a lower token for this resource is still in flight through this gate (or, with the shared barrier, any gate), or the barrier is held closed after a write whose outcome is unknown (upstream timeout, body cut off, restart); this write was admitted but not forwarded: retry it with the same token")
-		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(g.order.heldUntil(d.Targets)))}}
+		p.Headers = http.Header{"Retry-After": {strconv.Itoa(retryAfter(g.order.heldUntil(target)))}}
 		g.refuseWrite(x, p, resource, token)
 	}
 	return false

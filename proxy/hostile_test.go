@@ -337,10 +337,11 @@ func (e *hostileEnv) resourceOf(r *Rule, method string, segs []string) string {
 // answer the contract gives it (DESIGN §4).
 func TestHostileClients(t *testing.T) {
 	const (
-		stale = "Fencing-Token: 1\r\n" // expired on job:1 and file:X; live on scratch, file:X-scratch
-		fresh = "Fencing-Token: 2\r\n" // the successor's on job:1 and file:X
-		asScr = "Fencing-Resource: scratch\r\n"
-		cl0   = "Content-Length: 0\r\n"
+		stale     = "Fencing-Token: 1\r\n" // expired on job:1 and file:X; live on scratch, file:X-scratch
+		fresh     = "Fencing-Token: 2\r\n" // the successor's on job:1 and file:X
+		staleDest = "Fencing-Destination-Token: 1\r\n"
+		asScr     = "Fencing-Resource: scratch\r\n"
+		cl0       = "Content-Length: 0\r\n"
 	)
 	req := func(line string, hdrs ...string) string {
 		return line + "\r\nHost: gate\r\n" + strings.Join(hdrs, "") + "\r\n"
@@ -396,10 +397,25 @@ func TestHostileClients(t *testing.T) {
 		{"h2c prior knowledge", false, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", []string{"400 invalid-request"}, 0},
 		{"CONNECT", false, req("CONNECT 127.0.0.1:1 HTTP/1.1", fresh, asScr), []string{"403 upgrade-denied"}, 0},
 		// WebDAV Destination: a second target, fenced too.
-		{"stale COPY onto a newer file", false, req("COPY /files/X-scratch HTTP/1.1", stale, "Destination: /files/X\r\n", cl0), []string{"409 stale-token"}, 0},
-		{"stale MOVE onto a newer file", false, req("MOVE /files/X-scratch HTTP/1.1", stale, "Destination: /files/X\r\n", cl0), []string{"409 stale-token"}, 0},
-		{"stale COPY, absolute Destination", false, req("COPY /files/X-scratch HTTP/1.1", stale, "Destination: http://gate/files/X\r\n", cl0), []string{"409 stale-token"}, 0},
-		{"COPY under a pass rule onto a fenced job", false, req("COPY /public/a HTTP/1.1", stale, "Destination: /jobs/1\r\n", cl0), []string{"409 stale-token"}, 0},
+		// The source's token is never judged on the Destination: another
+		// resource needs its own token, in Fencing-Destination-Token.
+		{"COPY onto another resource with the source's token only", false, req("COPY /files/X-scratch HTTP/1.1", stale, "Destination: /files/X\r\n", cl0), []string{"428 token-required"}, 0},
+		{"stale COPY onto a newer file", false, req("COPY /files/X-scratch HTTP/1.1", stale, staleDest, "Destination: /files/X\r\n", cl0), []string{"409 stale-token"}, 0},
+		{"stale MOVE onto a newer file", false, req("MOVE /files/X-scratch HTTP/1.1", stale, staleDest, "Destination: /files/X\r\n", cl0), []string{"409 stale-token"}, 0},
+		{"stale COPY, absolute Destination", false, req("COPY /files/X-scratch HTTP/1.1", stale, staleDest, "Destination: http://gate/files/X\r\n", cl0), []string{"409 stale-token"}, 0},
+		{"COPY under a pass rule onto a fenced job", false, req("COPY /public/a HTTP/1.1", stale, "Destination: /jobs/1\r\n", cl0), []string{"428 token-required"}, 0},
+		{"stale COPY under a pass rule onto a fenced job", false, req("COPY /public/a HTTP/1.1", staleDest, "Destination: /jobs/1\r\n", cl0), []string{"409 stale-token"}, 0},
+		// Host: one judgement on every engine; a value an upstream could
+		// read as a path, query or other host is refused.
+		{"Host with a path", false, strings.Replace(req("PUT /jobs/1 HTTP/1.1", fresh, cl0), "Host: gate", "Host: x/../jobs/b", 1), []string{"400 invalid-request"}, 0},
+		{"Host with a space", false, strings.Replace(req("PUT /jobs/1 HTTP/1.1", fresh, cl0), "Host: gate", "Host: x y", 1), []string{"400 invalid-request"}, 0},
+		{"Host with a backslash", false, strings.Replace(req("PUT /jobs/1 HTTP/1.1", fresh, cl0), "Host: gate", "Host: x\\y", 1), []string{"400 invalid-request"}, 0},
+		{"Host with an open bracket", false, strings.Replace(req("PUT /jobs/1 HTTP/1.1", fresh, cl0), "Host: gate", "Host: [::1", 1), []string{"400 invalid-request"}, 0},
+		{"Host with a query", false, strings.Replace(req("PUT /jobs/1 HTTP/1.1", fresh, cl0), "Host: gate", "Host: x?y", 1), []string{"400 invalid-request"}, 0},
+		{"Host with a fragment", false, strings.Replace(req("PUT /jobs/1 HTTP/1.1", fresh, cl0), "Host: gate", "Host: x#y", 1), []string{"400 invalid-request"}, 0},
+		{"Host percent-encoded", false, strings.Replace(req("PUT /jobs/1 HTTP/1.1", fresh, cl0), "Host: gate", "Host: %2e%2e", 1), []string{"400 invalid-request"}, 0},
+		{"Host on a read", false, strings.Replace(req("GET /jobs/1 HTTP/1.1"), "Host: gate", "Host: x/y", 1), []string{"400 invalid-request"}, 0},
+		{"Host IPv6 with port", false, strings.Replace(req("PUT /jobs/1 HTTP/1.1", fresh, cl0), "Host: gate", "Host: [::1]:8080", 1), []string{"200"}, 1},
 		{"COPY, encoded Destination", false, req("COPY /files/X-scratch HTTP/1.1", stale, "Destination: /files/..%2Fjobs%2F1\r\n", cl0), []string{"400 path-not-canonical"}, 0},
 		{"COPY onto a denied path", false, req("COPY /files/X-scratch HTTP/1.1", stale, "Destination: /admin/x\r\n", cl0), []string{"403 write-denied"}, 0},
 		{"COPY to another host", false, req("COPY /files/X-scratch HTTP/1.1", stale, "Destination: http://elsewhere/files/X\r\n", cl0), []string{"400 path-not-canonical"}, 0},
@@ -419,6 +435,7 @@ func TestHostileClients(t *testing.T) {
 		// Content-Length is dropped, and the connection is closed after
 		// the answer (RFC 9112 §6.1): what follows is never read.
 		{"TE and CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: " + strconv.Itoa(5+len(smuggled)) + "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, []string{"200"}, 1},
+		{"TE identity beside CL: framed by its length", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: identity\r\nContent-Length: 3\r\n\r\nabc", []string{"200"}, 1},
 		{"duplicate CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: 0\r\nContent-Length: " + strconv.Itoa(len(smuggled)) + "\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
 		// An obs-fold is unfolded into one space (RFC 9112 §5.2) before the
 		// gate judges the header, and forwarded unfolded.

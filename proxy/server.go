@@ -297,7 +297,7 @@ func decisionHeader(h *fasthttp.RequestHeader, into http.Header) http.Header {
 // decisionHeaderName reports whether decide reads the header named k.
 func decisionHeaderName(k []byte) bool {
 	switch string(k) {
-	case HeaderToken, HeaderResource, HeaderDestination, "Connection", "Upgrade":
+	case HeaderToken, HeaderResource, HeaderDestination, HeaderDestinationToken, "Connection", "Upgrade":
 		return true
 	}
 	if len(k) < len("x-http-method") || (k[0] != 'X' && k[0] != 'x') {

@@ -31,7 +31,8 @@ func (g *Gate) forwardUpgrade(x *exchange) {
 	_ = up.SetDeadline(time.Now().Add(g.upstreamTO))
 	bw := bufio.NewWriter(up)
 	br := bufio.NewReaderSize(up, upstreamReadBuffer)
-	if err := out.Write(bw); err == nil {
+	err = out.Write(bw)
+	if err == nil {
 		err = bw.Flush()
 	}
 	resp := fasthttp.AcquireResponse()

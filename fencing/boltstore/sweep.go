@@ -64,6 +64,10 @@ func (s *Store) sweep(ctx context.Context) (int, error) {
 	}
 }
 
+// errNothingSwept rolls back a batch that removed nothing, sparing its
+// commit's flush.
+var errNothingSwept = errors.New("boltstore: nothing swept")
+
 // sweepBatch examines at most s.batch records from key from (nil: the
 // first) in one write transaction and removes the idle ones. It returns
 // the key to start the next batch at, nil when the walk is done.
@@ -94,7 +98,7 @@ func (s *Store) sweepBatch(from []byte) (removed int, next []byte, err error) {
 			next = bytes.Clone(k)
 		}
 		if len(idle) == 0 {
-			return errNoWrite
+			return errNothingSwept
 		}
 		for _, key := range idle {
 			if err := recs.Delete(key); err != nil {
@@ -117,7 +121,7 @@ func (s *Store) sweepBatch(from []byte) (removed int, next []byte, err error) {
 		removed = len(idle)
 		return nil
 	})
-	if errors.Is(err, errNoWrite) {
+	if errors.Is(err, errNothingSwept) {
 		err = nil
 	}
 	if err != nil {
