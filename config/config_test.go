@@ -2,6 +2,7 @@ package config
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -147,12 +148,20 @@ func TestHelpCoversEveryField(t *testing.T) {
 	}
 }
 
-// TestREADMEListsEveryVariable keeps the README's configuration table in
-// step with the Config struct.
+// TestREADMEListsEveryVariable keeps the configuration tables (the
+// README's and those of docs/*.md) in step with the Config struct.
 func TestREADMEListsEveryVariable(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
+	}
+	docs, _ := filepath.Glob("../docs/*.md")
+	for _, d := range docs {
+		b, err := os.ReadFile(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readme = append(readme, b...)
 	}
 	for _, v := range append(Help(), ClientVars...) {
 		row := "| `" + v.Name + "` |"

@@ -2,9 +2,11 @@
 // FENCEGATE_STORE=file:PATH, built on bbolt (a single-file B+tree with
 // copy-on-write transactions).
 //
-// Durability: every mutation is one bbolt read-write transaction, and bbolt
-// fsyncs (fdatasync) on commit, so when a call that issued a token or raised
-// a high-water mark returns, the new counter is on disk. A crash or power
+// Durability: every mutation runs in a bbolt read-write transaction, shared
+// with the mutations that arrived at the same time (group commit, see
+// group.go), and bbolt fsyncs (fdatasync) on commit before any of them is
+// answered, so when a call that issued a token or raised a high-water mark
+// returns, the new counter is on disk. A crash or power
 // loss afterwards cannot make a token be issued twice or let an older token
 // pass the mark again.
 //
@@ -20,26 +22,42 @@
 // detected on Open by comparing the file with a lineage marker kept beside
 // it (PATH.lineage); after a detected loss every resource moves past every
 // token issued before it. A new file's tokens start at the host clock in
-// µs. Tokens are otherwise issued+1. See lineage.go for the design and its
-// limits.
+// µs. See lineage.go for the design and its limits.
+//
+// Tokens follow the clock (DESIGN §12): a new lease gets max(issued+1, the
+// token clock), the token clock being the host clock in µs, never below
+// the highest token the file has issued plus one and never running
+// backwards while the store is open (a reading behind the latest used is
+// counted in RetentionStats.ClockBehind; a file whose tokens are ahead of
+// the host clock by more than a second at Open is logged). A fresh
+// record's floor starts just below its first token, so a token issued
+// before the record existed, was removed by retention or was restored
+// away is refused as stale. Options.CountFromOne counts from one instead.
+//
+// Retention: with Options.Retention, a background sweep removes records
+// with no live lease untouched for the retention, in write transactions of
+// at most Options.SweepBatch records each; admissions at the mark read the
+// mark cache and are never held by it.
 //
 // Limits: one process at a time. bbolt takes an exclusive file lock; a
 // second opener fails after Options.Timeout with an error naming the file.
-// Writes are serialized (one writer at a time, each paying an fsync);
-// admissions at the current mark only read and run concurrently, answered
-// from an in-memory copy of each resource's last committed record (see
-// marks.go) without a transaction or an allocation. The file
-// must be on a local file system that honours fsync and flock.
+// Writes are committed in groups (group.go): concurrent writers share one
+// transaction and one flush, each answered after the flush. Admissions at
+// the current mark only read and run concurrently, answered from an
+// in-memory copy of each resource's last committed record (see marks.go)
+// without a transaction or an allocation. The file must be on a local file
+// system that honours fsync and flock.
 package boltstore
 
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +66,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/record"
+	"github.com/fencegate/fencegate/fencing/retention"
 )
 
 var (
@@ -55,6 +74,9 @@ var (
 	bucketStates  = []byte("states")
 	bucketMeta    = []byte("meta")
 	keyFormat     = []byte("format")
+	// keySwept is the highest token of a record retention removed, for a
+	// file counting from one: fresh records start above it.
+	keySwept = []byte("swept")
 )
 
 // formatVersion is written into a new file and checked on open, so a file
@@ -84,6 +106,15 @@ type Options struct {
 	// Logger receives the warning Open logs when it detects a loss of the
 	// store's data; nil discards it.
 	Logger *slog.Logger
+	// Retention removes a record with no live lease untouched for this
+	// long (FENCEGATE_RETENTION); 0 keeps every record. A background sweep
+	// runs every SweepInterval (0: retention.Interval(Retention)) until
+	// Close; Sweep runs one pass now.
+	Retention     time.Duration
+	SweepInterval time.Duration
+	// SweepBatch is how many records a sweep examines per write
+	// transaction; 0 means retention.DefaultBatch.
+	SweepBatch int
 }
 
 // Store is the file-backed fencing.Store. Safe for concurrent use within
@@ -101,19 +132,54 @@ type Store struct {
 	// "" if it did not.
 	lossDetected string
 	// marker and lineage (the identity, the generation of the last
-	// marker write, the highest token issued) change only inside
-	// read-write transactions, which bbolt runs one at a time.
+	// commit that moved it, the highest token issued) change at Open and
+	// after each group's commit, one group commit leader at a time.
 	marker  *markerFile
 	lineage lineage
+	// markerMu orders the marker's last writes: a group's after its
+	// commit, and Close's, which closes it (markerClosed).
+	markerMu     sync.Mutex
+	markerClosed bool
 
 	// marks answers admissions at the mark without a transaction.
 	marks marks
+
+	// tokens is the token clock; nil when counting from one.
+	tokens *retention.Clock
+	// swept is the highest token of a record retention removed (keySwept):
+	// changed in write transactions, read in them and in admissions.
+	swept     atomic.Uint64
+	retention time.Duration
+	batch     int
+	stats     retention.Stats
+	sweeper   *retention.Loop
+	// sweepMu runs one sweep pass at a time.
+	sweepMu sync.Mutex
 	// closed is set by Close, before the database closes: admissions then
 	// read the file, which answers that it is closed.
 	closed atomic.Bool
+
+	// group queues writes and commits them in groups (group.go).
+	group committer
+	// hooks are set by tests only (export_test.go).
+	hooks hooks
 }
 
-var _ fencing.Store = (*Store)(nil)
+// hooks let the package's tests see and steer group commits; all nil in
+// production.
+type hooks struct {
+	// afterSave runs after each call saved its record; an error fails
+	// that call as a storage failure would.
+	afterSave func(resource string) error
+	// beforeCommit runs before a group's transaction commits, with the
+	// number of calls in the group.
+	beforeCommit func(calls int)
+}
+
+var (
+	_ fencing.Store    = (*Store)(nil)
+	_ fencing.Retainer = (*Store)(nil)
+)
 
 // Open opens (creating if needed, mode 0600) the store file at path. It
 // fails with an error naming path when another process holds the file
@@ -148,7 +214,11 @@ func Open(path string, opts Options) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("%w: store file %s: %w", fencing.ErrUnavailable, path, err)
 	}
-	s := &Store{db: db, path: path, clock: opts.Clock, maxState: opts.MaxCheckpointBytes, marker: marker}
+	if opts.SweepBatch <= 0 {
+		opts.SweepBatch = retention.DefaultBatch
+	}
+	s := &Store{db: db, path: path, clock: opts.Clock, maxState: opts.MaxCheckpointBytes, marker: marker,
+		retention: max(opts.Retention, 0), batch: opts.SweepBatch}
 	err = db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
@@ -169,6 +239,9 @@ func Open(path string, opts Options) (*Store, error) {
 				return err
 			}
 		}
+		if v := meta.Get(keySwept); len(v) == 8 {
+			s.swept.Store(binary.BigEndian.Uint64(v))
+		}
 		return s.checkLineage(meta, fresh, state, mk, opts.CountFromOne)
 	})
 	if err != nil {
@@ -181,6 +254,22 @@ func Open(path string, opts Options) (*Store, error) {
 			s.Close()
 			return nil, fmt.Errorf("%w: store file %s: sync directory: %w", fencing.ErrUnavailable, path, err)
 		}
+	}
+	if !opts.CountFromOne {
+		s.tokens = retention.NewClock(&s.stats)
+		// Above every token the file has issued, whatever the clock says.
+		s.tokens.Raise(s.lineage.max + 1)
+		if now := record.ClockMicros(s.clock.Now()); s.lineage.max > now+fencing.Token(time.Second/time.Microsecond) && opts.Logger != nil {
+			opts.Logger.Warn("boltstore: the host clock is behind the tokens this store file issued; new resources start above them, not at the clock",
+				"path", path, "clock_us", now, "highest_token", s.lineage.max)
+		}
+	}
+	if s.retention > 0 {
+		every := opts.SweepInterval
+		if every <= 0 {
+			every = retention.Interval(s.retention)
+		}
+		s.sweeper = retention.Start(every, s.sweep, &s.stats, opts.Logger)
 	}
 	if s.lossDetected != "" && opts.Logger != nil {
 		opts.Logger.Warn("boltstore: the store file lost data; every resource moves past the tokens issued before the loss: "+
@@ -232,25 +321,32 @@ func (s *Store) checkLineage(meta *bolt.Bucket, fresh bool, state markerState, m
 // After a loss every resource has moved past the tokens issued before it.
 func (s *Store) LossDetected() string { return s.lossDetected }
 
-// bump records, before tx commits, that it issues a token or raises a mark
-// up to top: the marker first (fsynced), then the file's generation.
-func (s *Store) bump(tx *bolt.Tx, top fencing.Token) error {
+// nextLineage records in tx, before it commits, that it issues tokens or
+// raises marks up to top: the file's generation moves on. The caller makes
+// the result the store's lineage and puts it in the marker once tx has
+// committed (see committed).
+func (s *Store) nextLineage(tx *bolt.Tx, top fencing.Token) (lineage, error) {
 	next := s.lineage
 	next.gen++
 	next.max = max(next.max, top)
-	if err := s.marker.write(next); err != nil {
-		return fmt.Errorf("write lineage marker: %w", err)
-	}
+	return next, putUint64(tx.Bucket(bucketMeta), keyGen, next.gen)
+}
+
+// committed makes next, whose commit has returned, the store's lineage and
+// writes it into the marker, without a flush of its own (see lineage.go).
+// A marker write that fails leaves the marker behind the file, which is
+// safe (it is never taken for a loss); Close writes it again.
+func (s *Store) committed(next lineage) {
+	s.markerMu.Lock()
+	defer s.markerMu.Unlock()
 	s.lineage = next
-	return putUint64(tx.Bucket(bucketMeta), keyGen, next.gen)
+	if !s.markerClosed {
+		_ = s.marker.put(next)
+	}
 }
 
 // Path is the store file's path.
 func (s *Store) Path() string { return s.path }
-
-// errNoWrite makes an update transaction roll back when the operation
-// changed nothing, sparing the commit's fsync.
-var errNoWrite = errors.New("boltstore: nothing to write")
 
 // opError keeps a domain refusal apart from bbolt's own errors.
 type opError struct{ err error }
@@ -313,58 +409,30 @@ func save(tx *bolt.Tx, resource string, r *record.Record) error {
 	return tx.Bucket(bucketRecords).Put([]byte(resource), v)
 }
 
-// update runs op on the resource's record in one read-write transaction.
-// op reports whether it changed the record; the record is then saved (and
-// op may store more through tx in the same transaction) and committed with
-// an fsync. A refusal or no change rolls back. op reports a bbolt failure
-// of its own as a *storageError, anything else it returns is a refusal.
-func update[T any](s *Store, ctx context.Context, resource string, op func(tx *bolt.Tx, r *record.Record, now time.Time) (T, bool, error)) (T, error) {
+// update runs op on the resource's record as one call of a group commit
+// (group.go): op reports whether it changed the record; the record is then
+// saved (and op may store more through tx in the same transaction) and
+// committed, with every other call of its group, in one transaction and one
+// flush, before update returns. A refusal or no change writes nothing. op
+// reports a bbolt failure of its own as a *storageError, anything else it
+// returns is a refusal. op may run more than once (when a neighbour in its
+// group fails, on a fresh transaction each time): it must only act on tx
+// and r. stateBytes is the checkpoint state op writes, if any.
+func update[T any](s *Store, ctx context.Context, resource string, stateBytes int, op func(tx *bolt.Tx, r *record.Record, now time.Time) (T, bool, error)) (T, error) {
 	var zero, result T
 	if err := ctx.Err(); err != nil {
 		return zero, err
 	}
-	ran := false
-	txid := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		now := s.clock.Now()
-		r, err := s.load(tx, resource, now)
-		if err != nil {
-			return err
-		}
-		r.Lift(s.floor, now) // a new record starts at the floor
-		issued, hw := r.Issued, r.HighWater
+	c := &call{resource: resource, bytes: stateBytes, run: func(tx *bolt.Tx, r *record.Record, now time.Time) (bool, error) {
 		v, changed, err := op(tx, r, now)
-		if se := (*storageError)(nil); errors.As(err, &se) {
-			return se.err
-		}
 		if err != nil {
-			return &opError{err}
+			return false, err
 		}
 		result = v
-		if !changed {
-			return errNoWrite
-		}
-		if r.Issued != issued || r.HighWater != hw {
-			if err := s.bump(tx, r.Issued); err != nil {
-				return err
-			}
-		}
-		if err := save(tx, resource, r); err != nil {
-			return err
-		}
-		ran = true
-		txid = tx.ID()
-		s.marks.saving(resource, r, txid)
-		return nil
-	})
-	if ran {
-		s.marks.settled(resource, txid, err == nil)
-	}
-	if errors.Is(err, errNoWrite) {
-		return result, nil
-	}
-	if err != nil {
-		return zero, s.classify(err, ran)
+		return changed, nil
+	}}
+	if err := s.do(ctx, c); err != nil {
+		return zero, err
 	}
 	return result, nil
 }
@@ -377,13 +445,35 @@ func (s *Store) view(ctx context.Context, fn func(tx *bolt.Tx) error) error {
 	return s.classify(s.db.View(fn), false)
 }
 
+// tokenClock is the clock reading a new lease's token is at least (see
+// record.Record.AcquireAt).
+func (s *Store) tokenClock(now time.Time) fencing.Token {
+	var c fencing.Token
+	if s.tokens != nil {
+		c = s.tokens.Read(now)
+	}
+	if sw := fencing.Token(s.swept.Load()); sw > 0 {
+		c = max(c, sw+1)
+	}
+	return c
+}
+
+// admit decides req on r, which is empty when the store holds no record
+// of the resource (record.Absent then answers).
+func (s *Store) admit(r *record.Record, req fencing.AdmitRequest, now time.Time) (fencing.Admission, error) {
+	if !r.Exists() {
+		return fencing.Admission{}, record.Absent(req, s.tokenClock(now))
+	}
+	return r.Admit(req, now)
+}
+
 // Acquire implements fencing.Store.
 func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencing.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return fencing.Lease{}, err
 	}
-	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
-		l, err := r.Acquire(req, now)
+	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
+		l, err := r.AcquireAt(req, now, s.tokenClock(now))
 		return l, err == nil, err
 	})
 }
@@ -393,7 +483,7 @@ func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest) (fencing.Le
 	if err := req.Validate(); err != nil {
 		return fencing.Lease{}, err
 	}
-	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
+	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
 		l, err := r.Renew(req, now)
 		return l, err == nil, err
 	})
@@ -405,7 +495,7 @@ func (s *Store) Release(ctx context.Context, req fencing.ReleaseRequest) (bool, 
 	if err := req.Validate(); err != nil {
 		return false, err
 	}
-	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (bool, bool, error) {
+	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (bool, bool, error) {
 		released, err := r.Release(req, now)
 		return released, released, err
 	})
@@ -417,7 +507,7 @@ func (s *Store) Checkpoint(ctx context.Context, req fencing.CheckpointRequest) (
 	if err := req.Validate(s.maxState); err != nil {
 		return fencing.Lease{}, err
 	}
-	return update(s, ctx, req.Resource, func(tx *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
+	return update(s, ctx, req.Resource, len(req.State), func(tx *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
 		l, err := r.Checkpoint(req, now)
 		if err != nil {
 			return l, false, err
@@ -531,25 +621,36 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	if a, ok := s.admitAtMark(ctx, req); ok {
 		return a, nil
 	}
-	var a fencing.Admission
+	var (
+		a     fencing.Admission
+		touch bool
+	)
 	err := s.view(ctx, func(tx *bolt.Tx) error {
 		now := s.clock.Now()
 		r, err := s.load(tx, req.Resource, now)
 		if err != nil {
 			return err
 		}
-		a, err = r.Admit(req, now) // on a private copy: not saved
+		a, err = s.admit(r, req, now) // on a private copy: not saved
 		if err != nil {
 			return &opError{err}
 		}
+		touch = r.TouchStale(now, s.retention)
 		return nil
 	})
-	if err != nil || !a.Raised {
+	if err != nil || !(a.Raised || touch) {
 		return a, err
 	}
-	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Admission, bool, error) {
-		a, err := r.Admit(req, now)
-		return a, a.Raised, err
+	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Admission, bool, error) {
+		a, err := s.admit(r, req, now)
+		if err != nil {
+			return a, false, err
+		}
+		touch := r.TouchStale(now, s.retention)
+		if touch {
+			r.Touch(now)
+		}
+		return a, a.Raised || touch, nil
 	})
 }
 
@@ -577,7 +678,11 @@ func (s *Store) admitAtMark(ctx context.Context, req fencing.AdmitRequest) (fenc
 		return fencing.Admission{}, false
 	}
 	r := e.rec // a copy: Admit moves the mark on it
-	a, err := r.Admit(req, s.clock.Now())
+	now := s.clock.Now()
+	if r.TouchStale(now, s.retention) {
+		return fencing.Admission{}, false // the transaction path touches it
+	}
+	a, err := r.Admit(req, now)
 	if err != nil || a.Raised {
 		return fencing.Admission{}, false
 	}
@@ -589,15 +694,30 @@ func (s *Store) Ping(ctx context.Context) error {
 	return s.view(ctx, func(*bolt.Tx) error { return nil })
 }
 
-// Close implements fencing.Store. It waits for running transactions, then
-// releases the file lock. Calling it again is harmless.
+// Close implements fencing.Store. It stops the retention sweep, waits for
+// running transactions, then releases the file lock. Calling it again is
+// harmless.
 func (s *Store) Close() error {
 	s.closed.Store(true)
+	s.sweeper.Stop()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("boltstore: close %s: %w", s.path, err)
 	}
-	// After the database: no transaction can write the marker any more.
-	if err := s.marker.close(); err != nil && !errors.Is(err, os.ErrClosed) {
+	// After the database: no transaction can write the marker any more
+	// (a group that committed just before may still put its lineage: it
+	// holds markerMu meanwhile). The last lineage, flushed: a clean stop
+	// leaves the marker exact.
+	s.markerMu.Lock()
+	defer s.markerMu.Unlock()
+	if s.markerClosed {
+		return nil
+	}
+	s.markerClosed = true
+	err := s.marker.write(s.lineage)
+	if cerr := s.marker.close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("boltstore: close %s: %w", s.path+markerSuffix, err)
 	}
 	return nil
