@@ -143,6 +143,10 @@ size() {
 	file) echo "$(stat -c %s "$tmp/file.db" 2>/dev/null || echo 0) ?" ;;
 	esac
 }
+# removed: records the gate's store removed by retention so far (its metric).
+removed() {
+	curl -fs "http://127.0.0.1:$API/metrics" | awk '/^fencegate_store_retention_removed_total/ {s += $NF} END {print s + 0}'
+}
 rss() { awk -v k="$1:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$2/status"; }
 
 echo "fencegate soak: $N resources per store, $CONNS at a time, windows of $WIN; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -187,11 +191,11 @@ for store in $STORES; do
 		while [ "$SECONDS" -lt "$deadline" ]; do
 			read -r b2 r2 < <(size "$store")
 			if [ "$r2" != "?" ] && [ "$r2" -le "$((r0 + 10))" ]; then break; fi
-			if [ "$r2" = "?" ] && [ "$SECONDS" -ge "$((deadline - RWAIT + ${RETENTION%s} + 60))" ]; then break; fi
+			if [ "$r2" = "?" ] && [ "$(removed)" -ge "$N" ]; then break; fi
 			sleep 2
 		done
 		read -r b2 r2 < <(size "$store")
-		after="$b2 bytes, $r2 $unit"
+		after="$b2 bytes, $r2 $unit, $(removed) records removed by the retention (its metric), $((SECONDS - deadline + RWAIT)) s after the run"
 	fi
 	rss_end=$(rss VmRSS "$gpid")
 	hwm=$(rss VmHWM "$gpid")
