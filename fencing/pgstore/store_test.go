@@ -191,21 +191,23 @@ func TestListUsesIndex(t *testing.T) {
 	if _, err := s.pool.Exec(ctx, `ANALYZE `+s.schema+`.resources`); err != nil {
 		t.Fatal(err)
 	}
-	var plan strings.Builder
-	rows, err := s.pool.Query(ctx, `EXPLAIN `+s.sql.list, "r12", "r12\x7f", 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var line string
-		rows.Scan(&line)
-		plan.WriteString(line + "\n")
-	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
-	}
-	if !strings.Contains(plan.String(), "Index") || strings.Contains(plan.String(), "Seq Scan") {
-		t.Fatalf("List's plan does not use the primary key:\n%s", plan.String())
+	for _, after := range []string{"", "r125"} { // the first page, and one after a cursor
+		var plan strings.Builder
+		rows, err := s.pool.Query(ctx, `EXPLAIN `+s.sql.list, "r12", "r12\x7f", 10, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var line string
+			rows.Scan(&line)
+			plan.WriteString(line + "\n")
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		if !strings.Contains(plan.String(), "Index") || strings.Contains(plan.String(), "Seq Scan") {
+			t.Fatalf("List's plan (after %q) does not use the primary key:\n%s", after, plan.String())
+		}
 	}
 }
 
