@@ -169,3 +169,84 @@ func TestAPIFailureExitStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseListPages: `lease list` pages with --limit and --cursor, and
+// --all follows next_cursor to every lease, through the binary, on the
+// memory and file stores.
+func TestLeaseListPages(t *testing.T) {
+	for _, store := range []string{"memory:", "file:"} {
+		t.Run(strings.TrimSuffix(store, ":"), func(t *testing.T) {
+			dir := t.TempDir()
+			spec := store
+			if store == "file:" {
+				spec += dir + "/fencegate.db"
+			}
+			p := start(t, dir, []string{"FENCEGATE_STORE=" + spec}, "api")
+			env := []string{"FENCEGATE_API_URL=" + p.url("api", "")}
+			lease := func(args ...string) cliResult {
+				t.Helper()
+				return fg(t, env, "", append([]string{"lease"}, args...)...)
+			}
+			ok := func(r cliResult) map[string]any {
+				t.Helper()
+				if r.code != 0 || r.stderr != "" {
+					t.Fatalf("exit %d, stderr %q, want 0 and nothing", r.code, r.stderr)
+				}
+				return r.jsonLine(t)
+			}
+			names := func(m map[string]any) []string {
+				var out []string
+				for _, l := range m["leases"].([]any) {
+					out = append(out, l.(map[string]any)["resource"].(string))
+				}
+				return out
+			}
+			var want []string
+			for i := range 7 {
+				res := "page:" + strconv.Itoa(i)
+				want = append(want, res)
+				ok(lease("acquire", res, "--owner", "w"))
+			}
+			ok(lease("acquire", "other", "--owner", "w"))
+			gone := ok(lease("acquire", "page:3x", "--owner", "w")) // released: not listed
+			ok(lease("release", "page:3x", "--owner", "w", "--token", strconv.FormatFloat(gone["token"].(float64), 'f', -1, 64)))
+			// By hand, pages of 3: the cursor moves on, the last page says null.
+			var got []string
+			var cursor string
+			for i := 0; ; i++ {
+				args := []string{"list", "--prefix", "page:", "--limit", "3"}
+				if cursor != "" {
+					args = append(args, "--cursor", cursor)
+				}
+				page := ok(lease(args...))
+				got = append(got, names(page)...)
+				next, isStr := page["next_cursor"].(string)
+				if !isStr {
+					if page["next_cursor"] != nil || len(names(page)) == 3 {
+						t.Fatalf("page %d: next_cursor %v after %d leases", i, page["next_cursor"], len(names(page)))
+					}
+					break
+				}
+				if i > 5 {
+					t.Fatal("the pages never end")
+				}
+				cursor = next
+			}
+			if strings.Join(got, " ") != strings.Join(want, " ") {
+				t.Fatalf("pages by hand: %v, want %v", got, want)
+			}
+			for _, size := range []string{"1", "2", "7", "0"} {
+				all := ok(lease("list", "--prefix", "page:", "--all", "--limit", size))
+				if got := names(all); strings.Join(got, " ") != strings.Join(want, " ") || all["next_cursor"] != nil {
+					t.Fatalf("list --all --limit %s: %v, next_cursor %v; want %v", size, got, all["next_cursor"], want)
+				}
+			}
+			if r := lease("list", "--all", "--cursor", cursor); r.code != exitUsage {
+				t.Fatalf("list --all --cursor: exit %d, want %d", r.code, exitUsage)
+			}
+			if r := lease("list", "--cursor", "bm90IGEgbmFtZQ"); r.code != exitUsage || r.problem(t)["code"] != "invalid-request" {
+				t.Fatalf("list with a forged cursor: exit %d, stderr %q; want %d and invalid-request", r.code, r.stderr, exitUsage)
+			}
+		})
+	}
+}

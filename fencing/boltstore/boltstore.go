@@ -577,10 +577,17 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 	leases := []fencing.Lease{}
 	limit := req.EffectiveLimit()
 	prefix := []byte(req.Prefix)
+	start := prefix
+	if req.After > req.Prefix {
+		start = []byte(req.After) // skipped below: only names after it
+	}
 	err := s.view(ctx, func(tx *bolt.Tx) error {
 		now := s.clock.Now()
 		c := tx.Bucket(bucketRecords).Cursor()
-		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		for k, v := c.Seek(start); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if string(k) <= req.After {
+				continue
+			}
 			name := string(k)
 			r, err := decode(name, v)
 			if err != nil {

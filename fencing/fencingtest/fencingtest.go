@@ -4,6 +4,8 @@
 // the suite then checks the contract of fencing.Store (token monotonicity,
 // lease semantics, atomic admission, checkpoints, bounds) in named subtests.
 // RunBenchmarks measures the hot paths with the same Harness.
+// RunSharedBarrier checks the contract of fencing.SharedBarrier (several
+// gates over one shared store) with a BarrierHarness.
 //
 // Stores that own time (memory, file) pass a FakeClock and set
 // Instance.Advance, so expiry is tested without sleeping. Stores whose time

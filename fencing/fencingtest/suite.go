@@ -74,6 +74,8 @@ var cases = []testCase{
 	{"StatusUnknownResource", testStatusUnknownResource, false},
 	{"ListPrefixLimitOrder", testListPrefixLimitOrder, false},
 	{"ListOmitsExpired", testListOmitsExpired, true},
+	{"ListPagesEveryLeaseOnce", testListPagesEveryLeaseOnce, false},
+	{"ListPagesWhileLeasesChange", testListPagesWhileLeasesChange, false},
 	// Concurrency.
 	{"ConcurrentAcquireOneOwner", testConcurrentAcquireOneOwner, false},
 	{"ConcurrentAcquireReleaseUniqueTokens", testConcurrentAcquireReleaseUniqueTokens, false},

@@ -16,7 +16,6 @@ package memstore
 import (
 	"context"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -238,7 +237,7 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 	now := s.clock.Now()
 	names := make([]string, 0, len(s.records))
 	for name := range s.records {
-		if strings.HasPrefix(name, req.Prefix) {
+		if req.Wants(name) {
 			names = append(names, name)
 		}
 	}

@@ -281,7 +281,7 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 }
 
 func (s *Store) list(ctx context.Context, req fencing.ListRequest) ([]fencing.Lease, error) {
-	rows, err := s.pool.Query(ctx, s.sql.list, req.Prefix, req.Prefix+"\x7f", req.EffectiveLimit())
+	rows, err := s.pool.Query(ctx, s.sql.list, req.Prefix, req.Prefix+"\x7f", req.EffectiveLimit(), req.After)
 	if err != nil {
 		return nil, err
 	}

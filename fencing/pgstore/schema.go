@@ -166,7 +166,7 @@ func newStatements(schema string) statements {
 		// is exactly "starts with prefix" for names of bytes below 0x7f,
 		// and a range scan of the primary key in the C collation.
 		list: `SELECT resource, owner, token, ttl_ms, acquired_at, expires_at FROM ` + r + `
-			WHERE resource >= $1 AND resource < $2 AND owner IS NOT NULL AND NOT released
+			WHERE resource >= $1 AND resource < $2 AND resource > $4 AND owner IS NOT NULL AND NOT released
 			AND expires_at > clock_timestamp() ORDER BY resource LIMIT $3`,
 	}
 	st.register, st.check, st.leave = barrierStatements(schema + ".barrier")

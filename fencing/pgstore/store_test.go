@@ -204,7 +204,7 @@ func TestListUsesIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	var plan strings.Builder
-	rows, err := s.pool.Query(ctx, `EXPLAIN `+s.sql.list, "r12", "r12\x7f", 10)
+	rows, err := s.pool.Query(ctx, `EXPLAIN `+s.sql.list, "r12", "r12\x7f", 10, "")
 	if err != nil {
 		t.Fatal(err)
 	}
