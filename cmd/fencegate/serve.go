@@ -316,6 +316,7 @@ func openStore(ctx context.Context, cfg config.Config, environ []string, log *sl
 			StatementTimeout:   cfg.PGStatementTimeout,
 			MaxCheckpointBytes: cfg.MaxCheckpointBytes,
 			Logger:             log,
+			Retention:          cfg.Retention,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("opening the postgres store %s: %w", spec.Redacted(), err)

@@ -35,6 +35,10 @@ type Stats struct {
 // Removed counts n records removed.
 func (s *Stats) Removed(n int) { s.removed.Add(uint64(n)) }
 
+// ClockBehind counts one reading of a store's clock found behind tokens
+// it had issued.
+func (s *Stats) ClockBehind() { s.behind.Add(1) }
+
 // Swept counts one pass that took d.
 func (s *Stats) Swept(d time.Duration) {
 	s.sweeps.Add(1)
