@@ -62,6 +62,7 @@ type Config struct {
 
 	DefaultTTL         time.Duration `env:"DEFAULT_TTL" envDefault:"30s" help:"lease TTL when ttl_seconds is absent, whole seconds in [1s, 24h]"`
 	MaxCheckpointBytes int           `env:"MAX_CHECKPOINT_BYTES" envDefault:"1048576" help:"largest checkpoint state in bytes, 1 to 16777216"`
+	Retention          time.Duration `env:"RETENTION" envDefault:"720h" help:"how long a resource with no live lease, untouched (acquire, renew, release, checkpoint, admitted write), keeps its record before the store removes it with its checkpoint (its old tokens stay refused), a duration >= 1s; 0 keeps records forever"`
 
 	Rules           string        `env:"RULES" help:"write gate route rules, one per line"`
 	RulesFile       string        `env:"RULES_FILE" help:"path of a file with route rules (instead of FENCEGATE_RULES)"`
@@ -198,6 +199,9 @@ func (c Config) Validate() error {
 	}
 	if fencing.ValidateTTL(c.DefaultTTL) != nil {
 		check("DefaultTTL", fmt.Errorf("%v is out of range", c.DefaultTTL))
+	}
+	if c.Retention != 0 && c.Retention < time.Second {
+		check("Retention", fmt.Errorf("%v is below 1s (0 keeps records forever)", c.Retention))
 	}
 	if c.MaxCheckpointBytes < 1 || c.MaxCheckpointBytes > 16<<20 {
 		check("MaxCheckpointBytes", fmt.Errorf("%d is out of range", c.MaxCheckpointBytes))

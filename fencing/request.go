@@ -3,6 +3,7 @@ package fencing
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -190,10 +191,17 @@ func (r AdmitRequest) Validate() error {
 }
 
 // ListRequest asks for live leases whose resource starts with Prefix, in
-// resource order, at most Limit of them (0 means MaxListLimit).
+// resource order, at most Limit of them (0 means MaxListLimit), and only
+// those whose resource sorts after After (byte order) when After is set.
+//
+// After is a page cursor: the last resource of the previous page. Following
+// it page by page lists every lease that stays live for the whole listing
+// exactly once (names only grow from page to page); a lease taken or ended
+// meanwhile may or may not appear.
 type ListRequest struct {
 	Prefix string
 	Limit  int
+	After  string
 }
 
 // Validate checks the request's bounds.
@@ -204,7 +212,18 @@ func (r ListRequest) Validate() error {
 	if r.Limit < 0 || r.Limit > MaxListLimit {
 		return invalidf("limit", fmt.Sprintf("must be between 1 and %d", MaxListLimit))
 	}
+	if r.After != "" {
+		if err := ValidateResource(r.After); err != nil {
+			return invalidf("after", err.(*ValidationError).Reason)
+		}
+	}
 	return nil
+}
+
+// Wants reports whether a resource name belongs in the answer to r: it
+// starts with Prefix and sorts after After.
+func (r ListRequest) Wants(resource string) bool {
+	return strings.HasPrefix(resource, r.Prefix) && resource > r.After
 }
 
 // EffectiveLimit is Limit, or MaxListLimit when Limit is zero.

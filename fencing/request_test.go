@@ -152,6 +152,8 @@ func TestRequestValidate(t *testing.T) {
 		{"list negative", fencing.ListRequest{Limit: -1}.Validate(), "limit"},
 		{"list over", fencing.ListRequest{Limit: fencing.MaxListLimit + 1}.Validate(), "limit"},
 		{"list bad prefix", fencing.ListRequest{Prefix: "a/"}.Validate(), "prefix"},
+		{"list after ok", fencing.ListRequest{Prefix: "job:", After: "job:7"}.Validate(), ""},
+		{"list bad after", fencing.ListRequest{After: "job 7"}.Validate(), "after"},
 	}
 	for _, c := range cases {
 		if c.field == "" {
@@ -172,6 +174,23 @@ func TestRequestValidate(t *testing.T) {
 	}
 	if got := (fencing.ListRequest{Limit: 3}).EffectiveLimit(); got != 3 {
 		t.Fatalf("EffectiveLimit of 3 = %d", got)
+	}
+	for _, c := range []struct {
+		req  fencing.ListRequest
+		name string
+		want bool
+	}{
+		{fencing.ListRequest{}, "a", true},
+		{fencing.ListRequest{Prefix: "job:"}, "job:1", true},
+		{fencing.ListRequest{Prefix: "job:"}, "jobs", false},
+		{fencing.ListRequest{Prefix: "job:", After: "job:1"}, "job:1", false},
+		{fencing.ListRequest{Prefix: "job:", After: "job:1"}, "job:10", true},
+		{fencing.ListRequest{Prefix: "job:", After: "job:1"}, "job:0", false},
+		{fencing.ListRequest{Prefix: "job:", After: "a"}, "job:0", true},
+	} {
+		if got := c.req.Wants(c.name); got != c.want {
+			t.Errorf("%+v.Wants(%q) = %v, want %v", c.req, c.name, got, c.want)
+		}
 	}
 }
 

@@ -58,8 +58,8 @@ type SharedBarrier interface {
 type BarrierEntry struct {
 	Resource string
 	Token    Token
-	// ID identifies the entry within its resource; it starts with the
-	// registering gate's id.
+	// ID identifies the entry within its resource; it names the
+	// registering gate's id ("<gate>:" appears in it).
 	ID string
 	// Expired is how many expired entries the registration removed.
 	Expired int

@@ -134,3 +134,30 @@ type SystemClock struct{}
 
 // Now returns time.Now().
 func (SystemClock) Now() time.Time { return time.Now() }
+
+// Retainer is a Store that removes idle records itself (DESIGN §12,
+// FENCEGATE_RETENTION): a resource with no live lease, untouched for the
+// retention, goes with its checkpoint and then reads like one never used.
+// Every token issued before the removal stays refused (stale-token),
+// because the store's tokens follow its clock.
+type Retainer interface {
+	// RetentionStats reports what the store's retention has done since
+	// it opened.
+	RetentionStats() RetentionStats
+}
+
+// RetentionStats are a Retainer's counters since the store opened.
+type RetentionStats struct {
+	// Removed counts records removed by retention.
+	Removed uint64
+	// Sweeps counts completed sweep passes (zero on a store whose records
+	// expire by themselves, such as Valkey keys).
+	Sweeps uint64
+	// SweepTime is the time spent in sweep passes, in all.
+	SweepTime time.Duration
+	// ClockBehind counts readings of the store's clock found behind one
+	// it had already used to issue tokens (a clock stepped back). The
+	// store then issues tokens from the latest reading it used, and says
+	// in its doc what else it does.
+	ClockBehind uint64
+}

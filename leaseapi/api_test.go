@@ -124,7 +124,7 @@ func TestLeaseLifecycle(t *testing.T) {
 		if st.body["lease"] != nil || fmt.Sprint(st.obj("previous")) != "map[ended:released finished:true owner:w1 token:1]" {
 			t.Fatalf("status after release: %s", st.raw)
 		}
-		if l := e.get("/v1/leases"); string(l.raw) != `{"leases":[]}`+"\n" {
+		if l := e.get("/v1/leases"); string(l.raw) != `{"leases":[],"next_cursor":null}`+"\n" {
 			t.Fatalf("list after release: %s", l.raw)
 		}
 

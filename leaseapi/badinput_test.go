@@ -85,6 +85,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"limit negative", "GET", "/v1/leases?limit=-1", "", "", 400, "invalid-request"},
 		{"bad prefix", "GET", "/v1/leases?prefix=a/b", "", "", 400, "invalid-request"},
 		{"unknown query parameter", "GET", "/v1/leases?prefx=job:", "", "", 400, "invalid-request"},
+		{"cursor not base64url", "GET", "/v1/leases?cursor=!!", "", "", 400, "invalid-request"},
+		{"cursor of no resource name", "GET", "/v1/leases?cursor=bm90IGEgbmFtZQ", "", "", 400, "invalid-request"},
 	}
 	forEachStore(t, func(t *testing.T, k storeKind) {
 		e := newEnv(t, k, nil)

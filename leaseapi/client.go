@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"mime"
 	"net"
 	"net/http"
@@ -239,8 +240,26 @@ func (c *Client) Status(ctx context.Context, resource string) (fencing.Status, e
 
 // List returns the live leases whose resource starts with prefix, in
 // resource order, at most limit of them (0 means the server's maximum,
-// fencing.MaxListLimit).
+// fencing.MaxListLimit): the first page. ListPage reads the next ones;
+// Leases and ListAll follow them all.
 func (c *Client) List(ctx context.Context, prefix string, limit int) ([]fencing.Lease, error) {
+	p, err := c.ListPage(ctx, prefix, limit, "")
+	return p.Leases, err
+}
+
+// LeasePage is one page of a listing.
+type LeasePage struct {
+	// Leases are the page's live leases, in resource order.
+	Leases []fencing.Lease
+	// NextCursor continues the listing (pass it to ListPage); "" when
+	// this page is the last.
+	NextCursor string
+}
+
+// ListPage returns one page of the live leases whose resource starts with
+// prefix: at most limit (0: the server's maximum, fencing.MaxListLimit),
+// after cursor ("" for the first page, else a NextCursor the server gave).
+func (c *Client) ListPage(ctx context.Context, prefix string, limit int, cursor string) (LeasePage, error) {
 	q := url.Values{}
 	if prefix != "" {
 		q.Set("prefix", prefix)
@@ -248,19 +267,74 @@ func (c *Client) List(ctx context.Context, prefix string, limit int) ([]fencing.
 	if limit != 0 {
 		q.Set("limit", strconv.Itoa(limit))
 	}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
 	var out listJSON
 	if err := c.do(ctx, http.MethodGet, "/v1/leases", "", q, nil, &out); err != nil {
-		return nil, err
+		return LeasePage{}, err
 	}
-	leases := make([]fencing.Lease, 0, len(out.Leases))
+	p := LeasePage{Leases: make([]fencing.Lease, 0, len(out.Leases))}
 	for _, lj := range out.Leases {
 		l, err := fromLeaseJSON(lj)
 		if err != nil {
+			return LeasePage{}, err
+		}
+		p.Leases = append(p.Leases, l)
+	}
+	if out.NextCursor != nil {
+		if *out.NextCursor == "" {
+			return LeasePage{}, errors.New("leaseapi: the server answered an empty next_cursor")
+		}
+		p.NextCursor = *out.NextCursor
+	}
+	return p, nil
+}
+
+// Leases iterates over every live lease whose resource starts with prefix,
+// in resource order, reading pages of pageSize (0: the server's maximum)
+// as the loop goes. A lease live for the whole iteration is yielded
+// exactly once; one taken or ended meanwhile may or may not be. A failed
+// page yields its error once and ends the iteration.
+//
+//	for l, err := range client.Leases(ctx, "job:", 0) {
+//		if err != nil { ... }
+//	}
+func (c *Client) Leases(ctx context.Context, prefix string, pageSize int) iter.Seq2[fencing.Lease, error] {
+	return func(yield func(fencing.Lease, error) bool) {
+		cursor := ""
+		for {
+			p, err := c.ListPage(ctx, prefix, pageSize, cursor)
+			if err != nil {
+				yield(fencing.Lease{}, err)
+				return
+			}
+			for _, l := range p.Leases {
+				if !yield(l, nil) {
+					return
+				}
+			}
+			if p.NextCursor == "" {
+				return
+			}
+			cursor = p.NextCursor
+		}
+	}
+}
+
+// ListAll returns every live lease whose resource starts with prefix, in
+// resource order, following the pages (of pageSize; 0: the server's
+// maximum) to the end. See Leases for what a listing sees of leases that
+// change meanwhile; prefer Leases for listings too large to hold.
+func (c *Client) ListAll(ctx context.Context, prefix string, pageSize int) ([]fencing.Lease, error) {
+	all := []fencing.Lease{}
+	for l, err := range c.Leases(ctx, prefix, pageSize) {
+		if err != nil {
 			return nil, err
 		}
-		leases = append(leases, l)
+		all = append(all, l)
 	}
-	return leases, nil
+	return all, nil
 }
 
 func (c *Client) leaseCall(ctx context.Context, method, resource, suffix string, body any) (fencing.Lease, error) {

@@ -316,3 +316,82 @@ func TestClientCallPassesAnswersOnUnchanged(t *testing.T) {
 		t.Fatalf("Call(list) = %s, %v", raw, err)
 	}
 }
+
+// Pages: next_cursor on full pages, null on the last; the client's
+// ListPage, Leases and ListAll follow it to every lease exactly once.
+func TestClientPages(t *testing.T) {
+	forEachStore(t, func(t *testing.T, k storeKind) {
+		e := newEnv(t, k, nil)
+		ctx := context.Background()
+		c := leaseapi.NewClient(e.srv.URL, leaseapi.WithHTTPClient(e.srv.Client()))
+		var want []fencing.Lease
+		for i := range 25 {
+			l, err := c.Acquire(ctx, fmt.Sprintf("page:%02d", i), leaseapi.AcquireOptions{Owner: "w"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, l)
+		}
+		for _, res := range []string{"pagd", "pagf"} {
+			if _, err := c.Acquire(ctx, res, leaseapi.AcquireOptions{Owner: "w"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// By hand: 10, 10, 5 (the last page, next_cursor null).
+		var got []fencing.Lease
+		cursor := ""
+		for i, n := range []int{10, 10, 5} {
+			p, err := c.ListPage(ctx, "page:", 10, cursor)
+			if err != nil || len(p.Leases) != n || (p.NextCursor == "") != (i == 2) {
+				t.Fatalf("page %d: %d leases, next %q, %v; want %d", i, len(p.Leases), p.NextCursor, err, n)
+			}
+			got = append(got, p.Leases...)
+			cursor = p.NextCursor
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("pages by hand = %v, want %v", got, want)
+		}
+		for _, size := range []int{0, 1, 7, 25} {
+			all, err := c.ListAll(ctx, "page:", size)
+			if err != nil || fmt.Sprint(all) != fmt.Sprint(want) {
+				t.Fatalf("ListAll(page size %d) = %v, %v; want %v", size, all, err, want)
+			}
+		}
+		// A page exactly as long as the limit has a cursor; the next is
+		// empty, and the last.
+		p, err := c.ListPage(ctx, "page:", 25, "")
+		if err != nil || len(p.Leases) != 25 || p.NextCursor == "" {
+			t.Fatalf("a full page of 25: %d, %q, %v", len(p.Leases), p.NextCursor, err)
+		}
+		if p, err = c.ListPage(ctx, "page:", 25, p.NextCursor); err != nil || len(p.Leases) != 0 || p.NextCursor != "" {
+			t.Fatalf("the page after a full last one: %+v, %v", p, err)
+		}
+		// The answer says null, not nothing.
+		a := e.get("/v1/leases?prefix=page:&limit=30")
+		if v, ok := a.body["next_cursor"]; !ok || v != nil {
+			t.Fatalf("last page: next_cursor %v (present %v), want null", v, ok)
+		}
+		// Stopping early stops reading.
+		n := 0
+		for l, err := range c.Leases(ctx, "", 2) {
+			if err != nil || l.Resource == "" {
+				t.Fatal(l, err)
+			}
+			if n++; n == 3 {
+				break
+			}
+		}
+		if n != 3 {
+			t.Fatalf("the iteration yielded %d leases, want 3 before the break", n)
+		}
+		// A cursor the API never gave is refused.
+		if _, err := c.ListPage(ctx, "", 0, "not a cursor"); !errors.Is(err, fencing.ErrInvalid) {
+			t.Fatalf("ListPage with a forged cursor: %v, want ErrInvalid", err)
+		}
+		for _, err := range c.Leases(ctx, "bad prefix", 0) {
+			if !errors.Is(err, fencing.ErrInvalid) {
+				t.Fatalf("Leases with a bad prefix: %v, want ErrInvalid", err)
+			}
+		}
+	})
+}

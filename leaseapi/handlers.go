@@ -225,16 +225,18 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request, name strin
 	return toStatusJSON(st), nil
 }
 
-// handleList answers the live leases. limit is 1 to fencing.MaxListLimit
-// (absent or empty: MaxListLimit); prefix is empty or a resource name
-// prefix, which the store validates.
+// handleList answers one page of the live leases. limit is 1 to
+// fencing.MaxListLimit (absent or empty: MaxListLimit); prefix is empty or
+// a resource name prefix, which the store validates; cursor is empty or a
+// next_cursor this API answered. A page as long as the limit carries a
+// next_cursor (the page after it may be empty); a shorter one is the last.
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	for name := range q {
-		if name != "prefix" && name != "limit" {
+		if name != "prefix" && name != "limit" && name != "cursor" {
 			// Like unknown JSON members: a typo (?prefx=) must not
 			// silently list everything.
-			s.fail(w, r, &fencing.ValidationError{Field: name, Reason: "is not a query parameter of this call (use prefix and limit)"})
+			s.fail(w, r, &fencing.ValidationError{Field: name, Reason: "is not a query parameter of this call (use prefix, limit and cursor)"})
 			return
 		}
 	}
@@ -247,6 +249,14 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 		}
 		req.Limit = n
 	}
+	if c := q.Get("cursor"); c != "" {
+		after, err := decodeCursor(c)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		req.After = after
+	}
 	leases, err := s.list(r, req)
 	if err != nil {
 		s.fail(w, r, err)
@@ -255,6 +265,10 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	out := listJSON{Leases: make([]leaseJSON, 0, len(leases))}
 	for _, l := range leases {
 		out.Leases = append(out.Leases, toLeaseJSON(l))
+	}
+	if len(leases) > 0 && len(leases) >= req.EffectiveLimit() {
+		next := encodeCursor(leases[len(leases)-1].Resource)
+		out.NextCursor = &next
 	}
 	writeJSON(w, out)
 }
@@ -288,7 +302,7 @@ func (s *Server) list(r *http.Request, req fencing.ListRequest) ([]fencing.Lease
 		if !strings.HasPrefix(p, req.Prefix) {
 			continue
 		}
-		ls, err := s.store.List(r.Context(), fencing.ListRequest{Prefix: p, Limit: req.Limit})
+		ls, err := s.store.List(r.Context(), fencing.ListRequest{Prefix: p, Limit: req.Limit, After: req.After})
 		if err != nil {
 			return nil, err
 		}

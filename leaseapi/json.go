@@ -2,6 +2,7 @@ package leaseapi
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,6 +64,27 @@ type releasedJSON struct {
 
 type listJSON struct {
 	Leases []leaseJSON `json:"leases"`
+	// NextCursor continues the listing after this page; null when the
+	// page is the last (shorter than the limit).
+	NextCursor *string `json:"next_cursor"`
+}
+
+// A list cursor is opaque to clients: the last resource of the page it
+// follows, base64url without padding, so that its form may change without
+// clients noticing.
+
+func encodeCursor(resource string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(resource))
+}
+
+// decodeCursor returns the resource a cursor names; a cursor this server
+// never gave is invalid (field cursor).
+func decodeCursor(c string) (string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil || fencing.ValidateResource(string(b)) != nil {
+		return "", &fencing.ValidationError{Field: "cursor", Reason: "is not a cursor this API gave (use next_cursor as answered)"}
+	}
+	return string(b), nil
 }
 
 type acquireBody struct {

@@ -274,13 +274,21 @@ answers zeros and nulls (exit 0).
 }
 
 func (c *cli) leaseListCmd() *cobra.Command {
-	var prefix string
+	var prefix, cursor string
 	var limit int
+	var all bool
 	cmd := &cobra.Command{
-		Use:   "list [--prefix PREFIX] [--limit N]",
+		Use:   "list [--prefix PREFIX] [--limit N] [--cursor CURSOR | --all]",
 		Short: "Print the live leases, in resource order",
 		Long: `Print the live leases whose resource starts with --prefix, in resource
-order, at most --limit of them (0: the server's maximum).
+order: one page of at most --limit of them (0: the server's maximum, 1000),
+after --cursor (the next_cursor of the page before; none: the first page).
+The answer's next_cursor continues the listing; null means the last page.
+
+With --all, follow next_cursor to the end (--limit is then the page size)
+and print every lease in one answer, {"leases": [...], "next_cursor": null}.
+A lease live for the whole listing appears exactly once; one taken or ended
+meanwhile may or may not.
 
 ` + leaseHelp,
 		Args: cobra.NoArgs,
@@ -293,6 +301,9 @@ order, at most --limit of them (0: the server's maximum).
 			if limit < 0 || limit > fencing.MaxListLimit {
 				return usageError(cmd, "--limit: must be between 0 and %d", fencing.MaxListLimit)
 			}
+			if all && cursor != "" {
+				return usageError(cmd, "--all lists from the start: it does not take --cursor")
+			}
 			q := url.Values{}
 			if prefix != "" {
 				q.Set("prefix", prefix)
@@ -300,12 +311,62 @@ order, at most --limit of them (0: the server's maximum).
 			if limit != 0 {
 				q.Set("limit", strconv.Itoa(limit))
 			}
+			if cursor != "" {
+				q.Set("cursor", cursor)
+			}
+			if all {
+				return c.listAll(cmd, q)
+			}
 			return c.callAPI(cmd, http.MethodGet, "/v1/leases", q, nil, 0)
 		},
 	}
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only resources starting with this")
-	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many leases (0: the server's maximum)")
+	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many leases per page (0: the server's maximum)")
+	cmd.Flags().StringVar(&cursor, "cursor", "", "continue after the page that answered this next_cursor")
+	cmd.Flags().BoolVar(&all, "all", false, "follow next_cursor and print every lease")
 	return cmd
+}
+
+// listAll follows next_cursor from the first page of query q to the last
+// and prints every lease as one answer. Each page has its own call timeout;
+// a failed page fails the command as that call's failure.
+func (c *cli) listAll(cmd *cobra.Command, q url.Values) error {
+	client, err := c.client()
+	if err != nil {
+		return err
+	}
+	leases := []json.RawMessage{}
+	for {
+		ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
+		raw, err := client.Call(ctx, http.MethodGet, "/v1/leases", q, nil)
+		cancel()
+		if err != nil {
+			return c.apiFailure(err)
+		}
+		var page struct {
+			Leases     []json.RawMessage `json:"leases"`
+			NextCursor *string           `json:"next_cursor"`
+		}
+		if err := json.Unmarshal(raw, &page); err != nil {
+			return fmt.Errorf("the API answered a page that is not a lease list: %w", err)
+		}
+		leases = append(leases, page.Leases...)
+		if page.NextCursor == nil {
+			break
+		}
+		if *page.NextCursor == "" || *page.NextCursor == q.Get("cursor") {
+			return errors.New("the API answered a next_cursor that does not move on")
+		}
+		q.Set("cursor", *page.NextCursor)
+	}
+	out, err := json.Marshal(struct {
+		Leases     []json.RawMessage `json:"leases"`
+		NextCursor *string           `json:"next_cursor"`
+	}{Leases: leases})
+	if err != nil {
+		return err
+	}
+	return printJSONLine(c.stdout, out)
 }
 
 func (c *cli) leaseCheckpointCmd() *cobra.Command {

@@ -43,32 +43,35 @@ func TestLeaseCommands(t *testing.T) {
 	}
 
 	l := ok(lease("", "acquire", "job:1", "--owner", "worker-a", "--ttl", "20s"))
-	if l["resource"] != "job:1" || l["owner"] != "worker-a" || l["token"] != 1.0 || l["ttl_seconds"] != 20.0 {
+	if l["resource"] != "job:1" || l["owner"] != "worker-a" || l["token"] == nil || l["ttl_seconds"] != 20.0 {
 		t.Fatalf("acquire: %v", l)
 	}
+	// Tokens follow the store's clock: read them from the answers.
+	tok := func(m map[string]any) uint64 { f, _ := m["token"].(float64); return uint64(f) }
+	l1, t1 := l, strconv.FormatUint(tok(l), 10)
 	ok(lease("", "acquire", "job:2", "--owner", "worker-a")) // the server's default TTL
 	pr := refused(lease("", "acquire", "job:1", "--owner", "worker-b", "--wait", "1s"), "lease-held")
 	if pr["holder"] != "worker-a" {
 		t.Fatalf("lease-held names %v", pr["holder"])
 	}
-	if l := ok(lease("", "renew", "job:1", "--owner", "worker-a", "--token", "1", "--ttl", "30s")); l["ttl_seconds"] != 30.0 || l["token"] != 1.0 {
+	if l := ok(lease("", "renew", "job:1", "--owner", "worker-a", "--token", t1, "--ttl", "30s")); l["ttl_seconds"] != 30.0 || l["token"] != l1["token"] {
 		t.Fatalf("renew: %v", l)
 	}
-	refused(lease("", "renew", "job:1", "--owner", "worker-b", "--token", "1"), "lease-lost")
+	refused(lease("", "renew", "job:1", "--owner", "worker-b", "--token", t1), "lease-lost")
 
 	refused(lease("", "checkpoint", "job:1"), "no-checkpoint")
-	if l := ok(lease("", "checkpoint", "job:1", "--owner", "worker-a", "--token", "1", "--state", `{"done": 3}`)); l["token"] != 1.0 {
+	if l := ok(lease("", "checkpoint", "job:1", "--owner", "worker-a", "--token", t1, "--state", `{"done": 3}`)); l["token"] != l1["token"] {
 		t.Fatalf("checkpoint save: %v", l)
 	}
-	ok(lease(`{"done": 17, "cursor": "k17"}`+"\n", "checkpoint", "job:1", "--owner", "worker-a", "--token", "1", "--state", "-"))
-	refused(lease("", "checkpoint", "job:1", "--owner", "worker-b", "--token", "1", "--state", "1"), "lease-lost")
+	ok(lease(`{"done": 17, "cursor": "k17"}`+"\n", "checkpoint", "job:1", "--owner", "worker-a", "--token", t1, "--state", "-"))
+	refused(lease("", "checkpoint", "job:1", "--owner", "worker-b", "--token", t1, "--state", "1"), "lease-lost")
 	cp := ok(lease("", "checkpoint", "job:1"))
-	if st, _ := cp["state"].(map[string]any); st["done"] != 17.0 || st["cursor"] != "k17" || cp["token"] != 1.0 {
+	if st, _ := cp["state"].(map[string]any); st["done"] != 17.0 || st["cursor"] != "k17" || cp["token"] != l1["token"] {
 		t.Fatalf("checkpoint read: %v", cp)
 	}
 
 	st := ok(lease("", "status", "job:1"))
-	if live, _ := st["lease"].(map[string]any); st["issued_token"] != 1.0 || live["owner"] != "worker-a" || st["checkpoint"] == nil {
+	if live, _ := st["lease"].(map[string]any); st["issued_token"] != l1["token"] || live["owner"] != "worker-a" || st["checkpoint"] == nil {
 		t.Fatalf("status: %v", st)
 	}
 	if st := ok(lease("", "status", "never:used")); st["issued_token"] != 0.0 || st["lease"] != nil {
@@ -87,17 +90,18 @@ func TestLeaseCommands(t *testing.T) {
 		t.Fatalf("list --prefix other: %v", none)
 	}
 
-	if r := ok(lease("", "release", "job:1", "--owner", "worker-a", "--token", "1", "--finished")); r["released"] != true {
+	if r := ok(lease("", "release", "job:1", "--owner", "worker-a", "--token", t1, "--finished")); r["released"] != true {
 		t.Fatalf("release: %v", r)
 	}
-	if r := ok(lease("", "release", "job:1", "--owner", "worker-a", "--token", "1")); r["released"] != false {
+	if r := ok(lease("", "release", "job:1", "--owner", "worker-a", "--token", t1)); r["released"] != false {
 		t.Fatalf("repeated release: %v", r)
 	}
 	l = ok(lease("", "acquire", "job:1", "--owner", "worker-b"))
-	if l["token"] != 2.0 {
+	if tok(l) <= tok(l1) {
 		t.Fatalf("the next owner's token: %v", l)
 	}
-	refused(lease("", "release", "job:1", "--owner", "worker-a", "--token", "1"), "lease-lost")
+	t2 := strconv.FormatUint(tok(l), 10)
+	refused(lease("", "release", "job:1", "--owner", "worker-a", "--token", t1), "lease-lost")
 	cp = ok(lease("", "checkpoint", "job:1"))
 	if prev, _ := cp["previous"].(map[string]any); prev["owner"] != "worker-a" || prev["ended"] != "released" || prev["finished"] != true {
 		t.Fatalf("checkpoint after a handoff: %v", cp)
@@ -105,7 +109,7 @@ func TestLeaseCommands(t *testing.T) {
 
 	// The API finds the state too large (its default limit is 1 MiB).
 	big := strconv.Quote(strings.Repeat("x", 2<<20))
-	refused(lease(big, "checkpoint", "job:1", "--owner", "worker-b", "--token", "2", "--state", "-"), "payload-too-large")
+	refused(lease(big, "checkpoint", "job:1", "--owner", "worker-b", "--token", t2, "--state", "-"), "payload-too-large")
 }
 
 func TestLeaseCommandsWithAPIToken(t *testing.T) {
@@ -170,5 +174,86 @@ func TestAPIFailureExitStatus(t *testing.T) {
 		if got, _ := exitCode(c.apiFailure(tc.err)); got != tc.want {
 			t.Errorf("apiFailure(%v) exits %d, want %d", tc.err, got, tc.want)
 		}
+	}
+}
+
+// TestLeaseListPages: `lease list` pages with --limit and --cursor, and
+// --all follows next_cursor to every lease, through the binary, on the
+// memory and file stores.
+func TestLeaseListPages(t *testing.T) {
+	for _, store := range []string{"memory:", "file:"} {
+		t.Run(strings.TrimSuffix(store, ":"), func(t *testing.T) {
+			dir := t.TempDir()
+			spec := store
+			if store == "file:" {
+				spec += dir + "/fencegate.db"
+			}
+			p := start(t, dir, []string{"FENCEGATE_STORE=" + spec}, "api")
+			env := []string{"FENCEGATE_API_URL=" + p.url("api", "")}
+			lease := func(args ...string) cliResult {
+				t.Helper()
+				return fg(t, env, "", append([]string{"lease"}, args...)...)
+			}
+			ok := func(r cliResult) map[string]any {
+				t.Helper()
+				if r.code != 0 || r.stderr != "" {
+					t.Fatalf("exit %d, stderr %q, want 0 and nothing", r.code, r.stderr)
+				}
+				return r.jsonLine(t)
+			}
+			names := func(m map[string]any) []string {
+				var out []string
+				for _, l := range m["leases"].([]any) {
+					out = append(out, l.(map[string]any)["resource"].(string))
+				}
+				return out
+			}
+			var want []string
+			for i := range 7 {
+				res := "page:" + strconv.Itoa(i)
+				want = append(want, res)
+				ok(lease("acquire", res, "--owner", "w"))
+			}
+			ok(lease("acquire", "other", "--owner", "w"))
+			gone := ok(lease("acquire", "page:3x", "--owner", "w")) // released: not listed
+			ok(lease("release", "page:3x", "--owner", "w", "--token", strconv.FormatFloat(gone["token"].(float64), 'f', -1, 64)))
+			// By hand, pages of 3: the cursor moves on, the last page says null.
+			var got []string
+			var cursor string
+			for i := 0; ; i++ {
+				args := []string{"list", "--prefix", "page:", "--limit", "3"}
+				if cursor != "" {
+					args = append(args, "--cursor", cursor)
+				}
+				page := ok(lease(args...))
+				got = append(got, names(page)...)
+				next, isStr := page["next_cursor"].(string)
+				if !isStr {
+					if page["next_cursor"] != nil || len(names(page)) == 3 {
+						t.Fatalf("page %d: next_cursor %v after %d leases", i, page["next_cursor"], len(names(page)))
+					}
+					break
+				}
+				if i > 5 {
+					t.Fatal("the pages never end")
+				}
+				cursor = next
+			}
+			if strings.Join(got, " ") != strings.Join(want, " ") {
+				t.Fatalf("pages by hand: %v, want %v", got, want)
+			}
+			for _, size := range []string{"1", "2", "7", "0"} {
+				all := ok(lease("list", "--prefix", "page:", "--all", "--limit", size))
+				if got := names(all); strings.Join(got, " ") != strings.Join(want, " ") || all["next_cursor"] != nil {
+					t.Fatalf("list --all --limit %s: %v, next_cursor %v; want %v", size, got, all["next_cursor"], want)
+				}
+			}
+			if r := lease("list", "--all", "--cursor", cursor); r.code != exitUsage {
+				t.Fatalf("list --all --cursor: exit %d, want %d", r.code, exitUsage)
+			}
+			if r := lease("list", "--cursor", "bm90IGEgbmFtZQ"); r.code != exitUsage || r.problem(t)["code"] != "invalid-request" {
+				t.Fatalf("list with a forged cursor: exit %d, stderr %q; want %d and invalid-request", r.code, r.stderr, exitUsage)
+			}
+		})
 	}
 }

@@ -366,9 +366,9 @@ func openStore(ctx context.Context, cfg config.Config, environ []string, log *sl
 	switch spec.Kind {
 	case config.StoreMemory:
 		log.Warn("memory store: leases, tokens and high-water marks are forgotten when fencegate stops; tokens issued before a restart will be issued again. Use it for tests and demos only.")
-		return memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes}), nil
+		return memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, ClockTokens: true, Retention: cfg.Retention}), nil
 	case config.StoreFile:
-		s, err := boltstore.Open(spec.Path, boltstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Logger: log})
+		s, err := boltstore.Open(spec.Path, boltstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Logger: log, Retention: cfg.Retention})
 		if err != nil {
 			return nil, fmt.Errorf("opening the file store: %w", err)
 		}
@@ -407,6 +407,7 @@ func openStore(ctx context.Context, cfg config.Config, environ []string, log *sl
 			StatementTimeout:   cfg.PGStatementTimeout,
 			MaxCheckpointBytes: cfg.MaxCheckpointBytes,
 			Logger:             log,
+			Retention:          cfg.Retention,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("opening the postgres store %s: %w", spec.Redacted(), err)

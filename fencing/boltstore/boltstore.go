@@ -22,8 +22,22 @@
 // detected on Open by comparing the file with a lineage marker kept beside
 // it (PATH.lineage); after a detected loss every resource moves past every
 // token issued before it. A new file's tokens start at the host clock in
-// µs. Tokens are otherwise issued+1. See lineage.go for the design and its
-// limits.
+// µs. See lineage.go for the design and its limits.
+//
+// Tokens follow the clock (DESIGN §12): a new lease gets max(issued+1, the
+// token clock), the token clock being the host clock in µs, never below
+// the highest token the file has issued plus one and never running
+// backwards while the store is open (a reading behind the latest used is
+// counted in RetentionStats.ClockBehind; a file whose tokens are ahead of
+// the host clock by more than a second at Open is logged). A fresh
+// record's floor starts just below its first token, so a token issued
+// before the record existed, was removed by retention or was restored
+// away is refused as stale. Options.CountFromOne counts from one instead.
+//
+// Retention: with Options.Retention, a background sweep removes records
+// with no live lease untouched for the retention, in write transactions of
+// at most Options.SweepBatch records each; admissions at the mark read the
+// mark cache and are never held by it.
 //
 // Limits: one process at a time. bbolt takes an exclusive file lock; a
 // second opener fails after Options.Timeout with an error naming the file.
@@ -38,6 +52,7 @@ package boltstore
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,6 +66,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/record"
+	"github.com/fencegate/fencegate/fencing/retention"
 )
 
 var (
@@ -58,6 +74,9 @@ var (
 	bucketStates  = []byte("states")
 	bucketMeta    = []byte("meta")
 	keyFormat     = []byte("format")
+	// keySwept is the highest token of a record retention removed, for a
+	// file counting from one: fresh records start above it.
+	keySwept = []byte("swept")
 )
 
 // formatVersion is written into a new file and checked on open, so a file
@@ -87,6 +106,15 @@ type Options struct {
 	// Logger receives the warning Open logs when it detects a loss of the
 	// store's data; nil discards it.
 	Logger *slog.Logger
+	// Retention removes a record with no live lease untouched for this
+	// long (FENCEGATE_RETENTION); 0 keeps every record. A background sweep
+	// runs every SweepInterval (0: retention.Interval(Retention)) until
+	// Close; Sweep runs one pass now.
+	Retention     time.Duration
+	SweepInterval time.Duration
+	// SweepBatch is how many records a sweep examines per write
+	// transaction; 0 means retention.DefaultBatch.
+	SweepBatch int
 }
 
 // Store is the file-backed fencing.Store. Safe for concurrent use within
@@ -115,6 +143,18 @@ type Store struct {
 
 	// marks answers admissions at the mark without a transaction.
 	marks marks
+
+	// tokens is the token clock; nil when counting from one.
+	tokens *retention.Clock
+	// swept is the highest token of a record retention removed (keySwept):
+	// changed in write transactions, read in them and in admissions.
+	swept     atomic.Uint64
+	retention time.Duration
+	batch     int
+	stats     retention.Stats
+	sweeper   *retention.Loop
+	// sweepMu runs one sweep pass at a time.
+	sweepMu sync.Mutex
 	// closed is set by Close, before the database closes: admissions then
 	// read the file, which answers that it is closed.
 	closed atomic.Bool
@@ -136,7 +176,10 @@ type hooks struct {
 	beforeCommit func(calls int)
 }
 
-var _ fencing.Store = (*Store)(nil)
+var (
+	_ fencing.Store    = (*Store)(nil)
+	_ fencing.Retainer = (*Store)(nil)
+)
 
 // Open opens (creating if needed, mode 0600) the store file at path. It
 // fails with an error naming path when another process holds the file
@@ -171,7 +214,11 @@ func Open(path string, opts Options) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("%w: store file %s: %w", fencing.ErrUnavailable, path, err)
 	}
-	s := &Store{db: db, path: path, clock: opts.Clock, maxState: opts.MaxCheckpointBytes, marker: marker}
+	if opts.SweepBatch <= 0 {
+		opts.SweepBatch = retention.DefaultBatch
+	}
+	s := &Store{db: db, path: path, clock: opts.Clock, maxState: opts.MaxCheckpointBytes, marker: marker,
+		retention: max(opts.Retention, 0), batch: opts.SweepBatch}
 	err = db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
@@ -192,6 +239,9 @@ func Open(path string, opts Options) (*Store, error) {
 				return err
 			}
 		}
+		if v := meta.Get(keySwept); len(v) == 8 {
+			s.swept.Store(binary.BigEndian.Uint64(v))
+		}
 		return s.checkLineage(meta, fresh, state, mk, opts.CountFromOne)
 	})
 	if err != nil {
@@ -204,6 +254,22 @@ func Open(path string, opts Options) (*Store, error) {
 			s.Close()
 			return nil, fmt.Errorf("%w: store file %s: sync directory: %w", fencing.ErrUnavailable, path, err)
 		}
+	}
+	if !opts.CountFromOne {
+		s.tokens = retention.NewClock(&s.stats)
+		// Above every token the file has issued, whatever the clock says.
+		s.tokens.Raise(s.lineage.max + 1)
+		if now := record.ClockMicros(s.clock.Now()); s.lineage.max > now+fencing.Token(time.Second/time.Microsecond) && opts.Logger != nil {
+			opts.Logger.Warn("boltstore: the host clock is behind the tokens this store file issued; new resources start above them, not at the clock",
+				"path", path, "clock_us", now, "highest_token", s.lineage.max)
+		}
+	}
+	if s.retention > 0 {
+		every := opts.SweepInterval
+		if every <= 0 {
+			every = retention.Interval(s.retention)
+		}
+		s.sweeper = retention.Start(every, s.sweep, &s.stats, opts.Logger)
 	}
 	if s.lossDetected != "" && opts.Logger != nil {
 		opts.Logger.Warn("boltstore: the store file lost data; every resource moves past the tokens issued before the loss: "+
@@ -379,13 +445,35 @@ func (s *Store) view(ctx context.Context, fn func(tx *bolt.Tx) error) error {
 	return s.classify(s.db.View(fn), false)
 }
 
+// tokenClock is the clock reading a new lease's token is at least (see
+// record.Record.AcquireAt).
+func (s *Store) tokenClock(now time.Time) fencing.Token {
+	var c fencing.Token
+	if s.tokens != nil {
+		c = s.tokens.Read(now)
+	}
+	if sw := fencing.Token(s.swept.Load()); sw > 0 {
+		c = max(c, sw+1)
+	}
+	return c
+}
+
+// admit decides req on r, which is empty when the store holds no record
+// of the resource (record.Absent then answers).
+func (s *Store) admit(r *record.Record, req fencing.AdmitRequest, now time.Time) (fencing.Admission, error) {
+	if !r.Exists() {
+		return fencing.Admission{}, record.Absent(req, s.tokenClock(now))
+	}
+	return r.Admit(req, now)
+}
+
 // Acquire implements fencing.Store.
 func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencing.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return fencing.Lease{}, err
 	}
 	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
-		l, err := r.Acquire(req, now)
+		l, err := r.AcquireAt(req, now, s.tokenClock(now))
 		return l, err == nil, err
 	})
 }
@@ -489,10 +577,17 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 	leases := []fencing.Lease{}
 	limit := req.EffectiveLimit()
 	prefix := []byte(req.Prefix)
+	start := prefix
+	if req.After > req.Prefix {
+		start = []byte(req.After) // skipped below: only names after it
+	}
 	err := s.view(ctx, func(tx *bolt.Tx) error {
 		now := s.clock.Now()
 		c := tx.Bucket(bucketRecords).Cursor()
-		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		for k, v := c.Seek(start); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if string(k) <= req.After {
+				continue
+			}
 			name := string(k)
 			r, err := decode(name, v)
 			if err != nil {
@@ -526,25 +621,36 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	if a, ok := s.admitAtMark(ctx, req); ok {
 		return a, nil
 	}
-	var a fencing.Admission
+	var (
+		a     fencing.Admission
+		touch bool
+	)
 	err := s.view(ctx, func(tx *bolt.Tx) error {
 		now := s.clock.Now()
 		r, err := s.load(tx, req.Resource, now)
 		if err != nil {
 			return err
 		}
-		a, err = r.Admit(req, now) // on a private copy: not saved
+		a, err = s.admit(r, req, now) // on a private copy: not saved
 		if err != nil {
 			return &opError{err}
 		}
+		touch = r.TouchStale(now, s.retention)
 		return nil
 	})
-	if err != nil || !a.Raised {
+	if err != nil || !(a.Raised || touch) {
 		return a, err
 	}
 	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Admission, bool, error) {
-		a, err := r.Admit(req, now)
-		return a, a.Raised, err
+		a, err := s.admit(r, req, now)
+		if err != nil {
+			return a, false, err
+		}
+		touch := r.TouchStale(now, s.retention)
+		if touch {
+			r.Touch(now)
+		}
+		return a, a.Raised || touch, nil
 	})
 }
 
@@ -572,7 +678,11 @@ func (s *Store) admitAtMark(ctx context.Context, req fencing.AdmitRequest) (fenc
 		return fencing.Admission{}, false
 	}
 	r := e.rec // a copy: Admit moves the mark on it
-	a, err := r.Admit(req, s.clock.Now())
+	now := s.clock.Now()
+	if r.TouchStale(now, s.retention) {
+		return fencing.Admission{}, false // the transaction path touches it
+	}
+	a, err := r.Admit(req, now)
 	if err != nil || a.Raised {
 		return fencing.Admission{}, false
 	}
@@ -584,10 +694,12 @@ func (s *Store) Ping(ctx context.Context) error {
 	return s.view(ctx, func(*bolt.Tx) error { return nil })
 }
 
-// Close implements fencing.Store. It waits for running transactions, then
-// releases the file lock. Calling it again is harmless.
+// Close implements fencing.Store. It stops the retention sweep, waits for
+// running transactions, then releases the file lock. Calling it again is
+// harmless.
 func (s *Store) Close() error {
 	s.closed.Store(true)
+	s.sweeper.Stop()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("boltstore: close %s: %w", s.path, err)
 	}

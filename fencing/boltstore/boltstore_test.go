@@ -2,6 +2,7 @@ package boltstore_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,27 +34,67 @@ func open(t testing.TB, path string, opts boltstore.Options) *boltstore.Store {
 	return st
 }
 
+// testRetention is the retention of the suite's stores, on the fake clock.
+const testRetention = time.Hour
+
 // harness opens each store in its own file; Reopen closes it and opens the
-// same file again with the same clock, as a restart would.
-func harness(maxState int) fencingtest.Harness {
+// same file again with the same clock, as a restart would. Backup copies
+// the file, and the lineage marker beside it when withMarker (a restore
+// the store cannot detect: only its tokens on the clock protect it) or not
+// (a restore it detects as a loss).
+func harness(maxState int, withMarker bool) fencingtest.Harness {
 	return fencingtest.Harness{
 		MaxCheckpointBytes: maxState,
 		Open: func(t testing.TB) fencingtest.Instance {
 			clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
 			path := filepath.Join(t.TempDir(), "fencegate.db")
-			opts := boltstore.Options{Clock: clock, MaxCheckpointBytes: maxState}
+			// The background sweep stays out of the way (a day between
+			// passes): the cases sweep when they mean to.
+			opts := boltstore.Options{Clock: clock, MaxCheckpointBytes: maxState, Retention: testRetention, SweepInterval: 24 * time.Hour}
 			st := open(t, path, opts)
 			t.Cleanup(func() { st.Close() })
+			reopen := func(t testing.TB) fencing.Store {
+				t.Helper()
+				if err := st.Close(); err != nil {
+					t.Fatalf("Close: %v", err)
+				}
+				st = open(t, path, opts)
+				return st
+			}
 			return fencingtest.Instance{
-				Store:   st,
-				Advance: clock.Advance,
-				Reopen: func(t testing.TB) fencing.Store {
+				Store:       st,
+				Advance:     clock.Advance,
+				Rewind:      clock.Rewind,
+				Reopen:      reopen,
+				ClockTokens: true,
+				Retention:   testRetention,
+				Sweep:       func(ctx context.Context) (int, error) { return st.Sweep(ctx) },
+				Backup: func(t testing.TB) func(t testing.TB) fencing.Store {
 					t.Helper()
-					if err := st.Close(); err != nil {
-						t.Fatalf("Close: %v", err)
+					var db bytes.Buffer
+					if err := st.Backup(&db); err != nil {
+						t.Fatalf("Backup: %v", err)
 					}
-					st = open(t, path, opts)
-					return st
+					marker, err := os.ReadFile(path + ".lineage")
+					if err != nil {
+						t.Fatal(err)
+					}
+					return func(t testing.TB) fencing.Store {
+						t.Helper()
+						if err := st.Close(); err != nil {
+							t.Fatalf("Close: %v", err)
+						}
+						if err := os.WriteFile(path, db.Bytes(), 0o600); err != nil {
+							t.Fatal(err)
+						}
+						if withMarker {
+							if err := os.WriteFile(path+".lineage", marker, 0o600); err != nil {
+								t.Fatal(err)
+							}
+						}
+						st = open(t, path, opts)
+						return st
+					}
 				},
 			}
 		},
@@ -61,7 +102,13 @@ func harness(maxState int) fencingtest.Harness {
 }
 
 func TestConformance(t *testing.T) {
-	fencingtest.Run(t, harness(testMaxCheckpointBytes))
+	fencingtest.Run(t, harness(testMaxCheckpointBytes, true))
+}
+
+// TestRestoreDetected restores the file without its marker: the store
+// detects the loss and moves past every token (the suite's restore case).
+func TestRestoreDetected(t *testing.T) {
+	fencingtest.RunCase(t, harness(testMaxCheckpointBytes, false), "RestoreFromOlderCopy")
 }
 
 // TestConformanceDefaultLimit runs the suite at the default 1 MiB state
@@ -70,7 +117,7 @@ func TestConformanceDefaultLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
 	}
-	fencingtest.Run(t, harness(0))
+	fencingtest.Run(t, harness(0, true))
 }
 
 // TestRestartKeepsLiveLease restarts over the same file on the host's

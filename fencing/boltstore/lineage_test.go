@@ -1,6 +1,7 @@
 package boltstore_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -188,9 +189,9 @@ func TestStoreFileMarkerLostOrTorn(t *testing.T) {
 	}
 }
 
-// TestStoreFileKeepsCountingAcrossRestart: no loss, no floor; tokens stay
-// issued+1 and a live lease stays live across a clean restart, and a
-// second restart is as clean as the first.
+// TestStoreFileKeepsCountingAcrossRestart: no loss, no floor; a live lease
+// stays live across a clean restart, a second restart is as clean as the
+// first, and the next token follows the clock.
 func TestStoreFileKeepsCountingAcrossRestart(t *testing.T) {
 	clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
 	path := filepath.Join(t.TempDir(), "fencegate.db")
@@ -216,7 +217,32 @@ func TestStoreFileKeepsCountingAcrossRestart(t *testing.T) {
 	st = open(t, path, opts)
 	defer st.Close()
 	clock.Advance(2 * time.Hour)
-	if l := mustAcquire(t, st, "job", "b"); l.Token != first.Token+1 {
-		t.Fatalf("next token %d, want issued+1 = %d", l.Token, first.Token+1)
+	if l, want := mustAcquire(t, st, "job", "b"), fencing.Token(clock.Now().UnixMicro()); l.Token != want {
+		t.Fatalf("next token %d, want the clock %d", l.Token, want)
 	}
+}
+
+// TestRestoreOneCommitBehindDetected: a copy exactly one commit behind the
+// file, restored under the marker, is a loss, not the crash it resembles
+// (the marker's committed generation tells them apart).
+func TestRestoreOneCommitBehindDetected(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fencegate.db")
+	opts := boltstore.Options{Clock: fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))}
+	st := open(t, path, opts)
+	a := mustAcquire(t, st, "job", "a")
+	var copyOf bytes.Buffer
+	if err := st.Backup(&copyOf); err != nil {
+		t.Fatal(err)
+	}
+	mustAdmit(t, st, "job", a.Token) // one commit: the mark raised
+	closeStore(t, st)
+	if err := os.WriteFile(path, copyOf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st = open(t, path, opts)
+	defer st.Close()
+	if st.LossDetected() == "" {
+		t.Fatal("a file restored one commit back was not judged a loss")
+	}
+	wantBeforeLoss(t, st, "job", a.Token)
 }

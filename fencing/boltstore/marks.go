@@ -45,7 +45,7 @@ func (m *marks) get(resource string) (*markEntry, bool) {
 // saving publishes r, saved by write transaction txid, as pending. It runs
 // inside that transaction.
 func (m *marks) saving(resource string, r *record.Record, txid int) {
-	e := &markEntry{rec: record.Record{Issued: r.Issued, HighWater: r.HighWater, Floor: r.Floor}, txid: txid, pending: true}
+	e := &markEntry{rec: record.Record{Issued: r.Issued, HighWater: r.HighWater, Floor: r.Floor, TouchedMs: r.TouchedMs}, txid: txid, pending: true}
 	if r.Last != nil {
 		last := *r.Last
 		e.rec.Last = &last
@@ -77,4 +77,14 @@ func (m *marks) settled(resource string, txid int, committed bool) {
 	done := *e
 	done.pending = false
 	m.entries[resource] = &done
+}
+
+// forget drops resource's entry; a write transaction that removes the
+// resource's record calls it before committing, so that no admission is
+// answered from the removed record afterwards (until the commit, readers
+// that miss the cache read the file, which still has the record).
+func (m *marks) forget(resource string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.entries, resource)
 }

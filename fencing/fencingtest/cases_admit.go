@@ -20,6 +20,23 @@ func (s *suite) wantNotIssued(res string, tok, issued fencing.Token) {
 	}
 }
 
+// wantUnknownRefused fails unless admitting tok on a resource the store
+// holds no record of is refused: as stale when the store's tokens follow
+// its clock and tok is below it (every such token was issued before the
+// record went), as not issued otherwise. Nothing may be admitted.
+func (s *suite) wantUnknownRefused(res string, tok fencing.Token) {
+	s.t.Helper()
+	if !s.inst.ClockTokens {
+		s.wantNotIssued(res, tok, 0)
+		return
+	}
+	_, err := s.st.Admit(s.ctx, fencing.AdmitRequest{Resource: res, Token: tok})
+	var e *fencing.StaleTokenError
+	if !errors.As(err, &e) || e.Token != tok || e.Resource != res || e.HighWater <= tok {
+		s.t.Fatalf("Admit(%q, %d) on a resource with no record: %v, want *fencing.StaleTokenError with a mark above the token", res, tok, err)
+	}
+}
+
 // wantStale fails unless admitting tok is refused as stale, reporting
 // highWater.
 func (s *suite) wantStale(res string, tok, highWater fencing.Token) {
@@ -45,7 +62,7 @@ func (s *suite) wantMarks(res string, issued, highWater fencing.Token) fencing.S
 
 func testAdmitTokenNotIssued(s *suite) {
 	const res = "admit:notissued"
-	s.wantNotIssued(res, 1, 0)
+	s.wantUnknownRefused(res, 1)
 	s.wantMarks(res, 0, 0)
 	l := s.acquire(res, "alice", longTTL)
 	s.wantNotIssued(res, l.Token+1, l.Token)

@@ -171,7 +171,8 @@ func testCheckpointInvalidJSON(s *suite) {
 }
 
 func testBadListRequestRefused(s *suite) {
-	for _, req := range []fencing.ListRequest{{Limit: -1}, {Limit: fencing.MaxListLimit + 1}, {Prefix: "a/b"}, {Prefix: "a b"}, {Prefix: strings.Repeat("p", fencing.MaxNameBytes+1)}} {
+	for _, req := range []fencing.ListRequest{{Limit: -1}, {Limit: fencing.MaxListLimit + 1}, {Prefix: "a/b"}, {Prefix: "a b"}, {Prefix: strings.Repeat("p", fencing.MaxNameBytes+1)},
+		{After: "a/b"}, {After: "a\x00"}, {After: strings.Repeat("a", fencing.MaxNameBytes+1)}} {
 		_, err := s.st.List(s.ctx, req)
 		s.wantErr("List "+quote(req.Prefix), err, fencing.ErrInvalid)
 	}

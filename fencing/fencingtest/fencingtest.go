@@ -4,6 +4,8 @@
 // the suite then checks the contract of fencing.Store (token monotonicity,
 // lease semantics, atomic admission, checkpoints, bounds) in named subtests.
 // RunBenchmarks measures the hot paths with the same Harness.
+// RunSharedBarrier checks the contract of fencing.SharedBarrier (several
+// gates over one shared store) with a BarrierHarness.
 //
 // Stores that own time (memory, file) pass a FakeClock and set
 // Instance.Advance, so expiry is tested without sleeping. Stores whose time
@@ -16,6 +18,7 @@
 package fencingtest
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -48,6 +51,28 @@ type Instance struct {
 	// when the store keeps nothing across a reopen (memory); the cases that
 	// need it are skipped.
 	Reopen func(t testing.TB) fencing.Store
+	// ClockTokens says the store issues tokens on its clock (DESIGN §12):
+	// max(issued+1, clock in µs), a fresh record starting with its
+	// high-water mark at the clock, and a token below the clock refused
+	// as stale on a resource with no record. The clock cases need it.
+	ClockTokens bool
+	// Retention is the retention the store was opened with (0: none; the
+	// retention cases are skipped). With a fake clock it should be an
+	// hour or so, with a real one about a second.
+	Retention time.Duration
+	// Sweep runs one retention pass now. Nil for a store whose records
+	// expire by themselves (Valkey keys): the suite then waits past the
+	// retention instead.
+	Sweep func(ctx context.Context) (int, error)
+	// Rewind moves the store's clock back by d (a clock stepped back).
+	// Nil when the store's clock cannot be moved: that case is skipped.
+	Rewind func(d time.Duration)
+	// Backup copies the store's persisted state (a backup taken now) and
+	// returns restore, which closes the store, puts the copy back in place
+	// of what is there then (as an operator restoring last week's backup
+	// would, with whatever the store keeps beside its data) and opens the
+	// store again. Nil when the store has no such copy to take.
+	Backup func(t testing.TB) (restore func(t testing.TB) fencing.Store)
 }
 
 // FakeClock is a fencing.Clock that moves only when told. Safe for
@@ -69,8 +94,16 @@ func (c *FakeClock) Now() time.Time {
 	return c.now
 }
 
-// Advance moves the clock forward by d (negative d is ignored: the clock
-// never goes back).
+// Rewind moves the clock back by d (a clock stepped back, as an NTP step
+// or a restored VM makes it): the clock cases use it.
+func (c *FakeClock) Rewind(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(-d)
+}
+
+// Advance moves the clock forward by d (negative d is ignored: use
+// Rewind).
 func (c *FakeClock) Advance(d time.Duration) {
 	if d <= 0 {
 		return

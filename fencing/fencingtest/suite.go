@@ -20,6 +20,19 @@ func Run(t *testing.T, h Harness) {
 	}
 }
 
+// RunCase runs the one case of the suite named name (as in the subtest
+// names), for a store that runs it again in another setup.
+func RunCase(t *testing.T, h Harness, name string) {
+	t.Helper()
+	for _, c := range cases {
+		if c.name == name {
+			t.Run(c.name, func(t *testing.T) { c.fn(newSuite(t, h)) })
+			return
+		}
+	}
+	t.Fatalf("fencingtest: no case %q", name)
+}
+
 type testCase struct {
 	name   string
 	fn     func(s *suite)
@@ -61,6 +74,8 @@ var cases = []testCase{
 	{"StatusUnknownResource", testStatusUnknownResource, false},
 	{"ListPrefixLimitOrder", testListPrefixLimitOrder, false},
 	{"ListOmitsExpired", testListOmitsExpired, true},
+	{"ListPagesEveryLeaseOnce", testListPagesEveryLeaseOnce, false},
+	{"ListPagesWhileLeasesChange", testListPagesWhileLeasesChange, false},
 	// Concurrency.
 	{"ConcurrentAcquireOneOwner", testConcurrentAcquireOneOwner, false},
 	{"ConcurrentAcquireReleaseUniqueTokens", testConcurrentAcquireReleaseUniqueTokens, false},
@@ -75,4 +90,10 @@ var cases = []testCase{
 	{"BadListRequestRefused", testBadListRequestRefused, false},
 	// Faults.
 	{"ClosedStoreFailsClosed", testClosedStoreFailsClosed, false},
+	// Tokens on the clock and retention (DESIGN §12).
+	{"TokensFollowClock", testTokensFollowClock, false},
+	{"RetentionRemovesIdle", testRetentionRemovesIdle, true},
+	{"RetentionKeepsWrittenRecord", testRetentionKeepsWrittenRecord, false},
+	{"ClockSteppedBack", testClockSteppedBack, false},
+	{"RestoreFromOlderCopy", testRestoreFromOlderCopy, false},
 }

@@ -2,32 +2,53 @@
 // forgets everything when the process exits, so tokens issued before a
 // restart can be issued again: never use it where a fencing guarantee across
 // restarts matters.
+//
+// Tokens: with Options.ClockTokens a new lease gets max(issued+1, the
+// host clock in µs) and a fresh record starts with its high-water mark at
+// that clock (DESIGN §12), so a token issued before a record was removed by
+// retention stays refused. The token clock never runs backwards: a reading
+// behind the latest used is counted (RetentionStats.ClockBehind) and the
+// latest one is used instead. Without ClockTokens tokens count from one,
+// which tests and demos read more easily; records removed by retention then
+// move every later fresh record past the highest token they had issued.
 package memstore
 
 import (
 	"context"
 	"sort"
-	"strings"
 	"sync"
+	"time"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/record"
+	"github.com/fencegate/fencegate/fencing/retention"
 )
 
 // Store is an in-memory fencing.Store. One mutex serializes every operation,
 // which makes each one atomic. Safe for concurrent use.
 type Store struct {
-	clock    fencing.Clock
-	maxState int
+	clock     fencing.Clock
+	maxState  int
+	tokens    *retention.Clock // nil: tokens count from one
+	retention time.Duration
+	batch     int
+	stats     retention.Stats
+	sweeper   *retention.Loop
 
 	mu      sync.Mutex
 	records map[string]*record.Record
 	states  map[string][]byte
-	closed  bool
-	gate    gateHolds
+	// removedTop is the highest token of a record retention removed: a
+	// fresh record counting from one starts above it.
+	removedTop fencing.Token
+	closed     bool
+	gate       gateHolds
 }
 
-var _ fencing.Store = (*Store)(nil)
+var (
+	_ fencing.Store    = (*Store)(nil)
+	_ fencing.Retainer = (*Store)(nil)
+)
 
 // Options configure a Store.
 type Options struct {
@@ -36,6 +57,18 @@ type Options struct {
 	// MaxCheckpointBytes limits checkpoint state; 0 means
 	// fencing.DefaultMaxCheckpointBytes.
 	MaxCheckpointBytes int
+	// ClockTokens issues tokens on the clock (see the package doc), as
+	// FENCEGATE_STORE=memory: does; false counts from one.
+	ClockTokens bool
+	// Retention removes a record with no live lease untouched for this
+	// long (FENCEGATE_RETENTION); 0 keeps every record. A background sweep
+	// runs every SweepInterval (0: retention.Interval(Retention)) until
+	// Close; Sweep runs one pass now.
+	Retention     time.Duration
+	SweepInterval time.Duration
+	// SweepBatch is how many records a sweep examines per hold of the
+	// store's lock; 0 means retention.DefaultBatch.
+	SweepBatch int
 }
 
 // New returns an empty store.
@@ -46,7 +79,35 @@ func New(opts Options) *Store {
 	if opts.MaxCheckpointBytes == 0 {
 		opts.MaxCheckpointBytes = fencing.DefaultMaxCheckpointBytes
 	}
-	return &Store{clock: opts.Clock, maxState: opts.MaxCheckpointBytes, records: map[string]*record.Record{}, states: map[string][]byte{}}
+	if opts.SweepBatch <= 0 {
+		opts.SweepBatch = retention.DefaultBatch
+	}
+	s := &Store{clock: opts.Clock, maxState: opts.MaxCheckpointBytes, retention: max(opts.Retention, 0), batch: opts.SweepBatch,
+		records: map[string]*record.Record{}, states: map[string][]byte{}}
+	if opts.ClockTokens {
+		s.tokens = retention.NewClock(&s.stats)
+	}
+	if s.retention > 0 {
+		every := opts.SweepInterval
+		if every <= 0 {
+			every = retention.Interval(s.retention)
+		}
+		s.sweeper = retention.Start(every, s.sweep, &s.stats, nil)
+	}
+	return s
+}
+
+// tokenClock is the clock reading a new lease's token is at least (see
+// record.Record.AcquireAt); the caller holds the mutex.
+func (s *Store) tokenClock(now time.Time) fencing.Token {
+	var c fencing.Token
+	if s.tokens != nil {
+		c = s.tokens.Read(now)
+	}
+	if s.removedTop > 0 {
+		c = max(c, s.removedTop+1)
+	}
+	return c
 }
 
 // lock takes the mutex; it fails if the store is closed.
@@ -100,7 +161,8 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 		return fencing.Lease{}, err
 	}
 	return apply(s, ctx, req.Resource, func(r *record.Record) (fencing.Lease, error) {
-		return r.Acquire(req, s.clock.Now())
+		now := s.clock.Now()
+		return r.AcquireAt(req, now, s.tokenClock(now))
 	})
 }
 
@@ -175,7 +237,7 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 	now := s.clock.Now()
 	names := make([]string, 0, len(s.records))
 	for name := range s.records {
-		if strings.HasPrefix(name, req.Prefix) {
+		if req.Wants(name) {
 			names = append(names, name)
 		}
 	}
@@ -198,7 +260,15 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 		return fencing.Admission{}, err
 	}
 	return apply(s, ctx, req.Resource, func(r *record.Record) (fencing.Admission, error) {
-		return r.Admit(req, s.clock.Now())
+		now := s.clock.Now()
+		if !r.Exists() {
+			return fencing.Admission{}, record.Absent(req, s.tokenClock(now))
+		}
+		a, err := r.Admit(req, now)
+		if err == nil && s.retention > 0 {
+			r.Touch(now)
+		}
+		return a, err
 	})
 }
 
@@ -218,10 +288,56 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close implements fencing.Store.
+// Close implements fencing.Store. It stops the retention sweep.
 func (s *Store) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.closed = true
+	s.mu.Unlock()
+	s.sweeper.Stop()
 	return nil
+}
+
+// RetentionStats implements fencing.Retainer.
+func (s *Store) RetentionStats() fencing.RetentionStats { return s.stats.Snapshot() }
+
+// Sweep runs one retention pass now (the background sweep runs them too)
+// and reports how many records it removed. It does nothing without a
+// retention.
+func (s *Store) Sweep(ctx context.Context) (int, error) {
+	return retention.Run(ctx, s.sweep, &s.stats)
+}
+
+// sweep removes the records idle at the store's clock, examining at most
+// s.batch of them per hold of the mutex: between batches it lets go, so
+// operations interleave with a sweep of any size. Ranging over the map
+// across those releases is sound (the spec allows changes to a map during
+// its iteration; every access is under the mutex): an entry added meanwhile
+// may be skipped until the next pass, none is visited twice.
+func (s *Store) sweep(ctx context.Context) (int, error) {
+	if s.retention <= 0 {
+		return 0, nil
+	}
+	if err := s.lock(); err != nil {
+		return 0, err
+	}
+	removed, seen := 0, 0
+	for name, r := range s.records {
+		if now := s.clock.Now(); r.Idle(now, s.retention) {
+			s.removedTop = max(s.removedTop, r.Issued)
+			delete(s.records, name)
+			delete(s.states, name)
+			removed++
+		}
+		if seen++; seen%s.batch == 0 {
+			s.mu.Unlock()
+			if err := ctx.Err(); err != nil {
+				return removed, err
+			}
+			if err := s.lock(); err != nil {
+				return removed, err
+			}
+		}
+	}
+	s.mu.Unlock()
+	return removed, nil
 }

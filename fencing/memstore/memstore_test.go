@@ -14,21 +14,32 @@ import (
 // testMaxCheckpointBytes is small so the oversize cases stay cheap.
 const testMaxCheckpointBytes = 4 << 10
 
-func harness(maxState int) fencingtest.Harness {
+// testRetention is the retention of the suite's stores, on the fake clock.
+const testRetention = time.Hour
+
+func harness(maxState int, clockTokens bool) fencingtest.Harness {
 	return fencingtest.Harness{
 		MaxCheckpointBytes: maxState,
 		Open: func(t testing.TB) fencingtest.Instance {
 			clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
-			st := memstore.New(memstore.Options{Clock: clock, MaxCheckpointBytes: maxState})
+			// The background sweep stays out of the way (a day between
+			// passes): the cases sweep when they mean to.
+			st := memstore.New(memstore.Options{Clock: clock, MaxCheckpointBytes: maxState, ClockTokens: clockTokens,
+				Retention: testRetention, SweepInterval: 24 * time.Hour})
 			t.Cleanup(func() { st.Close() })
 			// Reopen is nil: the memory store keeps nothing across a restart.
-			return fencingtest.Instance{Store: st, Advance: clock.Advance}
+			return fencingtest.Instance{Store: st, Advance: clock.Advance, Rewind: clock.Rewind,
+				ClockTokens: clockTokens, Retention: testRetention, Sweep: st.Sweep}
 		},
 	}
 }
 
+// TestConformance runs the suite on tokens counted from one (the zero
+// Options, which tests elsewhere rely on) and on tokens on the clock (what
+// FENCEGATE_STORE=memory: uses).
 func TestConformance(t *testing.T) {
-	fencingtest.Run(t, harness(testMaxCheckpointBytes))
+	t.Run("CountFromOne", func(t *testing.T) { fencingtest.Run(t, harness(testMaxCheckpointBytes, false)) })
+	t.Run("ClockTokens", func(t *testing.T) { fencingtest.Run(t, harness(testMaxCheckpointBytes, true)) })
 }
 
 // TestConformanceDefaultLimit runs the suite at the default 1 MiB state
@@ -37,7 +48,7 @@ func TestConformanceDefaultLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
 	}
-	fencingtest.Run(t, harness(0))
+	fencingtest.Run(t, harness(0, true))
 }
 
 // TestConformanceRealClock runs the suite on the host's clock, the way
@@ -49,9 +60,10 @@ func TestConformanceRealClock(t *testing.T) {
 	fencingtest.Run(t, fencingtest.Harness{
 		MaxCheckpointBytes: testMaxCheckpointBytes,
 		Open: func(t testing.TB) fencingtest.Instance {
-			st := memstore.New(memstore.Options{MaxCheckpointBytes: testMaxCheckpointBytes})
+			st := memstore.New(memstore.Options{MaxCheckpointBytes: testMaxCheckpointBytes, ClockTokens: true,
+				Retention: time.Second, SweepInterval: time.Hour})
 			t.Cleanup(func() { st.Close() })
-			return fencingtest.Instance{Store: st}
+			return fencingtest.Instance{Store: st, ClockTokens: true, Retention: time.Second, Sweep: st.Sweep}
 		},
 	})
 }

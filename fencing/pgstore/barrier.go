@@ -117,11 +117,11 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 	}
 	admit := func(raise bool) decision[registered] {
 		return func(r *record.Record, now time.Time) (registered, bool, error) {
-			a, err := r.Admit(req, now)
-			if err == nil && a.Raised && !raise {
+			a, changed, err := s.admitRecord(r, req, now)
+			if err == nil && changed && !raise {
 				err = errRaise
 			}
-			return registered{adm: a}, a.Raised, err
+			return registered{adm: a}, changed, err
 		}
 	}
 	v, err := transact(ctx, s, "admit", req.Resource, s.sql.readShared, admit(false), nil, register)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/fencingtest"
 	"github.com/fencegate/fencegate/fencing/pgstore/pgtest"
 )
 
@@ -33,7 +34,7 @@ func newHolder(t *testing.T, s *Store, res, owner string) fencing.Token {
 }
 
 // barrierRows counts the barrier table's rows for res.
-func barrierRows(t *testing.T, s *Store, res string) int {
+func barrierRows(t testing.TB, s *Store, res string) int {
 	t.Helper()
 	var n int
 	if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+s.schema+`.barrier WHERE resource = $1`, res).Scan(&n); err != nil {
@@ -54,131 +55,55 @@ func registerEntry(t *testing.T, s *Store, res, gate string, tok fencing.Token, 
 	return e, lower
 }
 
-// TestSharedBarrier runs the shared barrier's contract with two stores (two
-// gates) on one schema: lower entries seen across gates, equal tokens never
-// waiting, refusals registering nothing, wake-ups on Leave, expiry by the
-// database's clock.
+// barrierHarness opens gates over one fresh schema for the shared
+// barrier's conformance suite, with views of the barrier table.
+func barrierHarness() fencingtest.BarrierHarness {
+	return fencingtest.BarrierHarness{
+		Open: func(t testing.TB, n int) fencingtest.BarrierInstance {
+			schema := freshSchema()
+			var gates []fencing.Store
+			for range n {
+				gates = append(gates, open(t, schema))
+			}
+			view := open(t, schema)
+			return fencingtest.BarrierInstance{
+				Gates:   gates,
+				Entries: func(t testing.TB, res string) int { return barrierRows(t, view, res) },
+				Deadline: func(t testing.TB, e fencing.BarrierEntry) time.Time {
+					t.Helper()
+					id, err := entryID(e)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var deadline time.Time
+					if err := view.pool.QueryRow(context.Background(), `SELECT deadline FROM `+schema+`.barrier WHERE id = $1`, id).Scan(&deadline); err != nil {
+						t.Fatal(err)
+					}
+					return deadline
+				},
+				Now: func(t testing.TB) time.Time {
+					t.Helper()
+					var now time.Time
+					if err := view.pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&now); err != nil {
+						t.Fatal(err)
+					}
+					return now
+				},
+			}
+		},
+		NotifyOnly: func() func() {
+			recheck := barrierRecheck
+			barrierRecheck = time.Hour
+			return func() { barrierRecheck = recheck }
+		},
+	}
+}
+
+// TestSharedBarrier runs the shared barrier's conformance suite with two
+// stores (two gates) on one schema.
 func TestSharedBarrier(t *testing.T) {
-	ctx := context.Background()
-	schema := freshSchema()
-	g1, g2 := open(t, schema), open(t, schema)
-	const res = "job:7"
-
-	a := newHolder(t, g1, res, "a")
-	ea, lower := registerEntry(t, g1, res, "g1", a, time.Minute)
-	if lower {
-		t.Fatal("first write reports a lower entry")
-	}
-	ea2, lower := registerEntry(t, g2, res, "g2", a, time.Minute)
-	if lower {
-		t.Fatal("an equal token waits for an equal one")
-	}
-	b := newHolder(t, g2, res, "b")
-	eb, lower := registerEntry(t, g2, res, "g2", b, time.Minute)
-	if !lower {
-		t.Fatal("a higher token does not see the lower entries in flight through the other gate")
-	}
-
-	// A refused admission registers nothing.
-	before := barrierRows(t, g1, res)
-	if _, _, _, err := g1.AdmitRegister(ctx, fencing.AdmitRequest{Resource: res, Token: a}, "g1", time.Minute); !errors.Is(err, fencing.ErrStaleToken) {
-		t.Fatalf("stale AdmitRegister: %v, want ErrStaleToken", err)
-	}
-	if _, _, _, err := g1.AdmitRegister(ctx, fencing.AdmitRequest{Resource: res, Token: b + 1000}, "g1", time.Minute); !errors.Is(err, fencing.ErrTokenNotIssued) {
-		t.Fatalf("unissued AdmitRegister: %v, want ErrTokenNotIssued", err)
-	}
-	if _, _, _, err := g1.AdmitRegister(ctx, fencing.AdmitRequest{Resource: "never:acquired", Token: 1}, "g1", time.Minute); !errors.Is(err, fencing.ErrTokenNotIssued) {
-		t.Fatalf("AdmitRegister on an unknown resource: %v, want ErrTokenNotIssued", err)
-	}
-	if after := barrierRows(t, g1, res); after != before {
-		t.Fatalf("refused admissions changed the entries: %d -> %d", before, after)
-	}
-
-	// b waits while a lower entry remains, on either gate. The periodic
-	// re-check is turned off: only a notification can wake the wait.
-	recheck := barrierRecheck
-	barrierRecheck = time.Hour
-	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	if _, err := g2.WaitLower(short, eb); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("WaitLower with two lower entries: %v, want it to block until its context ends", err)
-	}
-	cancel()
-	done := make(chan error, 1)
-	go func() { _, err := g2.WaitLower(ctx, eb); done <- err }()
-	if err := g1.Leave(ctx, ea); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		t.Fatalf("WaitLower returned (%v) while a lower entry of gate g2 remains", err)
-	case <-time.After(300 * time.Millisecond):
-	}
-	if err := g1.Leave(ctx, ea2); err != nil { // through the other gate
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("WaitLower after every lower entry left: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("WaitLower was not woken by the Leave of the last lower entry")
-	}
-	barrierRecheck = recheck
-	if err := g2.Leave(ctx, eb); err != nil || g2.Leave(ctx, eb) != nil {
-		t.Fatalf("Leave (twice): %v", err)
-	}
-	if n := barrierRows(t, g1, res); n != 0 {
-		t.Fatalf("%d entries left after every write left", n)
-	}
-
-	// A gate that dies with an entry registered: the entry blocks higher
-	// tokens until its deadline (by the database's clock), then expires.
-	c := newHolder(t, g1, res, "c")
-	ec, _ := registerEntry(t, g1, res, "dead", c, 700*time.Millisecond)
-	id, _ := entryID(ec)
-	var deadline time.Time
-	if err := g1.pool.QueryRow(ctx, `SELECT deadline FROM `+schema+`.barrier WHERE id = $1`, id).Scan(&deadline); err != nil {
-		t.Fatal(err)
-	}
-	d := newHolder(t, g2, res, "d")
-	ed, lower := registerEntry(t, g2, res, "g2", d, time.Minute)
-	if !lower {
-		t.Fatal("the dead gate's entry is not seen")
-	}
-	expired, err := g2.WaitLower(ctx, ed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var now time.Time
-	if err := g1.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
-		t.Fatal(err)
-	}
-	if now.Before(deadline) {
-		t.Fatalf("WaitLower passed at database time %v, before the dead gate's entry's deadline %v", now, deadline)
-	}
-	if expired != 1 {
-		t.Fatalf("expired = %d, want 1", expired)
-	}
-	if err := g2.Leave(ctx, ed); err != nil {
-		t.Fatal(err)
-	}
-	if n := barrierRows(t, g1, res); n != 0 {
-		t.Fatalf("%d entries left", n)
-	}
-
-	// A registration removes the expired lower entries and counts them.
-	e1 := newHolder(t, g1, res, "e")
-	registerEntry(t, g1, res, "dead", e1, time.Millisecond)
-	time.Sleep(20 * time.Millisecond)
-	e2 := newHolder(t, g1, res, "f")
-	ef, lower := registerEntry(t, g2, res, "g2", e2, time.Minute)
-	if lower || ef.Expired != 1 {
-		t.Fatalf("registration behind an expired entry: lower %v, expired %d; want false, 1", lower, ef.Expired)
-	}
-	if err := g2.Leave(ctx, ef); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.Need(t, cluster)
+	fencingtest.RunSharedBarrier(t, barrierHarness())
 }
 
 // TestSharedBarrierFailsClosed: a wait whose store closes, or whose

@@ -151,7 +151,11 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 		return fencing.Lease{}, err
 	}
 	return write(ctx, s, "acquire", req.Resource, func(r *record.Record, now time.Time) (fencing.Lease, bool, error) {
-		l, err := r.Acquire(req, now)
+		clock := record.ClockMicros(now)
+		if r.Issued > clock+fencing.Token(time.Second/time.Microsecond) {
+			s.stats.ClockBehind() // the database's clock is behind this record's tokens
+		}
+		l, err := r.AcquireAt(req, now, clock)
 		return l, err == nil, err
 	}, nil)
 }
@@ -234,14 +238,31 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	if err != nil {
 		return fencing.Admission{}, err
 	}
-	a, err := w.record().Admit(req, w.now())
-	if err != nil || !a.Raised {
+	a, changed, err := s.admitRecord(w.record(), req, w.now())
+	if err != nil || !changed {
 		return a, err
 	}
 	return write(ctx, s, "admit", req.Resource, func(r *record.Record, now time.Time) (fencing.Admission, bool, error) {
-		a, err := r.Admit(req, now)
-		return a, a.Raised, err
+		return s.admitRecord(r, req, now)
 	}, nil)
+}
+
+// admitRecord decides an admission on r at the database's now: on a
+// resource with no record, record.Absent at the clock; otherwise
+// record.Record.Admit, touching the record when its touch is stale for the
+// retention. changed says whether r must be written.
+func (s *Store) admitRecord(r *record.Record, req fencing.AdmitRequest, now time.Time) (a fencing.Admission, changed bool, err error) {
+	if !r.Exists() {
+		return fencing.Admission{}, false, record.Absent(req, record.ClockMicros(now))
+	}
+	if a, err = r.Admit(req, now); err != nil {
+		return a, false, err
+	}
+	touch := r.TouchStale(now, s.retention)
+	if touch {
+		r.Touch(now)
+	}
+	return a, a.Raised || touch, nil
 }
 
 // List implements fencing.Store: a range scan of the primary key from the
@@ -260,7 +281,7 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 }
 
 func (s *Store) list(ctx context.Context, req fencing.ListRequest) ([]fencing.Lease, error) {
-	rows, err := s.pool.Query(ctx, s.sql.list, req.Prefix, req.Prefix+"\x7f", req.EffectiveLimit())
+	rows, err := s.pool.Query(ctx, s.sql.list, req.Prefix, req.Prefix+"\x7f", req.EffectiveLimit(), req.After)
 	if err != nil {
 		return nil, err
 	}

@@ -78,6 +78,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/retention"
 )
 
 // Defaults for Options.
@@ -120,6 +121,16 @@ type Options struct {
 	MaxCheckpointBytes int
 	// Logger receives start-up warnings; nil discards them.
 	Logger *slog.Logger
+	// Retention removes a record with no live lease and no barrier entry,
+	// untouched for this long (FENCEGATE_RETENTION), with its checkpoint;
+	// 0 keeps every record. A background sweep runs every SweepInterval
+	// (0: retention.Interval(Retention)) until Close; Sweep runs one pass
+	// now.
+	Retention     time.Duration
+	SweepInterval time.Duration
+	// SweepBatch is how many records one sweep statement removes at most;
+	// 0 means retention.DefaultBatch.
+	SweepBatch int
 }
 
 // Store is the PostgreSQL fencing.Store. Safe for concurrent use, by many
@@ -133,9 +144,17 @@ type Store struct {
 	version  string
 	closed   atomic.Bool
 	listen   listener // the shared barrier's LISTEN connection
+
+	retention time.Duration
+	batch     int
+	stats     retention.Stats
+	sweeper   *retention.Loop
 }
 
-var _ fencing.Store = (*Store)(nil)
+var (
+	_ fencing.Store    = (*Store)(nil)
+	_ fencing.Retainer = (*Store)(nil)
+)
 
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
@@ -174,15 +193,27 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}
 	s := &Store{
-		pool:     pool,
-		schema:   schema,
-		sql:      newStatements(pgx.Identifier{schema}.Sanitize()),
-		timeout:  opts.StatementTimeout,
-		maxState: opts.MaxCheckpointBytes,
+		pool:      pool,
+		schema:    schema,
+		sql:       newStatements(pgx.Identifier{schema}.Sanitize()),
+		timeout:   opts.StatementTimeout,
+		maxState:  opts.MaxCheckpointBytes,
+		retention: max(opts.Retention, 0),
+		batch:     opts.SweepBatch,
+	}
+	if s.batch <= 0 {
+		s.batch = retention.DefaultBatch
 	}
 	if err := s.start(ctx, opts.Logger); err != nil {
 		pool.Close()
 		return nil, err
+	}
+	if s.retention > 0 {
+		every := opts.SweepInterval
+		if every <= 0 {
+			every = retention.Interval(s.retention)
+		}
+		s.sweeper = retention.Start(every, s.sweep, &s.stats, opts.Logger)
 	}
 	return s, nil
 }
@@ -296,6 +327,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // in use to be returned. Calling it again is harmless.
 func (s *Store) Close() error {
 	if s.closed.CompareAndSwap(false, true) {
+		s.sweeper.Stop()
 		s.listen.stop()
 		s.pool.Close()
 	}

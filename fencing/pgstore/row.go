@@ -11,7 +11,7 @@ import (
 // the read statements (nullable: the join yields NULLs for an unknown
 // resource). Its fields follow recordColumns.
 type row struct {
-	nowMs         int64
+	nowUs         int64
 	found         bool
 	issued, hw    *int64
 	owner         *string
@@ -25,16 +25,22 @@ type row struct {
 	cpToken       *int64
 	cpUpdated     *time.Time
 	cpSize        *int32
+	floor         *int64
+	touched       *time.Time
 }
 
 // dest lists the scan destinations in the statements' column order.
 func (w *row) dest() []any {
-	return []any{&w.nowMs, &w.found, &w.issued, &w.hw, &w.owner, &w.token, &w.ttlMs, &w.acquired, &w.exp,
+	return []any{&w.nowUs, &w.found, &w.issued, &w.hw, &w.owner, &w.token, &w.ttlMs, &w.acquired, &w.exp,
 		&w.released, &w.fin, &w.priorOwner, &w.priorToken, &w.priorEnded, &w.priorFinished,
-		&w.cpToken, &w.cpUpdated, &w.cpSize}
+		&w.cpToken, &w.cpUpdated, &w.cpSize, &w.floor, &w.touched}
 }
 
-func (w *row) now() time.Time { return time.UnixMilli(w.nowMs).UTC() }
+// now is the database's clock when it read the row; clock is the same in
+// µs, for tokens.
+func (w *row) now() time.Time { return time.UnixMicro(w.nowUs).UTC() }
+
+func (w *row) clock() fencing.Token { return fencing.Token(max(w.nowUs, 0)) }
 
 func tok(p *int64) fencing.Token {
 	if p == nil || *p < 0 {
@@ -65,7 +71,7 @@ func (w *row) record() *record.Record {
 	if !w.found {
 		return r
 	}
-	r.Issued, r.HighWater = tok(w.issued), tok(w.hw)
+	r.Issued, r.HighWater, r.Floor, r.TouchedMs = tok(w.issued), tok(w.hw), tok(w.floor), ms(w.touched)
 	if w.owner != nil {
 		r.Last = &record.Lease{Owner: *w.owner, Token: tok(w.token), TTLMillis: i64(w.ttlMs),
 			AcquiredMs: ms(w.acquired), ExpiresMs: ms(w.exp), Released: flag(w.released), Finished: flag(w.fin)}
@@ -88,7 +94,7 @@ func (w *row) record() *record.Record {
 // resource, then recordColumns in order. Tokens in a record never exceed
 // issued, which an int64 holds (issued grows by one per acquisition).
 func args(resource string, r *record.Record) []any {
-	a := make([]any, 0, 17)
+	a := make([]any, 0, 19)
 	a = append(a, resource, int64(r.Issued), int64(r.HighWater))
 	if l := r.Last; l != nil {
 		a = append(a, l.Owner, int64(l.Token), l.TTLMillis, time.UnixMilli(l.AcquiredMs), time.UnixMilli(l.ExpiresMs), l.Released, l.Finished)
@@ -104,6 +110,12 @@ func args(resource string, r *record.Record) []any {
 		a = append(a, int64(c.Token), time.UnixMilli(c.UpdatedMs), int32(c.SizeBytes))
 	} else {
 		a = append(a, nil, nil, nil)
+	}
+	a = append(a, int64(r.Floor))
+	if r.TouchedMs != 0 {
+		a = append(a, time.UnixMilli(r.TouchedMs))
+	} else {
+		a = append(a, nil)
 	}
 	return a
 }

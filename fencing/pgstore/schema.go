@@ -49,6 +49,14 @@ var migrations = []string{
 		deadline timestamptz NOT NULL
 	);
 	CREATE INDEX barrier_resource_token ON {schema}.barrier (resource, token);`,
+	// 3: tokens on the clock and retention (DESIGN §12): the floor below a
+	// fresh record's first token, and when the record was last touched
+	// (NULL in rows written before: the sweep then goes by the lease's
+	// and checkpoint's times), indexed for the sweep.
+	`ALTER TABLE {schema}.resources
+		ADD COLUMN floor bigint NOT NULL DEFAULT 0 CHECK (floor >= 0),
+		ADD COLUMN touched_at timestamptz;
+	CREATE INDEX resources_touched ON {schema}.resources (touched_at);`,
 }
 
 // advisoryClass is the first key of the advisory lock that serializes
@@ -118,17 +126,18 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 type statements struct {
 	readLocked, readShared, read, readCheckpoint string
 	insert, update, saveState                    string
-	list                                         string
+	list, sweep                                  string
 	register, check, leave                       string
 }
 
 // recordColumns are the columns read into a record.Record, in scan order
 // (see scanRecord).
 const recordColumns = `issued, high_water, owner, token, ttl_ms, acquired_at, expires_at, released, finished,
-	prior_owner, prior_token, prior_ended, prior_finished, cp_token, cp_updated_at, cp_size`
+	prior_owner, prior_token, prior_ended, prior_finished, cp_token, cp_updated_at, cp_size, floor, touched_at`
 
-// nowMillis is the database's clock in Unix milliseconds.
-const nowMillis = `floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint`
+// nowMicros is the database's clock in Unix microseconds: tokens follow it
+// (DESIGN §12); expiry uses it at millisecond precision.
+const nowMicros = `floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
 
 func newStatements(schema string) statements {
 	r := schema + ".resources"
@@ -137,29 +146,43 @@ func newStatements(schema string) statements {
 	// resource exists, and its record.
 	locked := func(mode string) string {
 		return `WITH r AS (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1 FOR ` + mode + `)
-			SELECT ` + nowMillis + `, r.issued IS NOT NULL, r.* FROM (VALUES (true)) AS one LEFT JOIN r ON true`
+			SELECT ` + nowMicros + `, r.issued IS NOT NULL, r.* FROM (VALUES (true)) AS one LEFT JOIN r ON true`
 	}
 	st := statements{
 		readLocked: locked("UPDATE"),
 		readShared: locked("SHARE"),
-		read: `SELECT ` + nowMillis + `, r.issued IS NOT NULL, r.* FROM (VALUES (true)) AS one
+		read: `SELECT ` + nowMicros + `, r.issued IS NOT NULL, r.* FROM (VALUES (true)) AS one
 			LEFT JOIN (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1) r ON true`,
-		readCheckpoint: `SELECT ` + nowMillis + `, r.issued IS NOT NULL, r.*, c.state FROM (VALUES (true)) AS one
+		readCheckpoint: `SELECT ` + nowMicros + `, r.issued IS NOT NULL, r.*, c.state FROM (VALUES (true)) AS one
 			LEFT JOIN (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1) r ON true
 			LEFT JOIN ` + schema + `.checkpoints c ON c.resource = $1`,
 		insert: `INSERT INTO ` + r + ` (resource, ` + recordColumns + `)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)`,
 		update: `UPDATE ` + r + ` SET (` + recordColumns + `)
-			= ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) WHERE resource = $1`,
+			= ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) WHERE resource = $1`,
 		saveState: `INSERT INTO ` + schema + `.checkpoints (resource, state) VALUES ($1, $2)
 			ON CONFLICT (resource) DO UPDATE SET state = EXCLUDED.state`,
 		// Live leases in byte order: resource >= prefix and < prefix||0x7f
 		// is exactly "starts with prefix" for names of bytes below 0x7f,
 		// and a range scan of the primary key in the C collation.
 		list: `SELECT resource, owner, token, ttl_ms, acquired_at, expires_at FROM ` + r + `
-			WHERE resource >= $1 AND resource < $2 AND owner IS NOT NULL AND NOT released
+			WHERE resource >= $1 AND resource < $2 AND resource > $4 AND owner IS NOT NULL AND NOT released
 			AND expires_at > clock_timestamp() ORDER BY resource LIMIT $3`,
 	}
 	st.register, st.check, st.leave = barrierStatements(schema + ".barrier")
+	// One sweep batch (retention, DESIGN §12): at most $2 rows with no live
+	// lease, untouched for the retention $1 (an interval, against the
+	// database's clock), and no barrier entry, locked without waiting for
+	// a row another transaction holds; their checkpoints, then the rows.
+	// It returns how many rows went.
+	st.sweep = `WITH now AS (SELECT clock_timestamp() AS t),
+		idle AS (SELECT resource FROM ` + r + ` x
+			WHERE coalesce(touched_at, greatest(expires_at, acquired_at, cp_updated_at)) <= (SELECT t FROM now) - $1::interval
+			AND (owner IS NULL OR released OR expires_at <= (SELECT t FROM now))
+			AND NOT EXISTS (SELECT 1 FROM ` + schema + `.barrier b WHERE b.resource = x.resource)
+			ORDER BY touched_at NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED),
+		cp AS (DELETE FROM ` + schema + `.checkpoints WHERE resource IN (SELECT resource FROM idle)),
+		gone AS (DELETE FROM ` + r + ` WHERE resource IN (SELECT resource FROM idle) RETURNING 1)
+		SELECT count(*) FROM gone`
 	return st
 }

@@ -28,8 +28,16 @@ func freshSchema() string { return fmt.Sprintf("fgtest_%d", schemaSeq.Add(1)) }
 
 func open(t testing.TB, schema string) *Store {
 	t.Helper()
+	return openWith(t, schema, 0)
+}
+
+// openWith opens a store with a retention (0: none); its background sweep
+// stays out of the way (an hour between passes): tests sweep themselves.
+func openWith(t testing.TB, schema string, retention time.Duration) *Store {
+	t.Helper()
 	c := pgtest.Need(t, cluster)
-	s, err := Open(context.Background(), Options{URL: c.SocketURL("postgres"), Schema: schema, StatementTimeout: 5 * time.Second})
+	s, err := Open(context.Background(), Options{URL: c.SocketURL("postgres"), Schema: schema, StatementTimeout: 5 * time.Second,
+		Retention: retention, SweepInterval: time.Hour})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -54,8 +62,8 @@ func mutate(s *Store) {
 	case "nolock":
 		s.sql.readLocked = strings.Replace(s.sql.readLocked, "FOR UPDATE", "", 1)
 	case "noexpiry":
-		s.sql.readLocked = strings.Replace(s.sql.readLocked, nowMillis, "0::bigint", 1)
-		s.sql.read = strings.Replace(s.sql.read, nowMillis, "0::bigint", 1)
+		s.sql.readLocked = strings.Replace(s.sql.readLocked, nowMicros, "0::bigint", 1)
+		s.sql.read = strings.Replace(s.sql.read, nowMicros, "0::bigint", 1)
 		s.sql.list = strings.Replace(s.sql.list, "expires_at > clock_timestamp()", "true", 1)
 	}
 }
@@ -67,14 +75,18 @@ func mutate(s *Store) {
 func harness() fencingtest.Harness {
 	return fencingtest.Harness{Open: func(t testing.TB) fencingtest.Instance {
 		schema := freshSchema()
-		s := open(t, schema)
+		s := openWith(t, schema, testRetention)
 		return fencingtest.Instance{Store: s, Reopen: func(t testing.TB) fencing.Store {
 			s.Close()
-			s = open(t, schema)
+			s = openWith(t, schema, testRetention)
 			return s
-		}}
+		}, ClockTokens: true, Retention: testRetention, Sweep: func(ctx context.Context) (int, error) { return s.Sweep(ctx) }}
 	}}
 }
+
+// testRetention is the conformance stores' retention, on the database's
+// real clock: short, so the retention case sleeps little.
+const testRetention = time.Second
 
 func TestConformance(t *testing.T) {
 	pgtest.Need(t, cluster)
@@ -191,21 +203,23 @@ func TestListUsesIndex(t *testing.T) {
 	if _, err := s.pool.Exec(ctx, `ANALYZE `+s.schema+`.resources`); err != nil {
 		t.Fatal(err)
 	}
-	var plan strings.Builder
-	rows, err := s.pool.Query(ctx, `EXPLAIN `+s.sql.list, "r12", "r12\x7f", 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var line string
-		rows.Scan(&line)
-		plan.WriteString(line + "\n")
-	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
-	}
-	if !strings.Contains(plan.String(), "Index") || strings.Contains(plan.String(), "Seq Scan") {
-		t.Fatalf("List's plan does not use the primary key:\n%s", plan.String())
+	for _, after := range []string{"", "r125"} { // the first page, and one after a cursor
+		var plan strings.Builder
+		rows, err := s.pool.Query(ctx, `EXPLAIN `+s.sql.list, "r12", "r12\x7f", 10, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var line string
+			rows.Scan(&line)
+			plan.WriteString(line + "\n")
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		if !strings.Contains(plan.String(), "Index") || strings.Contains(plan.String(), "Seq Scan") {
+			t.Fatalf("List's plan (after %q) does not use the primary key:\n%s", after, plan.String())
+		}
 	}
 }
 

@@ -35,6 +35,11 @@ type Record struct {
 	// Saved describes the stored checkpoint state, if any. The state
 	// itself is kept by the store beside the record.
 	Saved *Checkpoint `json:"checkpoint,omitempty"`
+	// TouchedMs is when an operation last changed the record (acquire,
+	// renew, release, checkpoint, an admission): what retention measures
+	// idleness from (see Idle). Zero in a record written before it was
+	// kept; Idle then falls back on the lease's and checkpoint's times.
+	TouchedMs int64 `json:"touched_ms,omitempty"`
 }
 
 // Lease is a lease as stored.
@@ -138,9 +143,23 @@ func (r *Record) Lift(floor fencing.Token, now time.Time) bool {
 	return true
 }
 
-// Acquire applies fencing.Store.Acquire. It always changes the record when
-// it succeeds (a new lease, or a same-owner extension).
+// Acquire is AcquireAt with no clock: tokens count issued+1 from zero.
 func (r *Record) Acquire(req fencing.AcquireRequest, now time.Time) (fencing.Lease, error) {
+	return r.AcquireAt(req, now, 0)
+}
+
+// AcquireAt applies fencing.Store.Acquire with tokens on the store's
+// clock: a new lease gets max(Issued+1, clock), clock being the store's
+// clock reading in µs (DESIGN §12). A fresh record (never acquired)
+// also starts with its floor at clock-1 (see Lift), so every token issued
+// before the record existed (or before it was removed, lost or restored
+// from an older copy) is refused as stale, with the mark reported at
+// clock, as the Valkey store's records do; the high-water mark itself
+// stays zero until the first write, which raises it. A zero clock
+// counts from one, for stores and tests that want small tokens. It always
+// changes the record when it succeeds (a new lease, or a same-owner
+// extension).
+func (r *Record) AcquireAt(req fencing.AcquireRequest, now time.Time, clock fencing.Token) (fencing.Lease, error) {
 	n := millis(now)
 	ttl := req.TTL.Milliseconds()
 	if r.live(n) {
@@ -149,12 +168,17 @@ func (r *Record) Acquire(req fencing.AcquireRequest, now time.Time) (fencing.Lea
 		}
 		r.Last.TTLMillis = ttl
 		r.Last.ExpiresMs = n + ttl
+		r.TouchedMs = n
 		return r.Last.lease(req.Resource), nil
 	}
 	if r.Last != nil {
 		r.Prior = r.ended()
 	}
-	r.Issued++
+	if r.Last == nil && clock > 0 { // never acquired: a fresh record
+		r.Floor = max(r.Floor, clock-1)
+	}
+	r.Issued = max(r.Issued+1, clock)
+	r.TouchedMs = n
 	r.Last = &Lease{Owner: req.Owner, Token: r.Issued, TTLMillis: ttl, AcquiredMs: n, ExpiresMs: n + ttl}
 	return r.Last.lease(req.Resource), nil
 }
@@ -174,6 +198,7 @@ func (r *Record) Renew(req fencing.RenewRequest, now time.Time) (fencing.Lease, 
 		r.Last.TTLMillis = req.TTL.Milliseconds()
 	}
 	r.Last.ExpiresMs = n + r.Last.TTLMillis
+	r.TouchedMs = n
 	return r.Last.lease(req.Resource), nil
 }
 
@@ -185,6 +210,7 @@ func (r *Record) Release(req fencing.ReleaseRequest, now time.Time) (released bo
 		r.Last.Released = true
 		r.Last.Finished = req.Finished
 		r.Last.ExpiresMs = n
+		r.TouchedMs = n
 		return true, nil
 	}
 	if r.Last != nil && r.Last.Owner == req.Owner && r.Last.Token == req.Token && r.Issued == req.Token {
@@ -202,6 +228,7 @@ func (r *Record) Checkpoint(req fencing.CheckpointRequest, now time.Time) (fenci
 	}
 	r.Last.ExpiresMs = n + r.Last.TTLMillis
 	r.Saved = &Checkpoint{Token: req.Token, UpdatedMs: n, SizeBytes: len(req.State)}
+	r.TouchedMs = n
 	return r.Last.lease(req.Resource), nil
 }
 
@@ -234,8 +261,10 @@ func (r *Record) Status(resource string, now time.Time) fencing.Status {
 }
 
 // Admit applies fencing.Store.Admit. It changes the record only when it
-// raises the high-water mark (Admission.Raised); an admission at the current
-// mark writes nothing.
+// raises the high-water mark (Admission.Raised); an admission at the
+// current mark writes nothing, unless the store finds the record's touch
+// stale (TouchStale) and Touches it, so that retention keeps a record
+// still written to.
 func (r *Record) Admit(req fencing.AdmitRequest, now time.Time) (fencing.Admission, error) {
 	if req.Token > r.Issued {
 		return fencing.Admission{}, &fencing.TokenNotIssuedError{Resource: req.Resource, Token: req.Token, Issued: r.Issued}
@@ -250,6 +279,68 @@ func (r *Record) Admit(req fencing.AdmitRequest, now time.Time) (fencing.Admissi
 		return fencing.Admission{}, leaseNotHeld(req.Resource, req.Token)
 	}
 	raised := req.Token > r.HighWater
-	r.HighWater = req.Token
+	if raised {
+		r.HighWater = req.Token
+		r.TouchedMs = millis(now)
+	}
 	return fencing.Admission{Resource: req.Resource, Token: req.Token, HighWater: r.HighWater, Issued: r.Issued, Raised: raised}, nil
+}
+
+// Absent answers an admission for a resource the store holds no record of
+// (never used, or removed by retention, or lost), at the store's clock
+// reading in µs: a token below clock was issued before now, so before the
+// record went, and is refused as stale (BeforeLoss, with the mark at
+// clock); any other token is not issued. A zero clock (a store counting
+// from one) refuses every token as not issued. Nothing is created.
+func Absent(req fencing.AdmitRequest, clock fencing.Token) error {
+	if req.Token < clock {
+		return &fencing.StaleTokenError{Resource: req.Resource, Token: req.Token, HighWater: clock, BeforeLoss: true}
+	}
+	return &fencing.TokenNotIssuedError{Resource: req.Resource, Token: req.Token, Issued: 0}
+}
+
+// Exists reports whether the record holds anything: a record that does
+// not reads like a resource never used.
+func (r *Record) Exists() bool {
+	return r.Issued != 0 || r.HighWater != 0 || r.Last != nil || r.Saved != nil
+}
+
+// lastTouched is when the record last changed, as far as it tells.
+func (r *Record) lastTouched() int64 {
+	t := r.TouchedMs
+	if r.Last != nil {
+		t = max(t, r.Last.AcquiredMs, r.Last.ExpiresMs)
+	}
+	if r.Saved != nil {
+		t = max(t, r.Saved.UpdatedMs)
+	}
+	return t
+}
+
+// Idle reports whether retention may remove the record at now: no live
+// lease, and untouched for at least retention. A zero or negative
+// retention keeps every record.
+func (r *Record) Idle(now time.Time, retention time.Duration) bool {
+	if retention <= 0 {
+		return false
+	}
+	n := millis(now)
+	return !r.live(n) && r.lastTouched() <= n-retention.Milliseconds()
+}
+
+// TouchStale reports whether the record's last touch is older than half
+// the retention at now: a store that skips writing admissions at the mark
+// writes one then, so that a resource written to keeps its record. A zero
+// retention never goes stale.
+func (r *Record) TouchStale(now time.Time, retention time.Duration) bool {
+	return retention > 0 && r.lastTouched() < millis(now)-retention.Milliseconds()/2
+}
+
+// Touch records an operation at now that changed nothing else (an
+// admission at the mark), for retention.
+func (r *Record) Touch(now time.Time) { r.TouchedMs = max(r.TouchedMs, millis(now)) }
+
+// ClockMicros is t as a token clock reading: Unix µs, never negative.
+func ClockMicros(t time.Time) fencing.Token {
+	return fencing.Token(max(t.UnixMicro(), 0))
 }

@@ -45,7 +45,7 @@ func TestJSONFormat(t *testing.T) {
 	want := `{"issued":2,"high_water":1,` +
 		`"last":{"owner":"bob","token":2,"ttl_ms":60000,"acquired_ms":` + itoa(ms+3000) + `,"expires_ms":` + itoa(ms+63000) + `},` +
 		`"prior":{"owner":"alice","token":1,"ended":"released","finished":true},` +
-		`"checkpoint":{"token":1,"updated_ms":` + itoa(ms+1000) + `,"size_bytes":7}}`
+		`"checkpoint":{"token":1,"updated_ms":` + itoa(ms+1000) + `,"size_bytes":7},"touched_ms":` + itoa(ms+3000) + `}`
 	if got := enc(t, &r); got != want {
 		t.Fatalf("encoding\n got %s\nwant %s", got, want)
 	}
@@ -146,5 +146,58 @@ func TestExpiryBoundary(t *testing.T) {
 	}
 	if st := r.Status("r", l.ExpiresAt); st.Lease != nil || st.Previous == nil || st.Previous.Ended != fencing.EndExpired {
 		t.Fatalf("status at expires_at %+v", st)
+	}
+}
+
+// TestAcquireAtClock: tokens follow the clock, a fresh record refuses what
+// predates it, and Absent refuses old tokens of a missing record as stale.
+func TestAcquireAtClock(t *testing.T) {
+	var r record.Record
+	clock := record.ClockMicros(t0)
+	l, err := r.AcquireAt(fencing.AcquireRequest{Resource: "r", Owner: "a", TTL: time.Minute}, t0, clock)
+	if err != nil || l.Token != clock || r.Floor != clock-1 || r.HighWater != 0 {
+		t.Fatalf("first lease %+v, %v; record %+v", l, err, r)
+	}
+	if _, err := r.Admit(fencing.AdmitRequest{Resource: "r", Token: clock - 1}, t0); !errors.Is(err, fencing.ErrStaleToken) {
+		t.Fatalf("token below the fresh record's clock: %v", err)
+	}
+	if ok, err := r.Release(fencing.ReleaseRequest{Resource: "r", Owner: "a", Token: l.Token}, t0); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	// The clock behind issued: issued+1.
+	l2, err := r.AcquireAt(fencing.AcquireRequest{Resource: "r", Owner: "b", TTL: time.Minute}, t0, clock-5)
+	if err != nil || l2.Token != clock+1 || r.Floor != clock-1 {
+		t.Fatalf("second lease %+v, %v; record %+v", l2, err, r)
+	}
+	var stale *fencing.StaleTokenError
+	if err := record.Absent(fencing.AdmitRequest{Resource: "r", Token: 7}, clock); !errors.As(err, &stale) || stale.HighWater != clock {
+		t.Fatalf("Absent below the clock: %v", err)
+	}
+	if err := record.Absent(fencing.AdmitRequest{Resource: "r", Token: clock}, clock); !errors.Is(err, fencing.ErrTokenNotIssued) {
+		t.Fatalf("Absent at the clock: %v", err)
+	}
+	if err := record.Absent(fencing.AdmitRequest{Resource: "r", Token: 1}, 0); !errors.Is(err, fencing.ErrTokenNotIssued) {
+		t.Fatalf("Absent counting from one: %v", err)
+	}
+}
+
+// TestIdle: retention removes only an ended lease's record untouched for
+// the retention; a stale touch is one older than half of it.
+func TestIdle(t *testing.T) {
+	var r record.Record
+	l, _ := r.AcquireAt(fencing.AcquireRequest{Resource: "r", Owner: "a", TTL: 2 * time.Hour}, t0, 0)
+	if r.Idle(t0.Add(90*time.Minute), time.Hour) {
+		t.Fatal("a live lease's record is idle")
+	}
+	r.Release(fencing.ReleaseRequest{Resource: "r", Owner: "a", Token: l.Token}, t0.Add(time.Minute))
+	if r.Idle(t0.Add(time.Hour), time.Hour) || !r.Idle(t0.Add(61*time.Minute), time.Hour) || r.Idle(t0.Add(100*time.Hour), 0) {
+		t.Fatal("idleness not measured from the release")
+	}
+	if r.TouchStale(t0.Add(31*time.Minute), time.Hour) || !r.TouchStale(t0.Add(32*time.Minute), time.Hour) {
+		t.Fatal("stale touch not at half the retention")
+	}
+	r.Touch(t0.Add(2 * time.Hour))
+	if r.Idle(t0.Add(150*time.Minute), time.Hour) {
+		t.Fatal("a touched record is idle")
 	}
 }

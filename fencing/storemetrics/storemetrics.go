@@ -167,6 +167,9 @@ func Wrap(s fencing.Store, mp metric.MeterProvider, tp trace.TracerProvider) *St
 		checkpoint: newOp(h, OpCheckpoint), readCheckpoint: newOp(h, OpReadCheckpoint),
 		status: newOp(h, OpStatus), list: newOp(h, OpList), admit: newOp(h, OpAdmit), ping: newOp(h, OpPing),
 	}
+	if r, ok := s.(fencing.Retainer); ok {
+		observeRetention(mp, r)
+	}
 	// The no-op provider's spans record nothing and are never exported, and
 	// starting one only wraps the caller's context: skipping it changes
 	// nothing but the cost.

@@ -378,3 +378,53 @@ func TestMarkReader(t *testing.T) {
 		t.Fatalf("OpenMarkReader through a store without mark readers: %v, %v", r, err)
 	}
 }
+
+// TestRetentionCounters: a store that removes idle records reports what
+// its sweeps did through the wrapper's meter.
+func TestRetentionCounters(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	mem := memstore.New(memstore.Options{Clock: clock, ClockTokens: true, Retention: time.Hour, SweepInterval: 24 * time.Hour})
+	defer mem.Close()
+	st := storemetrics.Wrap(mem, mp, nil)
+	ctx := context.Background()
+	for _, res := range []string{"a", "b"} {
+		l, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: res, Owner: "o", TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Release(ctx, fencing.ReleaseRequest{Resource: res, Owner: "o", Token: l.Token}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(2 * time.Hour)
+	if n, err := mem.Sweep(ctx); err != nil || n != 2 {
+		t.Fatalf("Sweep = %d, %v; want 2 removed", n, err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, dp := range d.DataPoints {
+					got[m.Name] += float64(dp.Value)
+				}
+			case metricdata.Sum[float64]:
+				for _, dp := range d.DataPoints {
+					got[m.Name] += dp.Value
+				}
+			}
+		}
+	}
+	if got[storemetrics.MetricRetentionRemoved] != 2 || got[storemetrics.MetricRetentionSweeps] != 1 {
+		t.Fatalf("retention counters %v, want 2 removed in 1 sweep", got)
+	}
+	if _, ok := got[storemetrics.MetricRetentionSweepTime]; !ok {
+		t.Fatalf("no %s in %v", storemetrics.MetricRetentionSweepTime, got)
+	}
+}

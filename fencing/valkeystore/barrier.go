@@ -90,36 +90,25 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 	if err != nil {
 		return fencing.Admission{}, none, false, err
 	}
-	if r[0] != "OK" {
-		_, err := s.admitReply(ctx, req, r, top, before, known)
-		return fencing.Admission{}, none, false, err
-	}
-	if len(r) != 9 {
-		return fencing.Admission{}, none, false, corrupt("admit", r)
-	}
-	adm, err := s.admitReply(ctx, req, r[:5], top, before, known)
-	if err != nil {
-		// Registered, but the write will not be forwarded: remove the
-		// entry (if that fails too, it stays until its deadline).
-		_ = s.Leave(ctx, fencing.BarrierEntry{Resource: req.Resource, Token: req.Token, ID: r[5]})
-		return fencing.Admission{}, none, false, err
-	}
-	lower, _, expired, ok := barrierState(r[6:9])
+	a, ok := decodeAdmitRegister(r)
 	if !ok {
+		if len(r) > 5 && r[0] == "OK" && r[5] != "" {
+			// Registered (the reply names the entry) but unreadable:
+			// remove the entry, as below.
+			_ = s.Leave(ctx, fencing.BarrierEntry{Resource: req.Resource, Token: req.Token, ID: r[5]})
+		}
 		return fencing.Admission{}, none, false, corrupt("admit", r)
 	}
-	return adm, fencing.BarrierEntry{Resource: req.Resource, Token: req.Token, ID: r[5], Expired: expired}, lower > 0, nil
-}
-
-// barrierState decodes {lower, wait_ms, expired}.
-func barrierState(f []string) (lower int, wait time.Duration, expired int, ok bool) {
-	l, err1 := strconv.Atoi(f[0])
-	w, err2 := strconv.ParseInt(f[1], 10, 64)
-	e, err3 := strconv.Atoi(f[2])
-	if err1 != nil || err2 != nil || err3 != nil {
-		return 0, 0, 0, false
+	adm, err := s.admitted(ctx, req, a.admit, top, before, known)
+	if err != nil {
+		if a.admit.kind == admitOK {
+			// Registered, but the write will not be forwarded: remove the
+			// entry (if that fails too, it stays until its deadline).
+			_ = s.Leave(ctx, fencing.BarrierEntry{Resource: req.Resource, Token: req.Token, ID: a.member})
+		}
+		return fencing.Admission{}, none, false, err
 	}
-	return l, time.Duration(w) * time.Millisecond, e, true
+	return adm, fencing.BarrierEntry{Resource: req.Resource, Token: req.Token, ID: a.member, Expired: a.barrier.expired}, a.barrier.lower > 0, nil
 }
 
 // Leave implements fencing.SharedBarrier.
@@ -149,14 +138,11 @@ func (s *Store) WaitLower(ctx context.Context, e fencing.BarrierEntry) (int, err
 			if err != nil {
 				return fencing.BarrierCheck{}, err
 			}
-			if len(r) != 3 {
-				return fencing.BarrierCheck{}, corrupt("barrier check", r)
+			b, n := decodeBarrierCheck(r)
+			if err := n.err(); err != nil {
+				return fencing.BarrierCheck{}, err
 			}
-			lower, wait, exp, ok := barrierState(r)
-			if !ok {
-				return fencing.BarrierCheck{}, corrupt("barrier check", r)
-			}
-			return fencing.BarrierCheck{Lower: lower, Wait: wait, Expired: exp}, nil
+			return fencing.BarrierCheck{Lower: b.lower, Wait: b.wait, Expired: b.expired}, nil
 		})
 }
 

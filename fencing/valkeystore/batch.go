@@ -110,7 +110,7 @@ func (b *batch) readMarks(ctx context.Context, calls []batchCall) []batchCall {
 			rest = append(rest, c) // not at the mark, or not plainly: the script judges
 			continue
 		}
-		b.out[c.i], b.errs[c.i] = s.admitReply(b.ctx, req, []string{"OK", v[0], v[1], "0", v[2]}, b.top, c.before, c.known)
+		b.out[c.i], b.errs[c.i] = s.admitted(b.ctx, req, admitReply{kind: admitOK, issued: issued, hw: hw, floor: floor}, b.top, c.before, c.known)
 	}
 	return rest
 }
@@ -142,6 +142,11 @@ func (b *batch) runScripts(ctx context.Context, calls []batchCall) {
 			b.errs[c.i] = err
 			continue
 		}
-		b.out[c.i], b.errs[c.i] = s.admitReply(b.ctx, req, r, b.top, c.before, c.known)
+		a, ok := decodeAdmit(r, false)
+		if !ok || a.kind == admitWait {
+			b.errs[c.i] = corrupt("admit", r)
+			continue
+		}
+		b.out[c.i], b.errs[c.i] = s.admitted(b.ctx, req, a, b.top, c.before, c.known)
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/valkey-io/valkey-go"
 )
 
 // DefaultPolicyCheckInterval is how often a Store re-checks every node's
@@ -118,4 +120,118 @@ func (s *Store) checkPolicy(op string) error {
 		return fmt.Errorf("%w: %s: %s; fencegate requires noeviction", fencing.ErrUnavailable, op, *f)
 	}
 	return nil
+}
+
+// checkNodes enforces noeviction and warns about missing persistence on
+// every node the client knows (in a cluster: every primary and replica,
+// since a replica may be promoted). Every primary must answer; a cluster
+// node that is not a primary and cannot be reached (a dead replica) is
+// skipped with a warning, so that a replica being down never stops a gate
+// from starting.
+func (s *Store) checkNodes(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, 2*s.cmdTimeout)
+	prim, err := s.primaries(pctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("valkeystore: %w", err)
+	}
+	for addr, node := range s.client.Nodes() {
+		reached, err := s.checkNode(ctx, addr, node)
+		if err == nil {
+			continue
+		}
+		if _, isPrimary := prim[addr]; reached || isPrimary || !s.isCluster() {
+			return err
+		}
+		s.log.Warn("valkeystore: a cluster node that is not a primary does not answer; its maxmemory-policy and persistence are not checked",
+			"addr", addr, "error", err)
+	}
+	return nil
+}
+
+// checkNode checks one node; reached reports whether it answered at all.
+func (s *Store) checkNode(ctx context.Context, addr string, node valkey.Client) (reached bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*s.cmdTimeout)
+	defer cancel()
+	mem, err := node.Do(ctx, node.B().Info().Section("memory").Build()).ToString()
+	if err != nil {
+		return false, fmt.Errorf("valkeystore: INFO memory on %s: %w", addr, classify("check", err))
+	}
+	policy := infoField(mem, "maxmemory_policy")
+	if policy != "noeviction" {
+		return true, fmt.Errorf("valkeystore: server %s has maxmemory-policy %q; fencegate requires noeviction, "+
+			"because an evicting server may silently drop token counters and high-water marks "+
+			"(set maxmemory-policy noeviction: a full server then refuses writes, and fencegate fails closed)", addr, policy)
+	}
+	pers, err := node.Do(ctx, node.B().Info().Section("persistence").Build()).ToString()
+	if err != nil {
+		return true, fmt.Errorf("valkeystore: INFO persistence on %s: %w", addr, classify("check", err))
+	}
+	aof := infoField(pers, "aof_enabled") == "1"
+	save := ""
+	if kv, err := node.Do(ctx, node.B().ConfigGet().Parameter("save").Build()).AsStrMap(); err == nil {
+		save = kv["save"]
+	} else {
+		s.log.Warn("valkeystore: cannot read the server's save setting (CONFIG GET refused)", "addr", addr, "error", err)
+		return true, nil
+	}
+	if !aof && strings.TrimSpace(save) == "" {
+		s.log.Warn("valkeystore: persistence is off on the server (no AOF, no RDB snapshots): a restart loses every lease, checkpoint and high-water mark; "+
+			"tokens stay unique and pre-restart tokens are refused, but every holder must re-acquire. Enable appendonly yes (appendfsync always so that a crash loses nothing)",
+			"addr", addr)
+	} else if !aof {
+		s.log.Warn("valkeystore: only RDB snapshots are on: a crash rolls back to the last snapshot; enable appendonly yes", "addr", addr)
+	}
+	return true, nil
+}
+
+// warnFewReplicas logs a warning for each primary that has fewer connected
+// replicas than WaitReplicas now: every admission that raises a mark there
+// would fail closed until enough replicas connect. It never fails Open.
+func (s *Store) warnFewReplicas(ctx context.Context) {
+	for addr, node := range s.client.Nodes() {
+		cctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
+		info, err := node.Do(cctx, node.B().Info().Section("replication").Build()).ToString()
+		cancel()
+		if err != nil || infoField(info, "role") != "master" {
+			continue
+		}
+		if n, err := strconv.Atoi(infoField(info, "connected_slaves")); err == nil && n < s.waitReplicas {
+			s.log.Warn("valkeystore: a primary has fewer connected replicas than WaitReplicas; admissions that raise a high-water mark there fail with 503 until enough replicas connect",
+				"addr", addr, "replicas", n, "wait_replicas", s.waitReplicas)
+		}
+	}
+}
+
+// infoField returns field's value from an INFO reply.
+func infoField(info, field string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// Ping implements fencing.Store: it succeeds when the store can serve every
+// resource now. On a single node: the node answers PING. In a cluster: a
+// node reports a slot map that covers every hash slot, and the primary of
+// each shard runs a script routed by key, as every operation is. Replicas
+// are not consulted: a dead replica never fails Ping; a dead primary fails
+// it with a store fault (fencing.ErrUnavailable, or fencing.ErrAmbiguous
+// when an open connection broke) until the cluster has promoted a replica
+// and the client has learnt it.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.checkOpen("ping"); err != nil {
+		return err
+	}
+	if err := s.checkPolicy("ping"); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
+	defer cancel()
+	if s.isCluster() {
+		return s.pingCluster(ctx)
+	}
+	return classify("ping", s.client.Do(ctx, s.client.B().Ping().Build()).Error())
 }

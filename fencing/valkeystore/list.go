@@ -27,11 +27,14 @@ const scanCount = 1000
 //     primary that does not answer fails it with a store fault),
 //  2. runs list.lua once per resource found (one slot each, pipelined by the
 //     client) to confirm the lease is live at the server's time,
-//  3. sorts by resource and returns the first Limit.
+//  3. sorts by resource and returns the first Limit after After.
 //
 // Cost: the SCAN visits every key of every primary, O(total keys), whatever
-// the prefix or limit, plus one script per live lease matching the prefix.
-// Fine for an operator's listing of thousands of leases; not a hot path.
+// the prefix, limit or page cursor (ListRequest.After), plus one script per
+// live lease matching the prefix after the cursor, up to the limit. Every
+// page scans again: listing L live leases in pages of P among K keys costs
+// about K*L/P key visits. Fine for an operator's listing of thousands of
+// leases; not a hot path.
 // The result is not one snapshot: a lease taken or ended while List runs
 // may or may not be included.
 func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Lease, error) {
@@ -59,7 +62,7 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 			}
 			for _, k := range e.Elements {
 				if r, ok := strings.CutPrefix(k, head); ok {
-					if r, ok = strings.CutSuffix(r, tail); ok && fencing.ValidateResource(r) == nil && strings.HasPrefix(r, req.Prefix) {
+					if r, ok = strings.CutSuffix(r, tail); ok && fencing.ValidateResource(r) == nil && req.Wants(r) {
 						found[r] = true
 					}
 				}
@@ -109,13 +112,13 @@ func (s *Store) liveLease(ctx context.Context, res string) (*fencing.Lease, erro
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case r[0] == "NONE":
-		return nil, nil
-	case r[0] == "LIVE" && len(r) == 6:
-		if l, ok := lease(res, r[1], r[2:]); ok {
-			return &l, nil
-		}
+	l, n := decodeList(r)
+	if err := n.err(); err != nil {
+		return nil, err
 	}
-	return nil, corrupt("list", r)
+	if !l.live {
+		return nil, nil
+	}
+	lease := l.lease.of(res, l.owner)
+	return &lease, nil
 }

@@ -1,8 +1,12 @@
 package valkeystore
 
 import (
+	"context"
 	"embed"
+	"errors"
+	"fmt"
 
+	"github.com/fencegate/fencegate/fencing"
 	"github.com/valkey-io/valkey-go"
 )
 
@@ -58,3 +62,48 @@ var (
 	confirmScript        = script("confirm", false)
 	liftScript           = script("lift", false)
 )
+
+// Keys of a resource; see the package doc.
+func (s *Store) recKey(res string) string   { return s.prefix + ":{" + res + "}" }
+func (s *Store) liveKey(res string) string  { return s.prefix + ":{" + res + "}:live" }
+func (s *Store) stateKey(res string) string { return s.prefix + ":{" + res + "}:state" }
+
+// run executes one script with the command timeout and returns its array
+// reply, classifying faults.
+func (s *Store) run(ctx context.Context, op string, sc *valkey.Lua, keys, args []string) ([]string, error) {
+	if err := s.checkOpen(op); err != nil {
+		return nil, err
+	}
+	if err := s.checkPolicy(op); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
+	defer cancel()
+	return scriptReply(op, sc.Exec(ctx, s.client, keys, args))
+}
+
+// checkOpen fails a call on a closed store (nothing is sent) with
+// fencing.ErrUnavailable.
+func (s *Store) checkOpen(op string) error {
+	if s.closed.Load() {
+		return fmt.Errorf("%w: %s: the store is closed", fencing.ErrUnavailable, op)
+	}
+	return nil
+}
+
+// scriptReply decodes a script's array reply, classifying faults.
+func scriptReply(op string, res valkey.ValkeyResult) ([]string, error) {
+	out, err := res.AsStrSlice()
+	if err != nil {
+		if errors.Is(err, valkey.ErrClosing) {
+			// The store was open when the call started, so Close ran
+			// during it: the script may have been sent and run.
+			return nil, fmt.Errorf("%w: %s: the store was closed during the call", fencing.ErrAmbiguous, op)
+		}
+		return nil, classify(op, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: %s: empty script reply", fencing.ErrAmbiguous, op)
+	}
+	return out, nil
+}

@@ -91,9 +91,9 @@ var (
 // WAIT on one dedicated connection, then the confirmation. It returns the
 // script's reply (an admission with 5 fields, or a refusal) once the mark
 // is confirmed, or a fault.
-func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live string) ([]string, error) {
+func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live string) (admitReply, error) {
 	if err := s.checkOpen("admit"); err != nil {
-		return nil, err
+		return admitReply{}, err
 	}
 	// The script has the command timeout, the WAIT its own on top.
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout+s.waitTimeout)
@@ -123,22 +123,26 @@ func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live
 		return nil
 	})
 	if err != nil { // Dedicated returns the callback's error only
-		return nil, classify("admit", err)
+		return admitReply{}, classify("admit", err)
 	}
 	r, err := scriptReply("admit", res[0])
 	if err != nil {
-		return nil, err
+		return admitReply{}, err
 	}
-	if r[0] != "OK" || len(r) != 6 || r[4] != "1" {
-		return r, nil // a refusal, or a mark confirmed meanwhile: no WAIT needed
+	a, ok := decodeAdmit(r, true)
+	if !ok {
+		return admitReply{}, corrupt("admit", r)
+	}
+	if a.kind != admitOK || !a.confirm {
+		return a, nil // a refusal, or a mark confirmed meanwhile: no WAIT needed
 	}
 	acked, err := res[1].AsInt64()
 	if err != nil {
-		return nil, fmt.Errorf("%w: admit: the high-water mark of %q was written on the primary; WAIT for %d replicas failed: %w",
+		return admitReply{}, fmt.Errorf("%w: admit: the high-water mark of %q was written on the primary; WAIT for %d replicas failed: %w",
 			fencing.ErrAmbiguous, req.Resource, s.waitReplicas, err)
 	}
 	if acked < int64(s.waitReplicas) {
-		return nil, fmt.Errorf("%w: admit: the high-water mark of %q was written on the primary but reached %d of %d replicas within %v",
+		return admitReply{}, fmt.Errorf("%w: admit: the high-water mark of %q was written on the primary but reached %d of %d replicas within %v",
 			fencing.ErrAmbiguous, req.Resource, acked, s.waitReplicas, s.waitTimeout)
 	}
 	// Confirmed. Recording it spares later admissions of this token a WAIT;
@@ -147,5 +151,5 @@ func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live
 		s.log.Debug("valkeystore: could not record a confirmed high-water mark; the next admission waits again",
 			"resource", req.Resource, "error", err)
 	}
-	return r, nil
+	return a, nil
 }

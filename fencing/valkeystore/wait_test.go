@@ -177,8 +177,8 @@ func TestWaitReplicasScriptFlush(t *testing.T) {
 	l2 := mustAcquire(t, s, "sf2", "w")
 	p.MustDo("SCRIPT", "FLUSH")
 	r, err := s.admitWaiting(context.Background(), fencing.AdmitRequest{Resource: "sf2", Token: l2.Token}, "0")
-	if err != nil || len(r) != 6 || r[0] != "OK" || r[3] != "1" || r[4] != "1" {
-		t.Fatalf("write mode after SCRIPT FLUSH: %q, %v", r, err)
+	if err != nil || r.kind != admitOK || !r.raised || !r.confirm || r.hw != l2.Token {
+		t.Fatalf("write mode after SCRIPT FLUSH: %+v, %v", r, err)
 	}
 }
 

@@ -12,13 +12,12 @@
 -- ARGV[5] -> the floor this gate saw on this resource's record ("" if it
 --            saw none)
 --
--- Returns one of:
---   {"OK", token, ttl_ms, acquired_ms, expires_ms, floor}
---                                                   new lease, or the same
---                                                   owner's live lease extended;
---                                                   floor: the record's floor
---   {"HELD", holder, expires_ms, now_ms}            another owner's live lease
---                                                   (now_ms: the server's clock)
+-- Returns one of (named replies, see lib.lua):
+--   {"OK", "token", t, "ttl_ms", ms, "acquired_ms", ms, "expires_ms", ms,
+--    "floor", f}      new lease, or the same owner's live lease extended;
+--                     floor: the record's floor
+--   {"HELD", "holder", owner, "expires_ms", ms, "now_ms", ms}
+--                     another owner's live lease (now_ms: the server's clock)
 --
 -- Token rule (store-loss safety): a new token is max(issued + 1, now_us),
 -- now_us being the server's TIME in microseconds. Tokens therefore follow
@@ -51,10 +50,11 @@ if issued then
   local cur, tok, acq, exp, rel, fin = f[2], f[3], f[5], f[6], f[7], f[8]
   if fg_live(cur, exp, rel, now_ms) then
     if cur ~= owner then
-      return {'HELD', cur, exp, fg_fmt(now_ms)}
+      return {'HELD', 'holder', cur, 'expires_ms', exp, 'now_ms', fg_fmt(now_ms)}
     end
     local r = fg_extend(rec, live, tok, ARGV[2], acq, now_ms)
-    r[6] = redis.call('HGET', rec, 'floor') or '0'
+    r[#r + 1] = 'floor'
+    r[#r + 1] = redis.call('HGET', rec, 'floor') or '0'
     return r
   end
   if cur then
@@ -78,4 +78,7 @@ end
 local acq, exp = fg_fmt(now_ms), fg_fmt(now_ms + ttl)
 redis.call('HSET', rec, 'owner', owner, 'token', token, 'ttl', ARGV[2], 'acq', acq, 'exp', exp, 'rel', '0', 'fin', '0')
 redis.call('SET', live, token, 'PXAT', exp)
-return {'OK', token, ARGV[2], acq, exp, redis.call('HGET', rec, 'floor') or '0'}
+local r = fg_lease(token, ARGV[2], acq, exp)
+r[#r + 1] = 'floor'
+r[#r + 1] = redis.call('HGET', rec, 'floor') or '0'
+return r

@@ -3,6 +3,7 @@
 -- KEYS[1] -> <prefix>:{R}:bar
 -- ARGV[1] -> the write's token
 --
--- Returns {lower, wait_ms, expired} as admit_register.lua.
+-- Returns {"BARRIER", "lower", n, "wait_ms", ms, "expired", n}, the values
+-- as in admit_register.lua.
 local live, earliest, expired = fg_lower(KEYS[1], ARGV[1], fg_now())
-return {tostring(live), fg_fmt(earliest), tostring(expired)}
+return {'BARRIER', 'lower', tostring(live), 'wait_ms', fg_fmt(earliest), 'expired', tostring(expired)}

@@ -9,7 +9,7 @@
 -- ARGV[3] -> state (JSON text, size-checked by the caller)
 --
 -- Returns one of:
---   {"OK", token, ttl_ms, acquired_ms, expires_ms}  the renewed lease
+--   {"OK", "token", t, "ttl_ms", ms, "acquired_ms", ms, "expires_ms", ms}  the renewed lease
 --   {"LOST"}                                        not the live holder
 --
 -- Idempotent: a retry saves the same state again.

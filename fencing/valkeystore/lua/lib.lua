@@ -16,6 +16,12 @@
 --     strings (length first), never as Lua numbers: Lua numbers are doubles
 --     and a forged token may exceed 2^53.
 --   * Time comes from the server's TIME, never from the caller.
+--   * Replies are decoded by name (see reply.go): a reply is a kind ("OK",
+--     "LOST", ...) followed by name/value pairs, e.g. {"OK", "token", t,
+--     "ttl_ms", ttl, ...}; the order of the pairs carries no meaning. The
+--     hot admission replies (admit.lua, admit_register.lua) stay
+--     positional, with their order documented in their headers and one
+--     typed decoder each.
 
 -- fg_now returns the server time in milliseconds and in microseconds.
 local function fg_now()
@@ -55,14 +61,20 @@ local function fg_holder(rec, owner, token, now_ms)
   return nil
 end
 
+-- fg_lease is the named lease reply {"OK", "token", token, "ttl_ms", ttl,
+-- "acquired_ms", acq, "expires_ms", exp} (see reply.go, leaseFields).
+local function fg_lease(token, ttl, acq, exp)
+  return {'OK', 'token', token, 'ttl_ms', ttl, 'acquired_ms', acq, 'expires_ms', exp}
+end
+
 -- fg_extend sets the live lease's ttl (ms, a decimal string) and its expiry
 -- to now_ms + ttl, moves the live-lease index key's expiry with it, and
--- returns the lease reply {"OK", token, ttl, acq, exp}.
+-- returns the lease reply (fg_lease).
 local function fg_extend(rec, live, token, ttl, acq, now_ms)
   local exp = fg_fmt(now_ms + tonumber(ttl))
   redis.call('HSET', rec, 'ttl', ttl, 'exp', exp)
   redis.call('SET', live, token, 'PXAT', exp)
-  return {'OK', token, ttl, acq, exp}
+  return fg_lease(token, ttl, acq, exp)
 end
 
 -- fg_has_state reports whether the checkpoint state key holds a state: a
@@ -73,22 +85,29 @@ local function fg_has_state(state)
   return t == 'string' and redis.call('STRLEN', state) > 0
 end
 
+-- fg_record_fields are the record fields fg_record reads, named in its
+-- reply as in the hash.
+local fg_record_fields = {'issued', 'hw', 'owner', 'token', 'ttl', 'acq', 'exp', 'rel', 'fin',
+  'p_owner', 'p_token', 'p_ended', 'p_fin', 'cp_token', 'cp_ms', 'cp_size'}
+
 -- fg_record reads a resource's record for status.lua and readcheckpoint.lua:
--- {now_ms, issued, hw, owner, token, ttl, acq, exp, rel, fin, p_owner,
--- p_token, p_ended, p_fin, cp_token, cp_ms, cp_size}, "" for every absent
--- field. The checkpoint fields are "" unless the state key holds a state,
+-- {"RECORD", "now_ms", now_ms, name, value, ...} for every name of
+-- fg_record_fields, "" for every absent field, and whether a checkpoint
+-- exists. The checkpoint fields are "" unless the state key holds a state,
 -- so that metadata whose state is gone (deleted outside fencegate) never
 -- announces a checkpoint that cannot be read.
 local function fg_record(rec, state)
   local now_ms = fg_now()
-  local f = redis.call('HMGET', rec, 'issued', 'hw', 'owner', 'token', 'ttl', 'acq', 'exp', 'rel', 'fin',
-    'p_owner', 'p_token', 'p_ended', 'p_fin', 'cp_token', 'cp_ms', 'cp_size')
-  local out = {fg_fmt(now_ms)}
-  for i = 1, 16 do out[i + 1] = f[i] or '' end
-  if out[15] ~= '' and not fg_has_state(state) then
-    out[15], out[16], out[17] = '', '', ''
+  local f = redis.call('HMGET', rec, unpack(fg_record_fields))
+  local has_cp = f[14] and f[14] ~= '' and fg_has_state(state)
+  local out = {'RECORD', 'now_ms', fg_fmt(now_ms)}
+  for i, name in ipairs(fg_record_fields) do
+    local v = f[i] or ''
+    if i >= 14 and not has_cp then v = '' end
+    out[#out + 1] = name
+    out[#out + 1] = v
   end
-  return out
+  return out, has_cp
 end
 
 -- fg_max returns the greater of two decimal token strings.

@@ -5,11 +5,11 @@
 -- KEYS[2] -> <prefix>:{R}:live   live-lease index key
 -- ARGV[1] -> the token to lift past (decimal string)
 --
--- Returns {"OK", issued, floor} after the lift.
+-- Returns {"OK", "issued", t, "floor", f} after the lift.
 --
 -- Idempotent: lifting twice to the same token changes nothing the second
 -- time. Never creates a record's lease.
 local now_ms = fg_now()
 fg_lift(KEYS[1], KEYS[2], ARGV[1], now_ms)
 local f = redis.call('HMGET', KEYS[1], 'issued', 'floor')
-return {'OK', f[1] or '0', f[2] or '0'}
+return {'OK', 'issued', f[1] or '0', 'floor', f[2] or '0'}

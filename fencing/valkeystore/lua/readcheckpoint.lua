@@ -3,7 +3,7 @@
 -- KEYS[1] -> <prefix>:{R}        record hash
 -- KEYS[2] -> <prefix>:{R}:state  checkpoint state
 --
--- Returns the 17 fields of status.lua followed by the state ("" when none).
+-- Returns status.lua's reply followed by "state", the state ("" when none).
 -- A checkpoint exists when cp_token is set and the state key holds a
 -- non-empty string. Metadata whose state key is gone (deleted outside
 -- fencegate) is reported as no checkpoint: cp_token, cp_ms and cp_size are
@@ -12,9 +12,11 @@
 -- state; it also checks that the state is valid JSON.
 --
 -- Read-only, idempotent.
-local out = fg_record(KEYS[1], KEYS[2])
-out[18] = ''
-if out[15] ~= '' then
-  out[18] = redis.call('GET', KEYS[2])
+local out, has_cp = fg_record(KEYS[1], KEYS[2])
+local state = ''
+if has_cp then
+  state = redis.call('GET', KEYS[2])
 end
+out[#out + 1] = 'state'
+out[#out + 1] = state
 return out

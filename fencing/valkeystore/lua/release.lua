@@ -7,9 +7,10 @@
 -- ARGV[3] -> "1" when the holder finished the work, else "0"
 --
 -- Returns one of:
---   {"OK", "1"}  the live lease ended now (issued and hw are kept)
---   {"OK", "0"}  that lease had already ended and no newer token was issued
---   {"LOST"}     another owner or a newer token
+--   {"OK", "released", "1"}  the live lease ended now (issued and hw are kept)
+--   {"OK", "released", "0"}  that lease had already ended and no newer token
+--                            was issued
+--   {"LOST"}                 another owner or a newer token
 --
 -- Not retried by the client: a retry after a lost reply answers "0".
 local now_ms = fg_now()
@@ -21,9 +22,9 @@ end
 if fg_live(f[1], f[3], f[4], now_ms) then
   redis.call('HSET', rec, 'rel', '1', 'fin', ARGV[3], 'exp', fg_fmt(now_ms))
   redis.call('DEL', live)
-  return {'OK', '1'}
+  return {'OK', 'released', '1'}
 end
 if f[5] == ARGV[2] then
-  return {'OK', '0'}
+  return {'OK', 'released', '0'}
 end
 return {'LOST'}

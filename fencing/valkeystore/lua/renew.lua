@@ -7,7 +7,7 @@
 -- ARGV[3] -> new ttl in milliseconds, or "" to keep the lease's TTL
 --
 -- Returns one of:
---   {"OK", token, ttl_ms, acquired_ms, expires_ms}
+--   {"OK", "token", t, "ttl_ms", ms, "acquired_ms", ms, "expires_ms", ms}
 --   {"LOST"}   not the live holder (wrong owner or token, expired, released)
 --
 -- Idempotent: running it twice extends from the later server time.

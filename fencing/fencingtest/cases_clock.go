@@ -1,0 +1,210 @@
+package fencingtest
+
+import (
+	"errors"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+// The clock cases (DESIGN §12): tokens on the store's clock, retention, a
+// clock stepped back, a restore from an older copy.
+
+func (s *suite) needClockTokens() {
+	s.t.Helper()
+	if !s.inst.ClockTokens {
+		s.t.Skip("the store's tokens do not follow its clock")
+	}
+}
+
+// wantAtClock fails unless l's token is at or above the store's clock when
+// it was acquired (acquired_at, in µs; it is at millisecond precision, so
+// at or below the instant the token was taken from).
+func (s *suite) wantAtClock(l fencing.Lease) {
+	s.t.Helper()
+	if us := l.AcquiredAt.UnixMicro(); l.Token < fencing.Token(us) {
+		s.t.Fatalf("lease %+v: token %d below the store's clock %d µs when it was acquired", l, l.Token, us)
+	}
+}
+
+func testTokensFollowClock(s *suite) {
+	s.needClockTokens()
+	const res = "clock:tokens"
+	a := s.acquire(res, "alice", longTTL)
+	s.wantAtClock(a)
+	// A fresh record starts at its first token: every token issued before
+	// the record existed is stale, and refused with the mark at the clock.
+	s.wantMarks(res, a.Token, 0)
+	s.wantStale(res, a.Token-1, a.Token)
+	s.admit(res, a.Token)
+	s.release(a, false)
+	s.advance(time.Hour)
+	b := s.acquire(res, "bob", longTTL)
+	s.wantAtClock(b)
+	if b.Token <= a.Token {
+		s.t.Fatalf("token %d after %d", b.Token, a.Token)
+	}
+}
+
+// waitRetention lets the store's retention pass over what is idle now: it
+// moves the clock (or sleeps) past the retention and runs a sweep where the
+// store has one. It reports how many records the sweep removed (-1 without
+// a sweep).
+func (s *suite) waitRetention() int {
+	s.t.Helper()
+	ret := s.inst.Retention
+	if s.realClock() {
+		time.Sleep(ret + ret/2 + 100*time.Millisecond)
+	} else {
+		s.inst.Advance(ret + time.Second)
+	}
+	if s.inst.Sweep == nil {
+		return -1
+	}
+	n, err := s.inst.Sweep(s.ctx)
+	if err != nil {
+		s.t.Fatalf("Sweep: %v", err)
+	}
+	return n
+}
+
+func testRetentionRemovesIdle(s *suite) {
+	if s.inst.Retention <= 0 {
+		s.t.Skip("store opened without retention")
+	}
+	const idle, live = "ret:idle", "ret:live"
+	a := s.acquire(idle, "alice", s.shortTTL())
+	s.checkpoint(a, `{"step":1}`)
+	s.admit(idle, a.Token)
+	s.release(a, true)
+	// A live lease outlasting the retention keeps its record.
+	l := s.acquire(live, "lena", fencing.MaxTTL)
+	if n := s.waitRetention(); n == 0 {
+		s.t.Fatalf("Sweep removed nothing, want the idle record gone")
+	}
+	st := s.status(idle)
+	if st.Issued != 0 || st.HighWater != 0 || st.Lease != nil || st.Previous != nil || st.Checkpoint != nil {
+		s.t.Fatalf("status of a record past its retention %+v, want zeros and nils", st)
+	}
+	_, err := s.st.ReadCheckpoint(s.ctx, idle)
+	s.wantErr("ReadCheckpoint of a removed record", err, fencing.ErrNoCheckpoint)
+	// Every token issued before the removal stays refused: as stale where
+	// tokens follow the clock.
+	_, err = s.st.Admit(s.ctx, fencing.AdmitRequest{Resource: idle, Token: a.Token})
+	if !errors.Is(err, fencing.ErrStaleToken) && (s.inst.ClockTokens || !errors.Is(err, fencing.ErrTokenNotIssued)) {
+		s.t.Fatalf("Admit of %d on a removed record: %v, want it refused as stale", a.Token, err)
+	}
+	b := s.acquire(idle, "bob", longTTL)
+	if b.Token <= a.Token {
+		s.t.Fatalf("token %d after the removal, want above %d, issued before it", b.Token, a.Token)
+	}
+	_, err = s.st.Admit(s.ctx, fencing.AdmitRequest{Resource: idle, Token: a.Token})
+	s.wantErr("Admit of a token issued before the removal", err, fencing.ErrStaleToken)
+	s.admit(idle, b.Token)
+	s.wantLeaseIs("live lease past the retention", s.status(live).Lease, l)
+	if r, ok := s.st.(fencing.Retainer); ok && s.inst.Sweep != nil {
+		if got := r.RetentionStats(); got.Removed == 0 || got.Sweeps == 0 {
+			s.t.Fatalf("RetentionStats %+v after a sweep that removed a record", got)
+		}
+	}
+}
+
+func testRetentionKeepsWrittenRecord(s *suite) {
+	if s.inst.Retention <= 0 || s.realClock() {
+		s.t.Skip("needs retention and a fake clock")
+	}
+	// Admissions at the mark keep a record whose lease ended: a holder
+	// still writing with its token is not cut off by retention.
+	const res = "ret:written"
+	a := s.acquire(res, "alice", s.shortTTL())
+	s.admit(res, a.Token)
+	s.release(a, false)
+	for range 4 {
+		s.inst.Advance(s.inst.Retention / 2)
+		s.admit(res, a.Token)
+		if _, err := s.inst.Sweep(s.ctx); err != nil {
+			s.t.Fatalf("Sweep: %v", err)
+		}
+	}
+	s.wantMarks(res, a.Token, a.Token)
+}
+
+func testClockSteppedBack(s *suite) {
+	s.needClockTokens()
+	if s.inst.Rewind == nil {
+		s.t.Skip("the store's clock cannot be moved back")
+	}
+	const res, fresh = "back:a", "back:b"
+	a := s.acquire(res, "alice", s.shortTTL())
+	s.admit(res, a.Token)
+	s.release(a, false)
+	s.inst.Rewind(time.Hour)
+	b := s.acquire(res, "bob", longTTL)
+	if b.Token <= a.Token {
+		s.t.Fatalf("token %d after the clock stepped back, want above %d", b.Token, a.Token)
+	}
+	// A fresh record is not taken back with the clock either.
+	f := s.acquire(fresh, "fred", longTTL)
+	if f.Token < a.Token {
+		s.t.Fatalf("fresh record's token %d after the clock stepped back, below %d issued before", f.Token, a.Token)
+	}
+	if r, ok := s.st.(fencing.Retainer); ok {
+		if got := r.RetentionStats(); got.ClockBehind == 0 {
+			s.t.Fatalf("RetentionStats %+v: the step back was not detected", got)
+		}
+	}
+}
+
+func testRestoreFromOlderCopy(s *suite) {
+	s.needClockTokens()
+	if s.inst.Backup == nil {
+		s.t.Skip("the store has no copy to restore")
+	}
+	const res, later = "restore:r", "restore:later"
+	a := s.acquire(res, "alice", s.shortTTL())
+	s.checkpoint(a, `{"step":1}`)
+	s.admit(res, a.Token)
+	s.release(a, false)
+	restore := s.inst.Backup(s.t)
+	// After the backup: more tokens, on the same resource and a new one.
+	s.advance(time.Minute)
+	var issued []fencing.Token
+	for _, owner := range []string{"bob", "carol"} {
+		l := s.acquire(res, owner, s.shortTTL())
+		s.admit(res, l.Token)
+		s.release(l, false)
+		issued = append(issued, l.Token)
+	}
+	n := s.acquire(later, "nina", s.shortTTL())
+	s.admit(later, n.Token)
+	s.advance(time.Minute)
+	s.st = restore(s.t)
+	// Nothing issued since the backup is admitted, and the next tokens are
+	// above all of it.
+	for _, tok := range issued {
+		if _, err := s.st.Admit(s.ctx, fencing.AdmitRequest{Resource: res, Token: tok}); err == nil {
+			s.t.Fatalf("token %d admitted right after the restore", tok)
+		}
+	}
+	if _, err := s.st.Admit(s.ctx, fencing.AdmitRequest{Resource: later, Token: n.Token}); err == nil {
+		s.t.Fatalf("token %d of a resource created after the backup admitted after the restore", n.Token)
+	}
+	d := s.acquire(res, "dave", longTTL)
+	top := issued[len(issued)-1]
+	if d.Token <= top {
+		s.t.Fatalf("token %d after the restore, repeating one issued since the backup (up to %d)", d.Token, top)
+	}
+	s.admit(res, d.Token)
+	for _, tok := range append(issued, a.Token) {
+		_, err := s.st.Admit(s.ctx, fencing.AdmitRequest{Resource: res, Token: tok})
+		s.wantErr("Admit of a token issued before the restore", err, fencing.ErrStaleToken)
+	}
+	m := s.acquire(later, "mia", longTTL)
+	if m.Token <= n.Token {
+		s.t.Fatalf("token %d of a resource created after the backup, repeating %d", m.Token, n.Token)
+	}
+	_, err := s.st.Admit(s.ctx, fencing.AdmitRequest{Resource: later, Token: n.Token})
+	if !errors.Is(err, fencing.ErrStaleToken) {
+		s.t.Fatalf("Admit of %d, issued before the restore: %v, want stale", n.Token, err)
+	}
+}
