@@ -90,7 +90,7 @@ func (a *Audit) allowRefusal(now time.Time) (ok bool, suppressed int64) {
 type auditRecord struct {
 	mu                      sync.Mutex
 	start                   time.Time
-	client                  peer // rendered only when a line is written
+	client                  net.Addr // rendered only when a line is written
 	id, method, path        string
 	resource                string
 	token, highWater, issue fencing.Token
@@ -105,7 +105,7 @@ func (g *Gate) openAudit(x *exchange) {
 	if len(p) > 256 {
 		p = p[:256]
 	}
-	x.auditRec = auditRecord{start: x.start, client: peerOf(x), id: x.id, method: x.method, path: p}
+	x.auditRec = auditRecord{start: x.start, client: x.remoteAddr(), id: x.id, method: x.method, path: p}
 	x.audit = &x.auditRec
 	g.inFlight.add(x.audit)
 }
@@ -225,35 +225,16 @@ func (g *Gate) accessEnd(x *exchange, status int) {
 	}
 	ms := float64(time.Since(x.start).Microseconds()) / 1000
 	g.log.LogAttrs(x.ctx, slog.LevelInfo, AccessMessage, slog.String("request_id", x.id),
-		slog.String("client", peerOf(x).String()), slog.String("method", x.method),
+		slog.String("client", addrString(x.remoteAddr())), slog.String("method", x.method),
 		slog.String("path", p), slog.Int("status", status), slog.Float64("duration_ms", ms))
 }
 
-// peer is a client's address as the engine knows it: the event loops' as
-// a net.Addr (rendered only when a line is written, so a write's record
-// allocates nothing for it), net/http's as the request's RemoteAddr.
-type peer struct {
-	addr net.Addr
-	s    string
-}
-
-// peerOf is x's client address.
-func peerOf(x *exchange) peer {
-	switch {
-	case x.c != nil:
-		return peer{addr: x.c.RemoteAddr()}
-	case x.r != nil:
-		return peer{s: x.r.RemoteAddr}
+// addrString renders a peer address ("" when unknown).
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
 	}
-	return peer{}
-}
-
-// String renders the address ("" when unknown).
-func (p peer) String() string {
-	if p.addr != nil {
-		return p.addr.String()
-	}
-	return p.s
+	return a.String()
 }
 
 // attrs are the audit line's attributes.
@@ -261,7 +242,7 @@ func (rec *auditRecord) attrs(code string) []slog.Attr {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	a := make([]slog.Attr, 0, 13)
-	a = append(a, slog.String("request_id", rec.id), slog.String("client", rec.client.String()),
+	a = append(a, slog.String("request_id", rec.id), slog.String("client", addrString(rec.client)),
 		slog.String("method", rec.method), slog.String("path", rec.path), slog.String("code", code))
 	if rec.resource != "" {
 		a = append(a, slog.String("resource", rec.resource), slog.Uint64("token", uint64(rec.token)))

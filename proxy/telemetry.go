@@ -159,6 +159,7 @@ type durationKey struct {
 // nothing and starts no spans.
 type telemetry struct {
 	writes    *writeCounter        // MetricWrites, observed by the meter
+	panics    atomic.Int64         // MetricPanics, observed by the meter
 	duration  *atomichist.Float64  // nil without a meter provider
 	server    []attribute.KeyValue // server.address, server.port, ...
 	mu        sync.RWMutex
@@ -189,6 +190,15 @@ func (t *telemetry) init(opts Options) error {
 		metric.WithInt64Callback(t.writes.observe)); err != nil {
 		return fmt.Errorf("proxy: creating %s: %w", MetricWrites, err)
 	}
+	if _, err = meter.Int64ObservableCounter(MetricPanics,
+		metric.WithUnit("{panic}"),
+		metric.WithDescription("Panics the gate's event loops contained: each closed the connections its step touched."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(t.panics.Load())
+			return nil
+		})); err != nil {
+		return fmt.Errorf("proxy: creating %s: %w", MetricPanics, err)
+	}
 	if t.duration, err = atomichist.NewFloat64(mp, ScopeName, MetricRequestDuration, "s", "Duration of HTTP server requests.",
 		[]float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}); err != nil {
 		return fmt.Errorf("proxy: creating %s: %w", MetricRequestDuration, err)
@@ -207,6 +217,13 @@ func (t *telemetry) init(opts Options) error {
 	}
 	return nil
 }
+
+// MetricPanics counts the panics the gate's event loops contained,
+// exported to Prometheus as fencegate_gate_panics_total. A panic in a
+// loop's step closes the connections that step touched and logs its cause
+// with their request ids; the process, the lease API and every other
+// connection go on serving. Any increase is a defect worth reporting.
+const MetricPanics = "fencegate.gate.panics"
 
 // MetricRequestDuration is the HTTP semantic conventions' server request
 // duration, in seconds, exported to Prometheus as

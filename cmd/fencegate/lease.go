@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/fencegate/fencegate/config"
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/internal/certs"
 	"github.com/fencegate/fencegate/leaseapi"
 )
 
@@ -29,9 +31,13 @@ const callTimeout = 30 * time.Second
 
 const leaseHelp = `The lease commands call the lease API at --api-url, else FENCEGATE_API_URL,
 else ` + config.DefaultAPIURL + `, with "Authorization: Bearer TOKEN" when a token
-is given: the first line of --api-token-file, else FENCEGATE_API_TOKEN. The
-API's JSON answer is printed on stdout, on one line, as the API sent it; a
-refusal prints its application/problem+json document on stderr.
+is given: the first line of --api-token-file, else FENCEGATE_API_TOKEN. For an
+https:// API with a private CA, FENCEGATE_API_CA_FILE names the CA bundle; for
+a mutual-TLS API, FENCEGATE_API_CLIENT_CERT and FENCEGATE_API_CLIENT_KEY name
+the client certificate and key (which may then replace the token, see
+docs/access.md). The API's JSON answer is printed on stdout, on one line, as
+the API sent it; a refusal prints its application/problem+json document on
+stderr.
 
 Exit status:
   0  success
@@ -453,7 +459,38 @@ func (c *cli) client() (*leaseapi.Client, error) {
 	if tok != "" {
 		opts = append(opts, leaseapi.WithToken(tok))
 	}
+	tlsCfg, err := c.apiTLS()
+	if err != nil {
+		return nil, err
+	}
+	if tlsCfg != nil {
+		opts = append(opts, leaseapi.WithTLSConfig(tlsCfg))
+	}
 	return leaseapi.NewClient(base, opts...), nil
+}
+
+// apiTLS is the client TLS configuration from FENCEGATE_API_CA_FILE (a
+// private CA for an https:// API) and FENCEGATE_API_CLIENT_CERT and
+// FENCEGATE_API_CLIENT_KEY (a client certificate for a mutual-TLS API), or
+// nil when none is set. A file that does not load is a usage error naming
+// it.
+func (c *cli) apiTLS() (*tls.Config, error) {
+	files := certs.ClientFiles{
+		CAFile:   c.getenv("FENCEGATE_API_CA_FILE"),
+		CertFile: c.getenv("FENCEGATE_API_CLIENT_CERT"),
+		KeyFile:  c.getenv("FENCEGATE_API_CLIENT_KEY"),
+	}
+	if files == (certs.ClientFiles{}) {
+		return nil, nil
+	}
+	if (files.CertFile == "") != (files.KeyFile == "") {
+		return nil, withExit(exitUsage, errors.New("FENCEGATE_API_CLIENT_CERT and FENCEGATE_API_CLIENT_KEY must be set together"))
+	}
+	cfg, err := certs.ClientConfig(files)
+	if err != nil {
+		return nil, withExit(exitUsage, fmt.Errorf("lease API TLS (FENCEGATE_API_CA_FILE, FENCEGATE_API_CLIENT_CERT, FENCEGATE_API_CLIENT_KEY): %w", err))
+	}
+	return cfg, nil
 }
 
 // callAPI sends one request and prints the answer: the JSON on stdout on

@@ -8,6 +8,8 @@
 //	fencegate lease ...      acquire, renew, release, inspect leases and checkpoints through the API
 //	fencegate run ... -- CMD run CMD while holding a lease, with its token in the environment
 //	fencegate check          validate the configuration, print it (secrets redacted)
+//	fencegate access hash|token
+//	                         hash a bearer token for the access file, or make a new one
 //	fencegate health [--url URL]
 //	                         exit 0 when the running fencegate's /readyz answers ready
 //	fencegate version        print the version
@@ -57,6 +59,7 @@ var subcommands = []func(*cli) *cobra.Command{
 	newLeaseCmd,
 	newRunCmd,
 	newCheckCmd,
+	newAccessCmd,
 	newHealthCmd,
 	newVersionCmd,
 	newEnvCmd,

@@ -34,7 +34,9 @@ environment:
   FENCING_RESOURCE   the resource
   FENCING_TOKEN      the fencing token, to send as the Fencing-Token header
   FENCING_OWNER      the lease's owner
-  FENCEGATE_API_URL  the lease API (FENCEGATE_API_TOKEN is passed on as is)
+  FENCEGATE_API_URL  the lease API (FENCEGATE_API_TOKEN and the TLS variables,
+                     FENCEGATE_API_CA_FILE and FENCEGATE_API_CLIENT_CERT/KEY,
+                     are passed on as they are)
 
 While CMD runs the lease is renewed every TTL/3, and transient failures are
 retried every TTL/10. SIGINT and SIGTERM are forwarded to CMD. When CMD exits the lease
