@@ -276,12 +276,11 @@ type eventLoop struct {
 	forwarded []passedRequest     // passed's other array, reused
 	now       time.Time
 
-	ring    *uring.Ring    // the pass's reads and writes in a system call each; nil: one by one
-	ahead   []*evloop.Sock // the sockets read ahead this pass, in readAhead's buffer's order
-	aheadIn []byte         // their reads, loopAheadRead bytes each
-	writes  []*loopConn    // connections whose next write waits for the end of the pass
-	spare   []*loopConn    // writes' other array, reused
-	sending []pendingWrite // the writes out in the ring, by tag
+	ring    *uring.Ring       // the pass's reads and writes in a system call each; nil: one by one
+	ahead   *evloop.ReadAhead // the sockets read ahead this pass (see readAhead)
+	writes  []*loopConn       // connections whose next write waits for the end of the pass
+	spare   []*loopConn       // writes' other array, reused
+	sending []pendingWrite    // the writes out in the ring, by tag
 
 	buf       []byte        // one read
 	rd        bytes.Reader  // parsing: a head's bytes...

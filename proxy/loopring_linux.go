@@ -50,7 +50,9 @@ func (l *eventLoop) readAhead(events []unix.EpollEvent) {
 		return
 	}
 	const readBits = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLHUP | unix.EPOLLERR
-	l.ahead = l.ahead[:0]
+	if l.ahead == nil {
+		l.ahead = evloop.NewReadAhead(loopEvents, loopAheadRead)
+	}
 	for i := range events {
 		ev := events[i].Events & readBits
 		if ev == 0 {
@@ -68,41 +70,12 @@ func (l *eventLoop) readAhead(events []unix.EpollEvent) {
 		s.Note(l.p, ev)
 		events[i].Events &^= readBits
 		if s.Readable && !s.EOF && len(s.In) == 0 {
-			l.ahead = append(l.ahead, s)
+			l.ahead.Add(s) // at most loopEvents: one per event
 		}
 	}
-	if len(l.ahead) == 0 {
-		return
-	}
-	if l.aheadIn == nil {
-		l.aheadIn = make([]byte, loopEvents*loopAheadRead)
-	}
-	for i, s := range l.ahead {
-		l.ring.Recv(s.FD, l.aheadRead(i), uint64(i))
-	}
-	if err := l.ring.Submit(l.readOne); err != nil {
+	if err := l.ahead.Submit(l.ring); err != nil {
 		l.ringFailed(err)
 	}
-	clear(l.ahead)
-}
-
-// aheadRead is the buffer of the i-th read ahead.
-func (l *eventLoop) aheadRead(i int) []byte {
-	return l.aheadIn[i*loopAheadRead : (i+1)*loopAheadRead]
-}
-
-// readOne takes the result of a read ahead.
-func (l *eventLoop) readOne(tag uint64, res int32) {
-	n, err := ringResult(res)
-	l.ahead[tag].Took(l.aheadRead(int(tag)), n, err)
-}
-
-// ringResult is a ring's result as a system call's.
-func ringResult(res int32) (int, error) {
-	if res < 0 {
-		return 0, unix.Errno(-res)
-	}
-	return int(res), nil
 }
 
 // writeLater queues c's next write, to socket s, for the end of the pass,
@@ -188,18 +161,8 @@ func (l *eventLoop) owns(c *loopConn) bool {
 func (l *eventLoop) wroteOne(tag uint64, res int32) {
 	w := l.sending[tag]
 	c, s := w.c, w.s
-	n, err := ringResult(res)
-	switch err {
-	case nil:
-	case unix.EINTR:
-		return
-	case unix.EAGAIN:
-		s.Writable = false
-		if err := l.watch(s.FD, unix.EPOLL_CTL_MOD, true); err != nil {
-			s.Broke(err) // c.run, right after the batch, ends it
-		}
-		return
-	default:
+	n, err := s.Wrote(l.p, res) // would block: s.Err, if it cannot be watched, and c.run ends it
+	if err != nil {
 		if w.up {
 			c.upstreamBroke(evloop.SyscallErr("write", err))
 		} else {
