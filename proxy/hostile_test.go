@@ -435,7 +435,7 @@ func TestHostileClients(t *testing.T) {
 		// Content-Length is dropped, and the connection is closed after
 		// the answer (RFC 9112 §6.1): what follows is never read.
 		{"TE and CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: " + strconv.Itoa(5+len(smuggled)) + "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, []string{"200", "409 stale-token"}, 1},
-		{"TE identity beside CL: framed by its length", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: identity\r\nContent-Length: 3\r\n\r\nabc", []string{"200"}, 1},
+		{"TE identity beside CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: identity\r\nContent-Length: 3\r\n\r\nabc", []string{"501 invalid-request"}, 0},
 		{"duplicate CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length: 0\r\nContent-Length: " + strconv.Itoa(len(smuggled)) + "\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
 		// An obs-fold is unfolded into one space (RFC 9112 §5.2) before the
 		// gate judges the header, and forwarded unfolded.
@@ -453,8 +453,8 @@ func TestHostileClients(t *testing.T) {
 		{"head past 8 KiB", false, req("PUT /jobs/1 HTTP/1.1", fresh, cl0, "X-Pad: "+strings.Repeat("a", 9<<10)+"\r\n"), []string{"431 invalid-request"}, 0},
 		// Request lines and headers a lenient parser might read two ways:
 		// refused, or read one way and re-framed (the next request is
-		// judged on its own). Transfer-Encoding: identity is ignored for
-		// Content-Length (RFC 9112 no longer defines it).
+		// judged on its own). Transfer-Encoding: identity (RFC 9112 no
+		// longer defines it) is refused like any coding but chunked.
 		{"two spaces after method", false, "PUT  /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
 		{"two spaces before version", false, "PUT /jobs/1  HTTP/1.1\r\nHost: gate\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
 		{"tab separator", false, "PUT\t/jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n", []string{"400 invalid-request"}, 0},
@@ -467,7 +467,7 @@ func TestHostileClients(t *testing.T) {
 		{"CL spaces", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nContent-Length:  0 \r\n\r\n" + smuggled, []string{"200", "409 stale-token"}, 1},
 		{"TE chunked uppercase", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: CHUNKED\r\n\r\n0\r\n\r\n" + smuggled, []string{"200", "409 stale-token"}, 1},
 		{"TE with space before colon", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, []string{"400 invalid-request"}, 0},
-		{"TE identity with CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, []string{"200"}, 1},
+		{"TE identity with CL", false, "POST /public/a HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, []string{"501 invalid-request"}, 0},
 		// HTTP/1.0 has no chunked framing: the body is empty, the connection
 		// closed after the answer, and what follows never read.
 		{"HTTP/1.0 TE chunked", false, "POST /public/a HTTP/1.0\r\nHost: gate\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, []string{"200"}, 1},

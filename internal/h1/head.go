@@ -232,16 +232,11 @@ func parseFields(b []byte, fields []Field) ([]Field, error) {
 // framing reads the body framing and connection options of fields: the
 // body's length (UntilClose without framing), whether a Connection field
 // says close, and whether one says keep-alive.
-//
-// In a request (request true), one "Transfer-Encoding: identity" beside a
-// Content-Length is read as framed by that length, the gate's documented
-// choice: identity is no transfer coding, the length is the only framing,
-// and the request goes upstream with that length alone. This is the one
-// head this package reads where net/http refuses (501), never one it reads
-// with another length; the fuzz targets skip it.
+// A Transfer-Encoding other than chunked (identity included) is
+// ErrUnsupported, as net/http answers it (501).
 func framing(fields []Field, request bool) (length int64, closeConn, keepAlive bool, err error) {
 	length = UntilClose
-	lengths, encodings, identity := 0, 0, 0
+	lengths, encodings := 0, 0
 	for _, f := range fields {
 		switch {
 		case equalFold(f.Name, "Content-Length"):
@@ -255,8 +250,6 @@ func framing(fields []Field, request bool) (length int64, closeConn, keepAlive b
 			switch {
 			case equalFold(f.Value, "chunked"):
 				encodings++
-			case request && equalFold(f.Value, "identity"):
-				identity++
 			default:
 				return 0, false, false, ErrUnsupported
 			}
@@ -274,8 +267,6 @@ func framing(fields []Field, request bool) (length int64, closeConn, keepAlive b
 	switch {
 	case lengths > 1 || encodings > 1 || lengths > 0 && encodings > 0:
 		return 0, false, false, ErrFraming
-	case identity > 1 || identity > 0 && (lengths != 1 || encodings > 0):
-		return 0, false, false, ErrFraming // identity only beside one length
 	case encodings == 1:
 		length = Chunked
 	}
