@@ -162,7 +162,6 @@ func FuzzParseRequest(f *testing.F) {
 	})
 }
 
-
 var responseSeeds = []string{
 	"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
 	"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
