@@ -69,12 +69,13 @@ func TestShellExample(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("run exited %d\n%s", r.code, r.stderr)
 		}
-		item := upstreamItem("/jobs/42")
-		if body, _ := item["body"].(map[string]any); body["step"] != 3.0 || item["fencing_token"] != "1" {
-			t.Fatalf("the upstream holds %v", item)
-		}
-		if st, err := client.Status(ctx, "job:42"); err != nil || st.Previous == nil || !st.Previous.Finished || st.Lease != nil {
+		st, err := client.Status(ctx, "job:42")
+		if err != nil || st.Previous == nil || !st.Previous.Finished || st.Lease != nil {
 			t.Fatalf("status after the worker finished: %+v, %v", st, err)
+		}
+		item := upstreamItem("/jobs/42")
+		if body, _ := item["body"].(map[string]any); body["step"] != 3.0 || item["fencing_token"] != st.Previous.Token.String() {
+			t.Fatalf("the upstream holds %v, want step 3 under token %d", item, st.Previous.Token)
 		}
 	})
 

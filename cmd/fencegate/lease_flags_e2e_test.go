@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -44,7 +45,7 @@ func TestLeaseAPIFlags(t *testing.T) {
 		t.Fatalf("a bad --api-url: exit %d, stderr %q", r.code, r.stderr)
 	}
 	r = fg(t, env, "", "run", "--resource", "job:2", "--api-url", api, "--api-token-file", good, "--", "sh", "-c", `echo "$FENCEGATE_API_URL $FENCING_TOKEN"`)
-	if r.code != 0 || strings.TrimSpace(r.stdout) != api+" 1" {
+	if out, tok, _ := strings.Cut(strings.TrimSpace(r.stdout), " "); r.code != 0 || out != api || !isToken(tok) {
 		t.Fatalf("run with --api-url and --api-token-file: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }
@@ -55,7 +56,7 @@ func TestAcquireOutputToken(t *testing.T) {
 	p := start(t, t.TempDir(), []string{"FENCEGATE_STORE=memory:"}, "api")
 	env := []string{"FENCEGATE_API_URL=" + p.url("api", "")}
 	r := fg(t, env, "", "lease", "acquire", "job:1", "--owner", "a", "--output", "token")
-	if r.code != 0 || r.stdout != "1\n" || r.stderr != "" {
+	if r.code != 0 || !strings.HasSuffix(r.stdout, "\n") || !isToken(strings.TrimSuffix(r.stdout, "\n")) || r.stderr != "" {
 		t.Fatalf("--output token: exit %d, stdout %q, stderr %q; want exactly the token", r.code, r.stdout, r.stderr)
 	}
 	r = fg(t, env, "", "lease", "acquire", "job:1", "--owner", "b", "-o", "token")
@@ -142,4 +143,11 @@ func TestHealthHelpFlagStyle(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "--timeout duration") || strings.Contains(r.stdout, "  -timeout") {
 		t.Fatalf("health --help: exit %d, stdout %q", r.code, r.stdout)
 	}
+}
+
+// isToken reports whether s is a token as the CLI prints it: a positive
+// decimal number alone (tokens follow the store's clock).
+func isToken(s string) bool {
+	n, err := strconv.ParseUint(s, 10, 64)
+	return err == nil && n > 0 && strconv.FormatUint(n, 10) == s
 }

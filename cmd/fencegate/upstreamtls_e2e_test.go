@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"testing"
 )
@@ -50,7 +51,7 @@ func TestHTTPSUpstreamWithAPrivateCA(t *testing.T) {
 			if st != http.StatusOK {
 				t.Fatalf("acquire: %d %v", st, lease)
 			}
-			st, body, _ := call(t, "PUT", p.url("gate", "/jobs/1"), map[string]string{"Fencing-Token": fmt.Sprint(lease["token"])}, `{"step":1}`)
+			st, body, _ := call(t, "PUT", p.url("gate", "/jobs/1"), map[string]string{"Fencing-Token": strconv.FormatInt(token(t, lease), 10)}, `{"step":1}`)
 			if st != tc.status || (tc.code != "" && body["code"] != tc.code) {
 				t.Fatalf("write: %d %v, want %d %s", st, body, tc.status, tc.code)
 			}
