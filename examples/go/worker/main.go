@@ -11,7 +11,10 @@
 //	worker [-api URL] [-gate URL] [-resource R] [-owner O] [-ttl 30s] [-interval 1s] [-steps N]
 //
 // The API URL defaults to $FENCEGATE_API_URL, else http://127.0.0.1:7070;
-// $FENCEGATE_API_TOKEN is sent when set. The gate must take the resource
+// $FENCEGATE_API_TOKEN is sent when set. For an https:// API,
+// $FENCEGATE_API_CA_FILE names a private CA and $FENCEGATE_API_CLIENT_CERT
+// and $FENCEGATE_API_CLIENT_KEY a client certificate for a mutual-TLS API
+// (which, with an access file naming it, needs no token). The gate must take the resource
 // from the Fencing-Resource header (the default when it has no route rules).
 // Each write is PUT <gate>/work/<resource> with a JSON body. The worker
 // prints one JSON line per event on stdout: lead, write, refused, stop,
@@ -23,6 +26,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -92,6 +97,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if tok := os.Getenv("FENCEGATE_API_TOKEN"); tok != "" {
 		opts = append(opts, leaseapi.WithToken(tok))
 	}
+	tlsCfg, err := apiTLS()
+	if err != nil {
+		return err
+	}
+	if tlsCfg != nil {
+		opts = append(opts, leaseapi.WithTLSConfig(tlsCfg))
+	}
 	client := leaseapi.NewClient(*api, opts...)
 	ev := &events{enc: json.NewEncoder(stdout)}
 
@@ -107,7 +119,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			ev.emit(map[string]any{"event": "step-down", "owner": *owner, "token": l.Token, "why": why})
 		},
 	}
-	err := leaseapi.Campaign(ctx, client, *resource, election, func(ctx context.Context, s *leaseapi.Session) error {
+	err = leaseapi.Campaign(ctx, client, *resource, election, func(ctx context.Context, s *leaseapi.Session) error {
 		err := lead(ctx, client, s, *gate, *interval, *steps, ev)
 		if errors.Is(err, errFinished) {
 			if _, rerr := s.Release(ctx, true); rerr != nil {
@@ -188,4 +200,33 @@ func lead(ctx context.Context, client *leaseapi.Client, s *leaseapi.Session, gat
 		}
 	}
 	return errFinished
+}
+
+// apiTLS is the TLS configuration for an https:// lease API from
+// FENCEGATE_API_CA_FILE, FENCEGATE_API_CLIENT_CERT and
+// FENCEGATE_API_CLIENT_KEY, or nil when none is set.
+func apiTLS() (*tls.Config, error) {
+	ca, cert, key := os.Getenv("FENCEGATE_API_CA_FILE"), os.Getenv("FENCEGATE_API_CLIENT_CERT"), os.Getenv("FENCEGATE_API_CLIENT_KEY")
+	if ca == "" && cert == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("FENCEGATE_API_CA_FILE %s holds no PEM certificate", ca)
+		}
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, fmt.Errorf("FENCEGATE_API_CLIENT_CERT/KEY: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }
