@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -15,6 +16,12 @@ import (
 // HeaderDestination names the second target of a WebDAV COPY or MOVE
 // (RFC 4918 §10.3). The gate fences a write on its Destination too.
 const HeaderDestination = "Destination"
+
+// HeaderDestinationToken carries the token of a COPY or MOVE's
+// Destination resource when that is another resource than the source's:
+// each resource's writes are fenced by that resource's own tokens, which
+// are not comparable across resources.
+const HeaderDestinationToken = "Fencing-Destination-Token"
 
 // methodOverrideHeaders are headers some frameworks honour to replace the
 // request's method (a POST becomes a DELETE, a GET a PUT). The gate judges
@@ -45,9 +52,13 @@ const (
 	Refuse
 )
 
-// Target is one resource a fenced write is checked against.
+// Target is one resource a fenced write is checked against, with the
+// token it is checked with.
 type Target struct {
 	Resource string
+	// Token is the token admitted on Resource: the Fencing-Token, or for
+	// a Destination on another resource the Fencing-Destination-Token.
+	Token fencing.Token
 	// Strict also requires Token to hold the live lease on Resource.
 	Strict bool
 }
@@ -80,11 +91,12 @@ type Decision struct {
 	// HTTP/1.1 (Forward only). For an h2c offer on a read, which a server
 	// may ignore (RFC 9110 §7.8), as curl --http2 sends on http:// URLs.
 	DropUpgrade bool
-	// Token is the write's fencing token (Fence only).
+	// Token is the write's fencing token (Fence only): the Fencing-Token,
+	// or the destination's token when only the Destination is fenced.
 	Token fencing.Token
 	// Targets are the resources the write is fenced on (Fence only): one,
 	// or two for a write whose Destination is another resource; distinct
-	// and in resource order, the order they are admitted in.
+	// and in resource order, the order they are admitted and ordered in.
 	Targets []Target
 }
 
@@ -114,9 +126,19 @@ func refusal(status int, code, detail string) Decision {
 //     a second target, pass adds none, and no rule refuses (the resource
 //     header never names a second target).
 //  7. A write with no target left is forwarded unfenced (pass rules).
-//     Otherwise it needs one Fencing-Token (428 token-required, 400
-//     invalid-token), admitted on every target.
+//     Otherwise its source needs one Fencing-Token, and a Destination on
+//     another resource one Fencing-Destination-Token (428 token-required,
+//     400 invalid-token): each target is admitted with its own token.
+//
+// Before all of these, a Host header that is not a plain host[:port] (a
+// name, an IPv4 address or a bracketed IPv6 address) is refused (400
+// invalid-request), on every method: an upstream that builds URLs or
+// routes from Host could read it as a path.
 func (g *Gate) decide(in Incoming) Decision {
+	if !ValidHost(in.Host) {
+		return refusal(http.StatusBadRequest, "invalid-request",
+			fmt.Sprintf("Host %q is not a host name, IPv4 address or [IPv6] address with an optional port", truncate(in.Host)))
+	}
 	if name := overrideHeader(in.Header, methodOverrideHeaders); name != "" || queryHasMethod(in.Target) {
 		if name == "" {
 			name = "a " + methodParam + " query parameter"
@@ -165,17 +187,17 @@ func (g *Gate) decide(in Incoming) Decision {
 		return Decision{Verdict: Forward, Rule: rule, Unfenced: true}
 	}
 
-	token, p := requestToken(in.Header)
-	if p != nil {
-		return Decision{Verdict: Refuse, Problem: p, Rule: rule}
-	}
-	d.Token = token
 	if !sourcePass {
+		token, p := requestToken(in.Header, HeaderToken)
+		if p != nil {
+			return Decision{Verdict: Refuse, Problem: p, Rule: rule}
+		}
 		res, p := g.resource(in.Header, rule, vars)
 		if p != nil {
 			return Decision{Verdict: Refuse, Problem: p, Rule: rule}
 		}
-		d.Targets = append(d.Targets, Target{Resource: res, Strict: rule != nil && rule.Strict})
+		d.Token = token
+		d.Targets = append(d.Targets, Target{Resource: res, Token: token, Strict: rule != nil && rule.Strict})
 	}
 	if destFenced {
 		res, p := ruleResource(dest, destVars)
@@ -183,33 +205,27 @@ func (g *Gate) decide(in Incoming) Decision {
 			p.Detail = "Destination: " + p.Detail
 			return Decision{Verdict: Refuse, Problem: p, Rule: rule}
 		}
-		d.Targets = append(d.Targets, Target{Resource: res, Strict: dest.Strict})
+		if len(d.Targets) == 1 && d.Targets[0].Resource == res {
+			d.Targets[0].Strict = d.Targets[0].Strict || dest.Strict // one resource, one token
+		} else {
+			token, p := requestToken(in.Header, HeaderDestinationToken)
+			if p != nil {
+				p.Detail = "the Destination is resource " + strconv.Quote(res) + ", fenced by its own tokens: " + p.Detail
+				return Decision{Verdict: Refuse, Problem: p, Rule: rule}
+			}
+			if sourcePass {
+				d.Token = token
+			}
+			d.Targets = append(d.Targets, Target{Resource: res, Token: token, Strict: dest.Strict})
+		}
 	}
-	d.Targets = normalizeTargets(d.Targets)
+	slices.SortFunc(d.Targets, func(a, b Target) int { return cmp.Compare(a.Resource, b.Resource) })
 	return d
 }
 
 func denied(rule *Rule, method string) Decision {
 	return Decision{Verdict: Refuse, Rule: rule, Problem: problem.New(http.StatusForbidden, "write-denied",
 		fmt.Sprintf("route rule on line %d denies %s %s", rule.Line, method, rule.Pattern))}
-}
-
-// normalizeTargets merges targets on one resource (strict if either is)
-// and sorts them by resource, the fixed order they are admitted in.
-func normalizeTargets(ts []Target) []Target {
-	if len(ts) < 2 {
-		return ts
-	}
-	slices.SortFunc(ts, func(a, b Target) int { return cmp.Compare(a.Resource, b.Resource) })
-	out := ts[:1]
-	for _, t := range ts[1:] {
-		if last := &out[len(out)-1]; last.Resource == t.Resource {
-			last.Strict = last.Strict || t.Strict
-			continue
-		}
-		out = append(out, t)
-	}
-	return out
 }
 
 // canonicalSegments checks an unsafe request's target and returns its
@@ -421,20 +437,21 @@ func queryHasMethod(target string) bool {
 	return false
 }
 
-// requestToken reads the write's Fencing-Token.
-func requestToken(h http.Header) (fencing.Token, *problem.Error) {
-	vs := h[HeaderToken]
+// requestToken reads a write's token from header name (HeaderToken, or
+// HeaderDestinationToken).
+func requestToken(h http.Header, name string) (fencing.Token, *problem.Error) {
+	vs := h[name]
 	switch len(vs) {
 	case 0:
 		return 0, problem.New(http.StatusPreconditionRequired, "token-required",
-			"a write needs a Fencing-Token header with the token of a lease on its resource")
+			"a write needs a "+name+" header with the token of a lease on its resource")
 	case 1:
 	default:
-		return 0, problem.New(http.StatusBadRequest, "invalid-token", "send exactly one Fencing-Token header")
+		return 0, problem.New(http.StatusBadRequest, "invalid-token", "send exactly one "+name+" header")
 	}
 	t, err := fencing.ParseToken(vs[0])
 	if err != nil {
-		return 0, problem.New(http.StatusBadRequest, "invalid-token", "Fencing-Token: "+err.Error())
+		return 0, problem.New(http.StatusBadRequest, "invalid-token", name+": "+err.Error())
 	}
 	return t, nil
 }

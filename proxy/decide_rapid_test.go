@@ -347,6 +347,9 @@ func requestGen() *rapid.Generator[mRequest] {
 		if res := rapid.SampledFrom(resources).Draw(t, "resource"); res != nil {
 			r.in.Header[HeaderResource] = res
 		}
+		if dt := rapid.SampledFrom(append([][]string{{"2"}, {"1"}}, tokens...)).Draw(t, "desttoken"); dt != nil {
+			r.in.Header[HeaderDestinationToken] = dt
+		}
 		if rapid.IntRange(0, 5).Draw(t, "hasdest") == 5 {
 			d := &mDest{path: pathGen().Draw(t, "destpath"), ok: true}
 			prefix := rapid.SampledFrom([]string{"", "", "http://gate", "HTTP://GATE", "https://upstream:1", "http://other", "gate"}).Draw(t, "destform")
@@ -455,48 +458,61 @@ func model(rules []mRule, resourceHeader bool, r mRequest) mDecision {
 	if sourcePass && !destFenced {
 		return mDecision{verdict: Forward, unfenced: true}
 	}
-	tok := r.in.Header[HeaderToken]
-	switch {
-	case len(tok) == 0:
-		return refuse("token-required")
-	case len(tok) > 1 || tok[0] == "" || tok[0][0] == '0' || tok[0][0] == '+':
-		return refuse("invalid-token")
+	// token reads one token header as DESIGN §4 says.
+	token := func(name string) (fencing.Token, string) {
+		tok := r.in.Header[name]
+		switch {
+		case len(tok) == 0:
+			return 0, "token-required"
+		case len(tok) > 1 || tok[0] == "" || tok[0][0] == '0' || tok[0][0] == '+':
+			return 0, "invalid-token"
+		}
+		n, err := strconv.ParseUint(tok[0], 10, 64)
+		if err != nil {
+			return 0, "invalid-token"
+		}
+		return fencing.Token(n), ""
 	}
-	n, err := strconv.ParseUint(tok[0], 10, 64)
-	if err != nil {
-		return refuse("invalid-token")
-	}
-	d := mDecision{verdict: Fence, token: fencing.Token(n)}
-	add := func(res string, strict bool) {
-		for i := range d.targets {
-			if d.targets[i].Resource == res {
-				d.targets[i].Strict = d.targets[i].Strict || strict
-				return
+	d := mDecision{verdict: Fence}
+	if !sourcePass {
+		t, code := token(HeaderToken)
+		if code != "" {
+			return refuse(code)
+		}
+		d.token = t
+		var res string
+		if rule != nil {
+			res = rule.resource(vars)
+			if !validResource(res) {
+				return refuse("resource-required")
 			}
+		} else {
+			h := r.in.Header[HeaderResource]
+			if !resourceHeader || len(h) != 1 || !validResource(h[0]) {
+				return refuse("resource-required")
+			}
+			res = h[0]
 		}
-		d.targets = append(d.targets, Target{res, strict})
-	}
-	switch {
-	case sourcePass:
-	case rule != nil:
-		res := rule.resource(vars)
-		if !validResource(res) {
-			return refuse("resource-required")
-		}
-		add(res, rule.strict)
-	default:
-		h := r.in.Header[HeaderResource]
-		if !resourceHeader || len(h) != 1 || !validResource(h[0]) {
-			return refuse("resource-required")
-		}
-		add(h[0], false)
+		d.targets = append(d.targets, Target{Resource: res, Token: t, Strict: rule != nil && rule.strict})
 	}
 	if destFenced {
 		res := dest.resource(destVars)
 		if !validResource(res) {
 			return refuse("resource-required")
 		}
-		add(res, dest.strict)
+		if len(d.targets) == 1 && d.targets[0].Resource == res {
+			d.targets[0].Strict = d.targets[0].Strict || dest.strict
+		} else {
+			// Another resource: its own token, never the source's.
+			t, code := token(HeaderDestinationToken)
+			if code != "" {
+				return refuse(code)
+			}
+			if sourcePass {
+				d.token = t
+			}
+			d.targets = append(d.targets, Target{Resource: res, Token: t, Strict: dest.strict})
+		}
 	}
 	slices.SortFunc(d.targets, func(a, b Target) int { return strings.Compare(a.Resource, b.Resource) })
 	return d

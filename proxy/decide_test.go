@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
 )
 
@@ -35,19 +36,19 @@ func TestDecideTargets(t *testing.T) {
 			verdict      Verdict
 			want         []Target
 		}{
-			{"/b/1", "/a/2", Fence, []Target{{"a:2", true}, {"b:1", false}}}, // resource order
-			{"/a/1", "/b/2", Fence, []Target{{"a:1", true}, {"b:2", false}}},
-			{"/same/1", "/same/2", Fence, []Target{{"same", false}}}, // one resource, one admission
-			{"/open/x", "/b/2", Fence, []Target{{"b:2", false}}},     // pass source, fenced destination
-			{"/b/1", "/open/x", Fence, []Target{{"b:1", false}}},
+			{"/b/1", "/a/2", Fence, []Target{{"a:2", 7, true}, {"b:1", 3, false}}}, // resource order, each its own token
+			{"/a/1", "/b/2", Fence, []Target{{"a:1", 3, true}, {"b:2", 7, false}}},
+			{"/same/1", "/same/2", Fence, []Target{{"same", 3, false}}}, // one resource, one token, one admission
+			{"/open/x", "/b/2", Fence, []Target{{"b:2", 7, false}}},     // pass source, fenced destination
+			{"/b/1", "/open/x", Fence, []Target{{"b:1", 3, false}}},
 			{"/open/x", "/open/y", Forward, nil},
 			{"/b/1", "/nowhere", Refuse, nil}, // the header never names a Destination's resource
-			{"/b/1", "http://gate/a/2", Fence, []Target{{"a:2", true}, {"b:1", false}}},
-			{"/b/1", "http://upstream:1/a/2", Fence, []Target{{"a:2", true}, {"b:1", false}}},
+			{"/b/1", "http://gate/a/2", Fence, []Target{{"a:2", 7, true}, {"b:1", 3, false}}},
+			{"/b/1", "http://upstream:1/a/2", Fence, []Target{{"a:2", 7, true}, {"b:1", 3, false}}},
 			{"/b/1", "http://other/a/2", Refuse, nil},
 			{"/b/1", "/a/2?x", Refuse, nil},
 		} {
-			h := http.Header{HeaderToken: {"3"}, HeaderResource: {"hdr"}, HeaderDestination: {c.dest}}
+			h := http.Header{HeaderToken: {"3"}, HeaderDestinationToken: {"7"}, HeaderResource: {"hdr"}, HeaderDestination: {c.dest}}
 			d := g.decide(Incoming{Method: "COPY", Target: c.target, Host: "gate", Header: h})
 			if d.Verdict != c.verdict || len(d.Targets) != len(c.want) {
 				t.Errorf("header=%v COPY %s -> %s: %+v, want verdict %d targets %v", header, c.target, c.dest, d, c.verdict, c.want)
@@ -58,8 +59,13 @@ func TestDecideTargets(t *testing.T) {
 					t.Errorf("header=%v COPY %s -> %s: targets %v, want %v", header, c.target, c.dest, d.Targets, c.want)
 				}
 			}
-			if d.Verdict == Fence && d.Token != 3 {
-				t.Errorf("token %d", d.Token)
+			if want := fencing.Token(3); d.Verdict == Fence && strings.HasPrefix(c.target, "/open/") {
+				want = 7 // only the destination is fenced
+				if d.Token != want {
+					t.Errorf("token %d, want %d", d.Token, want)
+				}
+			} else if d.Verdict == Fence && d.Token != want {
+				t.Errorf("token %d, want %d", d.Token, want)
 			}
 		}
 	}
@@ -101,7 +107,7 @@ func TestDestinationOrderedAtBarrier(t *testing.T) {
 	<-arrived
 	cp := make(chan response, 1)
 	go func() {
-		r, _ := doReq(e.client, e.gateSrv.URL, "COPY", "/files/S", "", HeaderToken, "2", HeaderDestination, "/files/X")
+		r, _ := doReq(e.client, e.gateSrv.URL, "COPY", "/files/S", "", HeaderToken, "2", HeaderDestination, "/files/X", HeaderDestinationToken, "2")
 		cp <- r
 	}()
 	waitFor(t, "the COPY registered on both files", func() bool {
@@ -127,6 +133,11 @@ func TestDestinationOrderedAtBarrier(t *testing.T) {
 	// raised to 1, the holder's own token there.
 	e.acquire("file:T", "stale", 10*time.Second)
 	r := e.do("COPY", "/files/T", "", HeaderToken, "1", HeaderDestination, "/files/X")
+	wantProblem(t, r, 428, "token-required") // file:X's own token is missing
+	if !strings.Contains(r.Problem["detail"].(string), HeaderDestinationToken) {
+		t.Fatalf("detail %q does not name %s", r.Problem["detail"], HeaderDestinationToken)
+	}
+	r = e.do("COPY", "/files/T", "", HeaderToken, "1", HeaderDestination, "/files/X", HeaderDestinationToken, "1")
 	wantProblem(t, r, 409, "stale-token")
 	if r.Problem["resource"] != "file:X" {
 		t.Fatalf("refusal names %v", r.Problem["resource"])

@@ -20,41 +20,27 @@ type flight interface {
 	Hold(d time.Duration)
 }
 
-// orderer admits a write on its targets and gives it its places in a
+// orderer admits a write on one target and gives it its place in a
 // barrier, in an order that leaves no window (DESIGN §1.3): the local
 // barrier registers before the admission check; the shared barrier
 // registers in the same atomic step. When admit fails nothing stays
-// registered, and the resource it names is the one that refused.
+// registered.
 type orderer interface {
-	admit(ctx context.Context, targets []Target, token fencing.Token) (flight, string, fencing.Admission, error)
+	admit(ctx context.Context, target Target) (flight, fencing.Admission, error)
 	// heldUntil is when a refused writer may retry (zero: unknown).
-	heldUntil(targets []Target) time.Time
+	heldUntil(target Target) time.Time
 }
 
 // flights is a write's places on each of its targets, in the targets'
-// fixed order, ending like one place (Leave or Hold, each on every
-// target).
-//
-// A write fenced on two resources waits on each for the lower tokens in
-// flight there. As every write carries one token for all its targets, no
-// two writes can wait on each other: a wait cycle would need a token lower
-// than another on one resource and higher on the other.
+// fixed (resource) order, ending like one place (Leave or Hold, each on
+// every target). Gate.admitWrite takes them one target at a time:
+// admitted and its turn come on the first before it registers on the
+// second, as locks taken in one global order, so no two writes can wait
+// on each other even though their tokens on two resources are unrelated.
 type flights []flight
 
-// Wait waits on every target in turn, within one timeout overall.
-func (fs flights) Wait(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for _, f := range fs {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return barrier.ErrTimeout
-		}
-		if err := f.Wait(ctx, left); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// Wait returns at once: each place was waited for as it was taken.
+func (fs flights) Wait(context.Context, time.Duration) error { return nil }
 
 // Leave ends the write's place on every target.
 func (fs flights) Leave() {
@@ -76,45 +62,16 @@ type localOrder struct {
 	store fencing.Store
 }
 
-// admit registers the write on every target, then admits its token on
-// each in order, stopping at the first refusal or fault. An admission
-// before a refusal stands: it raised that resource's mark to token, which
-// is at most the resource's issued token, so it only refuses tokens that
-// an issued one already superseded, exactly what a write of its own with
-// token would have done. The Admission is the first target's, for the
-// audit log.
-func (o localOrder) admit(ctx context.Context, targets []Target, token fencing.Token) (flight, string, fencing.Admission, error) {
-	var f flight
-	if len(targets) == 1 { // the common case, without a slice
-		f = o.b.Register(targets[0].Resource, token)
-	} else {
-		fs := make(flights, len(targets))
-		for i, t := range targets {
-			fs[i] = o.b.Register(t.Resource, token)
-		}
-		f = fs
+// admit registers the write on target, then admits its token there.
+func (o localOrder) admit(ctx context.Context, target Target) (flight, fencing.Admission, error) {
+	t := o.b.Register(target.Resource, target.Token)
+	adm, err := o.store.Admit(ctx, fencing.AdmitRequest{Resource: target.Resource, Token: target.Token, RequireLive: target.Strict})
+	if err != nil {
+		t.Leave()
+		return nil, adm, err
 	}
-	var first fencing.Admission
-	for i, t := range targets {
-		adm, err := o.store.Admit(ctx, fencing.AdmitRequest{Resource: t.Resource, Token: token, RequireLive: t.Strict})
-		if err != nil {
-			f.Leave()
-			return nil, t.Resource, first, err
-		}
-		if i == 0 {
-			first = adm
-		}
-	}
-	return f, targets[0].Resource, first, nil
+	return t, adm, nil
 }
 
-// heldUntil is the latest hold on any of the targets.
-func (o localOrder) heldUntil(targets []Target) time.Time {
-	var until time.Time
-	for _, t := range targets {
-		if h := o.b.HeldUntil(t.Resource); h.After(until) {
-			until = h
-		}
-	}
-	return until
-}
+// heldUntil is the hold on target's resource.
+func (o localOrder) heldUntil(target Target) time.Time { return o.b.HeldUntil(target.Resource) }

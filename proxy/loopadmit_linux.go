@@ -100,8 +100,8 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 			tg := p.d.Targets[0]
 			// Registered before the admission, as admitWrite does: a
 			// write admitted before this one is already registered.
-			p.t = g.barrier.Register(tg.Resource, p.d.Token)
-			reqs = append(reqs, fencing.AdmitRequest{Resource: tg.Resource, Token: p.d.Token, RequireLive: tg.Strict})
+			p.t = g.barrier.Register(tg.Resource, tg.Token)
+			reqs = append(reqs, fencing.AdmitRequest{Resource: tg.Resource, Token: tg.Token, RequireLive: tg.Strict})
 		}
 		out = slices.Grow(out[:0], len(reqs))[:len(reqs)] // AdmitBatch sets each
 		errs = slices.Grow(errs[:0], len(reqs))[:len(reqs)]
@@ -137,7 +137,7 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 // general path.
 func (l *eventLoop) awaitTurn(p pendingAdmit) {
 	go func() {
-		ok := l.e.g.waitTurn(p.x, p.d, p.t)
+		ok := l.e.g.waitTurn(p.x, p.d.Targets[0], p.t)
 		l.post(func() { p.c.admitted(p.t, ok) })
 	}()
 }

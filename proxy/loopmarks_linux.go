@@ -175,7 +175,7 @@ func (m *markConn) send() {
 	for i := range m.batch {
 		p := &m.batch[i]
 		tg := p.d.Targets[0]
-		p.t = g.barrier.Register(tg.Resource, p.d.Token)
+		p.t = g.barrier.Register(tg.Resource, tg.Token)
 		m.reqs = append(m.reqs, fencing.AdmitRequest{Resource: tg.Resource, Token: p.d.Token})
 	}
 	n := len(m.reqs)

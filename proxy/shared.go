@@ -77,32 +77,19 @@ func newSharedOrder(sb fencing.SharedBarrier, opts Options, log *slog.Logger, ba
 	return o, nil
 }
 
-// admit admits and registers the write on each target in turn, in one
-// atomic store step per target; a refusal or fault removes the entries
-// already made.
-func (o *sharedOrder) admit(ctx context.Context, targets []Target, token fencing.Token) (flight, string, fencing.Admission, error) {
-	fs := make(flights, 0, len(targets))
-	var first fencing.Admission
-	for i, t := range targets {
-		adm, e, lower, err := o.sb.AdmitRegister(ctx, fencing.AdmitRequest{Resource: t.Resource, Token: token, RequireLive: t.Strict}, o.gateID, o.hold)
-		if err != nil {
-			fs.Leave()
-			return nil, t.Resource, first, err
-		}
-		if i == 0 {
-			first = adm
-		}
-		o.countExpired(ctx, e.Expired)
-		fs = append(fs, &sharedFlight{o: o, entry: e, lower: lower})
+// admit admits and registers the write on target in one atomic store
+// step.
+func (o *sharedOrder) admit(ctx context.Context, target Target) (flight, fencing.Admission, error) {
+	adm, e, lower, err := o.sb.AdmitRegister(ctx, fencing.AdmitRequest{Resource: target.Resource, Token: target.Token, RequireLive: target.Strict}, o.gateID, o.hold)
+	if err != nil {
+		return nil, adm, err
 	}
-	if len(fs) == 1 {
-		return fs[0], targets[0].Resource, first, nil
-	}
-	return fs, targets[0].Resource, first, nil
+	o.countExpired(ctx, e.Expired)
+	return &sharedFlight{o: o, entry: e, lower: lower}, adm, nil
 }
 
 // heldUntil is unknown to this gate: the entries may be another gate's.
-func (o *sharedOrder) heldUntil([]Target) time.Time { return time.Time{} }
+func (o *sharedOrder) heldUntil(Target) time.Time { return time.Time{} }
 
 func (o *sharedOrder) countExpired(ctx context.Context, n int) {
 	if n > 0 {

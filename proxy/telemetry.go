@@ -247,7 +247,13 @@ func (g *Gate) begin(x *exchange) {
 	if g.tel.tracer == nil {
 		return
 	}
-	ctx := propagation.TraceContext{}.Extract(x.ctx, headerCarrier{&x.c.Request.Header})
+	var carrier propagation.TextMapCarrier
+	if x.c != nil {
+		carrier = headerCarrier{&x.c.Request.Header}
+	} else {
+		carrier = propagation.HeaderCarrier(x.r.Header)
+	}
+	ctx := propagation.TraceContext{}.Extract(x.ctx, carrier)
 	x.ctx, x.span = g.tel.tracer.Start(ctx, spanName(x.method, x.route), trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithTimestamp(x.start))
 	if x.span.IsRecording() {
@@ -258,7 +264,12 @@ func (g *Gate) begin(x *exchange) {
 
 // end records x's duration, ends its span and its audit registration.
 func (g *Gate) end(x *exchange) {
-	status := x.c.Response.StatusCode()
+	var status int
+	if x.c != nil {
+		status = x.c.Response.StatusCode()
+	} else {
+		status = x.w.status
+	}
 	if g.tel.duration != nil {
 		g.tel.durationSeries(durationKey{stdMethod(x.method), status, x.route}).Record(time.Since(x.start).Seconds())
 	}
@@ -274,7 +285,8 @@ func (g *Gate) end(x *exchange) {
 	g.closeAudit(x)
 }
 
-// headerCarrier reads and writes W3C trace context in a fasthttp header.
+// headerCarrier reads and writes W3C trace context in the event loops'
+// request header.
 type headerCarrier struct{ h *fasthttp.RequestHeader }
 
 func (c headerCarrier) Get(key string) string { return string(c.h.Peek(key)) }

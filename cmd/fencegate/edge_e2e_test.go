@@ -188,9 +188,14 @@ func TestWebDAVDestinationIsFenced(t *testing.T) {
 	if st, b, _ := send(t, "PUT", gate("/files/X-scratch"), "stale's", "Fencing-Token", scratch); st != 201 && st != 204 {
 		t.Fatalf("stale holder's PUT on its scratch file: %d %s", st, b)
 	}
+	// The source's token alone is never judged on another resource.
+	if st, b, code := send(t, "COPY", gate("/files/X-scratch"), "", "Fencing-Token", scratch, "Destination", "/files/X"); st != http.StatusPreconditionRequired || code != "token-required" {
+		t.Errorf("COPY onto X without X's token: %d %s, want 428 token-required", st, b)
+	}
 	for _, method := range []string{"COPY", "MOVE"} {
 		for _, dest := range []string{"/files/X", "http://" + p.addr["gate"] + "/files/X"} {
-			st, b, code := send(t, method, gate("/files/X-scratch"), "", "Fencing-Token", scratch, "Destination", dest)
+			// Its own scratch token for X as well: X's is refused there.
+			st, b, code := send(t, method, gate("/files/X-scratch"), "", "Fencing-Token", scratch, "Destination", dest, "Fencing-Destination-Token", scratch)
 			if st != http.StatusConflict || code != "stale-token" {
 				t.Errorf("stale %s onto X (Destination %s): %d %s, want 409 stale-token", method, dest, st, b)
 			}
@@ -222,7 +227,7 @@ func TestWebDAVDestinationIsFenced(t *testing.T) {
 	if st, body, _ := send(t, "PUT", gate("/files/A"), "a's", "Fencing-Token", a); st != 201 && st != 204 {
 		t.Fatalf("PUT A: %d %s", st, body)
 	}
-	if st, body, _ := send(t, "COPY", gate("/files/A"), "", "Fencing-Token", a, "Destination", "/files/B"); st != 201 && st != 204 {
+	if st, body, _ := send(t, "COPY", gate("/files/A"), "", "Fencing-Token", a, "Destination", "/files/B", "Fencing-Destination-Token", b); st != 201 && st != 204 {
 		t.Fatalf("COPY A onto B: %d %s", st, body)
 	}
 	if got := file("B"); got != "a's" {
@@ -231,7 +236,7 @@ func TestWebDAVDestinationIsFenced(t *testing.T) {
 	if st, body, _ := send(t, "DELETE", gate("/files/B"), "", "Fencing-Token", b); st != 204 {
 		t.Fatalf("DELETE B: %d %s", st, body)
 	}
-	if st, body, _ := send(t, "MOVE", gate("/files/A"), "", "Fencing-Token", a, "Destination", "/files/B"); st != 201 && st != 204 {
+	if st, body, _ := send(t, "MOVE", gate("/files/A"), "", "Fencing-Token", a, "Destination", "/files/B", "Fencing-Destination-Token", b); st != 201 && st != 204 {
 		t.Fatalf("MOVE A onto B: %d %s", st, body)
 	}
 	if got, gone := file("B"), file("A"); got != "a's" || !strings.Contains(gone, "no such file") {

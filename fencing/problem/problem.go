@@ -73,7 +73,7 @@ func From(err error) *Error {
 			Headers: http.Header{"Retry-After": {strconv.Itoa(retry)}}}
 	case errors.As(err, &stale) && stale.BeforeLoss:
 		return &Error{Status: http.StatusConflict, Code: "stale-token",
-			Detail: "the token was issued before the lease store lost data for this resource; tokens from high_water_token on are admitted: acquire again",
+			Detail: "the token was issued before the lease store's record of this resource began (a new store, a record removed or restored, or data the store lost); tokens from high_water_token on are admitted: acquire again",
 			Extra:  map[string]any{"high_water_token": stale.HighWater}}
 	case errors.As(err, &stale):
 		return &Error{Status: http.StatusConflict, Code: "stale-token", Detail: "a write with a newer token was already admitted for this resource",

@@ -115,11 +115,13 @@ func TestStoreFaultOutcome(t *testing.T) {
 	}
 }
 
-// TestStaleDetailIsTruthful: a token refused because it predates a loss of
-// the store's data does not claim that a newer write was admitted.
+// TestStaleDetailIsTruthful: a token refused because it predates the
+// store's record of the resource (a fresh resource as much as a loss) does
+// not claim that a newer write was admitted, nor that data was lost.
 func TestStaleDetailIsTruthful(t *testing.T) {
 	p := From(&fencing.StaleTokenError{Token: 5, HighWater: 9, BeforeLoss: true})
-	if p.Code != "stale-token" || strings.Contains(p.Detail, "newer token was already admitted") || !strings.Contains(p.Detail, "lost data") {
+	if p.Code != "stale-token" || strings.Contains(p.Detail, "newer token was already admitted") ||
+		strings.Contains(p.Detail, "before the lease store lost data") || !strings.Contains(p.Detail, "record of this resource began") {
 		t.Errorf("floor refusal: %s %q", p.Code, p.Detail)
 	}
 	p = From(&fencing.StaleTokenError{Token: 5, HighWater: 9})
