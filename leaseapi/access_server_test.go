@@ -1,6 +1,8 @@
 package leaseapi_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -81,6 +83,11 @@ func TestAccessPoolsCannotTouchEachOther(t *testing.T) {
 	// pool-a renews and releases its own.
 	if got := e.req("POST", "/v1/leases/job:a:1/renew", js, body("pool-a/w1"), bearerOf("tok-a")...); got.status != 200 {
 		t.Fatalf("pool-a renew: %d %s", got.status, got.raw)
+	}
+	// Through the Go client: a refusal matching ErrForbidden.
+	_, err := leaseapi.NewClient(e.srv.URL, leaseapi.WithToken("tok-b")).Status(context.Background(), "job:a:1")
+	if !errors.Is(err, leaseapi.ErrForbidden) {
+		t.Fatalf("Go client, pool-b status of job:a:1: %v, want ErrForbidden", err)
 	}
 	// The reader may read but not act.
 	if got := e.req("POST", "/v1/leases/job:a:1/release", js, body("pool-a/w1"), bearerOf("tok-r")...); got.status != 403 {
