@@ -506,6 +506,14 @@ func readProblem(resp *http.Response, body io.Reader, resource string) error {
 	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if mt != "application/problem+json" && mt != "application/json" {
+		if resp.StatusCode == http.StatusBadRequest && resp.Request != nil && resp.Request.URL.Scheme == "http" {
+			// Go's TLS servers (fencegate's HTTPS listeners among them)
+			// answer a cleartext request so.
+			head, _ := io.ReadAll(io.LimitReader(body, 512))
+			if bytes.Contains(head, []byte("HTTP request to an HTTPS server")) {
+				pe.Detail = "the server speaks HTTPS: use an https:// URL"
+			}
+		}
 		return pe
 	}
 	raw, err := io.ReadAll(io.LimitReader(body, maxProblemBytes))
