@@ -229,7 +229,9 @@ func (l *listener) listen() error {
 		})
 		return nil
 	}
-	l.ln = newConnLimit(ln, l.cfg.MaxConns, healthReserve)
+	limited := newConnLimit(ln, l.cfg.MaxConns, healthReserve)
+	limited.CloseOnly = l.tls != nil
+	l.ln = limited
 	hs := &http.Server{
 		Handler:           overflowHandler(l.handler, l.health),
 		ReadHeaderTimeout: l.cfg.ReadHeaderTimeout,
