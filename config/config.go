@@ -43,12 +43,13 @@ type Config struct {
 	APITLSClientCA string `env:"API_TLS_CLIENT_CA" help:"PEM bundle of CA certificates: the lease API requires a client certificate they verify (mutual TLS); needs FENCEGATE_API_TLS_CERT"`
 	AccessFile     string `env:"ACCESS_FILE" help:"YAML file of lease API clients (bearer token SHA-256 or client certificate URI/DNS SAN) with their permissions by resource prefix; re-read on SIGHUP; instead of FENCEGATE_API_TOKEN"`
 
-	ProxyTLSCert     string        `env:"PROXY_TLS_CERT" help:"PEM certificate chain file: the write gate serves HTTPS (TLS 1.2+, ALPN h2 and http/1.1); set with FENCEGATE_PROXY_TLS_KEY; re-read on SIGHUP"`
-	ProxyTLSKey      string        `env:"PROXY_TLS_KEY" help:"PEM private key file of FENCEGATE_PROXY_TLS_CERT"`
-	ProxyTLSClientCA string        `env:"PROXY_TLS_CLIENT_CA" help:"PEM bundle of CA certificates: the write gate requires a client certificate they verify (mutual TLS); needs FENCEGATE_PROXY_TLS_CERT"`
-	ProxyH2C         bool          `env:"PROXY_H2C" envDefault:"false" help:"true or false: the cleartext write gate also serves HTTP/2 with prior knowledge (h2c); not with FENCEGATE_PROXY_TLS_CERT, where HTTP/2 comes by ALPN"`
-	UpstreamHTTP2    bool          `env:"UPSTREAM_HTTP2" envDefault:"false" help:"true or false: speak HTTP/2 to the upstream (h2c for http:// and unix:, ALPN for https://)"`
-	TLSWatch         time.Duration `env:"TLS_WATCH" envDefault:"1m" help:"how often the TLS certificate, key and CA files are checked for changes on disk and re-read when changed, a duration >= 0; 0 re-reads them on SIGHUP only"`
+	ProxyTLSCert        string        `env:"PROXY_TLS_CERT" help:"PEM certificate chain file: the write gate serves HTTPS (TLS 1.2+, ALPN h2 and http/1.1); set with FENCEGATE_PROXY_TLS_KEY; re-read on SIGHUP"`
+	ProxyTLSKey         string        `env:"PROXY_TLS_KEY" help:"PEM private key file of FENCEGATE_PROXY_TLS_CERT"`
+	ProxyTLSClientCA    string        `env:"PROXY_TLS_CLIENT_CA" help:"PEM bundle of CA certificates: the write gate requires a client certificate they verify (mutual TLS); needs FENCEGATE_PROXY_TLS_CERT"`
+	ProxyH2C            bool          `env:"PROXY_H2C" envDefault:"false" help:"true or false: the cleartext write gate also serves HTTP/2 with prior knowledge (h2c); not with FENCEGATE_PROXY_TLS_CERT, where HTTP/2 comes by ALPN"`
+	UpstreamReuseWrites bool          `env:"UPSTREAM_REUSE_WRITES" envDefault:"true" help:"true or false: false sends every write on an upstream connection of its own, closed after the answer, so an upstream that sends bytes after a complete response can never have them read as a later write's answer (such writes go through the general engine)"`
+	UpstreamHTTP2       bool          `env:"UPSTREAM_HTTP2" envDefault:"false" help:"true or false: speak HTTP/2 to the upstream (h2c for http:// and unix:, ALPN for https://)"`
+	TLSWatch            time.Duration `env:"TLS_WATCH" envDefault:"1m" help:"how often the TLS certificate, key and CA files are checked for changes on disk and re-read when changed, a duration >= 0; 0 re-reads them on SIGHUP only"`
 
 	ValkeyDialTimeout    time.Duration `env:"VALKEY_DIAL_TIMEOUT" envDefault:"5s" help:"Valkey connection attempt timeout, a duration > 0"`
 	ValkeyCommandTimeout time.Duration `env:"VALKEY_COMMAND_TIMEOUT" envDefault:"2s" help:"Valkey per-operation timeout (a write gives up with 503 after it), a duration > 0"`
@@ -70,7 +71,8 @@ type Config struct {
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest exchange with the upstream, from sending the request to the end of its response, a duration > 0"`
 	UpstreamConns   int           `env:"UPSTREAM_CONNS" envDefault:"1024" help:"most connections from the gate to the upstream (> 0); a request that finds them all busy waits for one"`
 	BodyBuffer      int           `env:"BODY_BUFFER" envDefault:"16384" help:"largest request body in bytes (by its Content-Length) the gate reads in full before admitting a write; larger and chunked bodies stream through; 0 streams every body"`
-	AuditLog        string        `env:"AUDIT_LOG" envDefault:"on" help:"one info line per write through the gate: on, off, or a fraction between 0 and 1 (such as 0.1) of successful writes to log, refusals and faults always logged"`
+	AuditLog        string        `env:"AUDIT_LOG" envDefault:"on" help:"one info line per write through the gate: on, off, or a fraction between 0 and 1 (such as 0.1) of successful writes to log; refusals and faults are always logged (with off, at most 20 a second)"`
+	AccessLog       bool          `env:"ACCESS_LOG" envDefault:"false" help:"true or false: one info line per lease API call and per read through the gate (client address, method, path, status, duration, request id); health checks and /metrics are not logged"`
 	Barrier         string        `env:"BARRIER" envDefault:"local" help:"local (order writes through this gate) or shared (order writes across every gate on the store; valkey:// or postgres:// only)"`
 	GateID          string        `env:"GATE_ID" help:"this gate's name in shared-barrier entries, 1 to 100 bytes of A-Z a-z 0-9 . _ -; default: host name and process id"`
 
@@ -79,11 +81,13 @@ type Config struct {
 	IdleTimeout       time.Duration `env:"IDLE_TIMEOUT" envDefault:"2m" help:"how long an idle keep-alive connection stays open, a duration > 0"`
 	MaxConns          int           `env:"MAX_CONNS" envDefault:"4096" help:"most concurrent client connections per listener (> 0); beyond it a connection is answered 503 too-many-connections and closed, while a small reserve keeps /livez and /readyz answering"`
 	IOURing           bool          `env:"IO_URING" envDefault:"true" help:"true or false: on Linux the gate's event loops batch their socket reads and writes through io_uring where the kernel allows it (5.12 or later); false makes one system call per read and write"`
+	MarkReaders       bool          `env:"MARK_READERS" envDefault:"true" help:"true or false: on Linux with a single-node Valkey store, each event loop reads high-water marks over a store connection of its own, inside the loop; false admits every write through the store's client (valkey-go's pipelining)"`
 
-	DrainDelay    time.Duration `env:"DRAIN_DELAY" envDefault:"0s" help:"after SIGTERM, how long /readyz answers 503 before the listeners close, a duration >= 0"`
-	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"15s" help:"after the drain delay, how long in-flight requests may take to finish, a duration > 0"`
-	LogFormat     string        `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
-	LogLevel      string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
+	ReadyWithoutStore bool          `env:"READY_WITHOUT_STORE" envDefault:"false" help:"true or false: keep /readyz at 200 while the store does not answer, so reads through the gate keep flowing (writes and lease calls still fail closed with 503); false takes the process out of its load balancer until the store answers"`
+	DrainDelay        time.Duration `env:"DRAIN_DELAY" envDefault:"0s" help:"after SIGTERM, how long /readyz answers 503 before the listeners close, a duration >= 0"`
+	ShutdownGrace     time.Duration `env:"SHUTDOWN_GRACE" envDefault:"15s" help:"after the drain delay, how long in-flight requests may take to finish, a duration > 0"`
+	LogFormat         string        `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
+	LogLevel          string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 }
 
 // Load parses and validates the configuration from environ (KEY=VALUE
@@ -135,6 +139,9 @@ func explain(err error, environ map[string]string) error {
 
 // kindWords says in words what a value of type t looks like.
 func kindWords(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer { // an optional value (*bool): unset means "not given"
+		t = t.Elem()
+	}
 	switch {
 	case t == reflect.TypeFor[time.Duration]():
 		return "a duration such as 500ms, 10s or 2m"

@@ -105,7 +105,7 @@ func TestEveryConfigErrorNamesItsVariable(t *testing.T) {
 			if !strings.Contains(msg, f.Name+":") || !strings.Contains(msg, "accepts") {
 				t.Errorf("%s=%q: error %q does not name the variable and what it accepts", f.Name, v, msg)
 			}
-			for _, leak := range []string{"strconv", "invalid syntax", "parse error on field", "time: "} {
+			for _, leak := range []string{"strconv", "invalid syntax", "parse error on field", "time: ", "*bool", "a valid "} {
 				if strings.Contains(msg, leak) {
 					t.Errorf("%s=%q: error %q quotes Go internals (%q)", f.Name, v, msg, leak)
 				}

@@ -57,10 +57,10 @@ func TestWorkersOverMutualTLSWithAccessFile(t *testing.T) {
 			t.Fatalf("%s: %v\n%s", w.name, w.err, strings.Join(w.output(), "\n"))
 		}
 	}
-	if got := s.applied("/work/job:a:1"); len(got) != 3 {
+	if got := s.applied("/jobs/a:1"); len(got) != 3 {
 		t.Errorf("pool-a's writes applied: %v, want 3", got)
 	}
-	if got := s.applied("/work/job:b:1"); len(got) != 3 {
+	if got := s.applied("/jobs/b:1"); len(got) != 3 {
 		t.Errorf("pool-b's writes applied: %v, want 3", got)
 	}
 	// pool-a on pool-b's resource: refused at the lease API, nothing written.
@@ -69,7 +69,7 @@ func TestWorkersOverMutualTLSWithAccessFile(t *testing.T) {
 	if x.err == nil || !strings.Contains(strings.Join(x.output(), "\n"), "forbidden") {
 		t.Fatalf("pool-a's worker on job:b:2: %v\n%s", x.err, strings.Join(x.output(), "\n"))
 	}
-	if got := s.applied("/work/job:b:2"); len(got) != 0 {
+	if got := s.applied("/jobs/b:2"); len(got) != 0 {
 		t.Fatalf("writes applied for a resource pool-a may not take: %v", got)
 	}
 }

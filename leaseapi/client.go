@@ -348,9 +348,25 @@ func (c *Client) do(ctx context.Context, method, path, resource string, query ur
 func transportError(method, path string, err error) error {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
-		return fmt.Errorf("leaseapi: %s %s: %w: %w", method, path, fencing.ErrUnavailable, err)
+		return fmt.Errorf("leaseapi: %s %s: %w", method, path, &unreachableError{err: err})
 	}
 	return fmt.Errorf("leaseapi: %s %s: %w: %w", method, path, fencing.ErrAmbiguous, err)
+}
+
+// ErrUnreachable matches a call that could not connect to the lease API
+// at all (connection refused, no route, DNS failure): nothing was done.
+// Such an error also matches fencing.ErrUnavailable, so code that retries
+// on an unavailable store retries on it too; its message names the API,
+// not the store, because the store was never asked.
+var ErrUnreachable = errors.New("lease API unreachable")
+
+// unreachableError is a failed dial: ErrUnreachable and
+// fencing.ErrUnavailable, with the dial's own error.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string { return ErrUnreachable.Error() + ": " + e.err.Error() }
+func (e *unreachableError) Unwrap() []error {
+	return []error{ErrUnreachable, fencing.ErrUnavailable, e.err}
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -111,6 +111,10 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		}
 		// Logged above, once per state change: a probe every few
 		// seconds must not log an error every few seconds.
+		if s.readyNoStore {
+			writeJSON(w, map[string]string{"status": "ready", "store": "unavailable"})
+			return
+		}
 		problem.Write(w, r, nil, &problem.Error{Status: http.StatusServiceUnavailable, Code: "store-unavailable",
 			Detail:  "the lease store did not answer",
 			Headers: http.Header{"Retry-After": {strconv.Itoa(problem.RetryAfterStoreFault)}}, Cause: err})

@@ -19,7 +19,11 @@ func (s *Server) routes() *chi.Mux {
 	if s.telemetry {
 		r.Use(tagRoute)
 	}
-	r.Use(reqid.Middleware, noStore, s.recoverer, middleware.GetHead)
+	r.Use(reqid.Middleware)
+	if s.accessLog {
+		r.Use(s.logAccess)
+	}
+	r.Use(noStore, s.recoverer, middleware.GetHead)
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed(r))
 

@@ -12,7 +12,8 @@
 // /v1/leases/{resource} (status); GET /v1/leases?prefix=&limit= (live
 // leases, limit 1 to 1000, default 1000); GET /livez (always 200); GET
 // /readyz (200 when the store answers a ping within 1 s, 503
-// "store-unavailable" otherwise, 503 "draining" after SetDraining); GET
+// "store-unavailable" otherwise unless Options.ReadyWithoutStore, 503
+// "draining" after SetDraining); GET
 // /metrics when Options.Metrics is set; GET /openapi.json (the OpenAPI 3.1
 // document of all of these, see OpenAPI). HEAD is served wherever GET is. An
 // unknown path is 404 "not-found"; a known path with another method is 405
@@ -127,6 +128,15 @@ type Options struct {
 	// header, which the client controls: set it where clients are not
 	// trusted, so they cannot create metric series at will.
 	ServerName string
+	// AccessLog logs one line per API call (AccessMessage).
+	AccessLog bool
+	// ReadyWithoutStore keeps /readyz at 200 while the store does not
+	// answer (the answer then says "store": "unavailable"), so an outage
+	// of the store does not take the process out of its load balancer:
+	// reads through the gate keep flowing, while writes and lease calls
+	// still fail closed with 503 store-unavailable. Draining still answers
+	// 503. Off by default: a pod that cannot fence is not ready.
+	ReadyWithoutStore bool
 }
 
 // Server serves the lease API. It implements http.Handler and is safe for
@@ -144,7 +154,9 @@ type Server struct {
 	metrics         http.Handler
 	telemetry       bool // tag spans and metrics with the route pattern
 	draining        atomic.Bool
-	unready         atomic.Bool  // the last /readyz store ping failed: log state changes only
+	unready         atomic.Bool // the last /readyz store ping failed: log state changes only
+	accessLog       bool
+	readyNoStore    bool
 	handler         http.Handler // the routes, wrapped with otelhttp when telemetry is on
 }
 
@@ -185,6 +197,8 @@ func NewServer(opts Options) *Server {
 		telemetry:       opts.MeterProvider != nil || opts.TracerProvider != nil,
 		access:          opts.Access,
 		limiter:         access.NewLimiter(access.DefaultBurst, access.DefaultEvery, nil),
+		accessLog:       opts.AccessLog,
+		readyNoStore:    opts.ReadyWithoutStore,
 	}
 	if opts.MeterProvider != nil {
 		// An instrument that cannot be made is left out: refusals are

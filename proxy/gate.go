@@ -74,6 +74,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -251,7 +252,7 @@ type Gate struct {
 	upstreamConns  int
 	noWriteReuse   bool
 	upstreamTO     time.Duration
-	rules          []Rule
+	rules          atomic.Pointer[[]Rule] // replaced whole by SetRules
 	resourceHeader bool
 	log            *slog.Logger
 	barrierTimeout time.Duration
@@ -306,7 +307,6 @@ func New(opts Options) (*Gate, error) {
 		upstreamBase:   strings.TrimSuffix(u.EscapedPath(), "/"),
 		upstreamHost:   []byte(u.Host),
 		upstreamTO:     cmp.Or(opts.UpstreamTimeout, DefaultUpstreamTimeout),
-		rules:          opts.Rules,
 		resourceHeader: opts.ResourceHeader,
 		log:            opts.Logger,
 		barrierTimeout: cmp.Or(opts.BarrierTimeout, DefaultBarrierTimeout),
@@ -321,6 +321,7 @@ func New(opts Options) (*Gate, error) {
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
+	g.rules.Store(&opts.Rules)
 	g.order = localOrder{b: g.barrier, store: opts.Store}
 	g.quick, _ = opts.Store.(fencing.QuickAdmitter)
 	if b, ok := opts.Store.(fencing.BatchAdmitter); ok && b.AdmitBatch(context.Background(), nil, nil, nil) {
@@ -661,6 +662,22 @@ func (g *Gate) writeProblem(x *exchange, p *problem.Error) {
 	x.c.SetStatusCode(p.Status)
 	x.c.SetContentType(problem.ContentType)
 	x.c.SetBody(p.Body())
+}
+
+// Rules are the rules in force.
+func (g *Gate) Rules() []Rule { return *g.rules.Load() }
+
+// SetRules replaces the rules in force (a reload): requests judged from
+// now on follow rules; a request already judged goes on under the rules
+// it was judged by. rules must come from ParseRules.
+func (g *Gate) SetRules(rules []Rule) error {
+	for i := range rules {
+		if rules[i].Action == 0 || rules[i].segs == nil {
+			return fmt.Errorf("proxy: rule %d was not built by ParseRules", i+1)
+		}
+	}
+	g.rules.Store(&rules)
+	return nil
 }
 
 // InFlightResources is the number of resources that have fenced writes in

@@ -275,6 +275,17 @@ func (x *exchange) upgrade() bool {
 	return x.r.Header.Get("Upgrade") != ""
 }
 
+// remoteAddr is the client's address.
+func (x *exchange) remoteAddr() net.Addr {
+	if x.c != nil {
+		return x.c.RemoteAddr()
+	}
+	if ap, err := netip.ParseAddrPort(x.r.RemoteAddr); err == nil {
+		return net.TCPAddrFromAddrPort(ap)
+	}
+	return &net.UnixAddr{Name: x.r.RemoteAddr, Net: "unix"}
+}
+
 // relayBuffers recycles the buffers ReverseProxy copies bodies through.
 type relayBuffers struct{}
 

@@ -15,11 +15,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/fencegate/fencegate/internal/connlimit"
+	"github.com/fencegate/fencegate/internal/evloop"
+	"github.com/fencegate/fencegate/internal/h1"
 	"github.com/fencegate/fencegate/internal/uring"
 )
 
@@ -79,7 +80,13 @@ type loopEngine struct {
 	closing  atomic.Bool // Shutdown or Close: accept nothing, end idle connections
 	done     chan struct{}
 	doneOnce sync.Once
-	wg       sync.WaitGroup
+	wg       sync.WaitGroup // the loops
+	// work is the engine's other goroutines (dials, admissions, waits
+	// for a turn, the fallback's connections, mark readers opening):
+	// stop waits for them, after cancelling ctx, which bounds the dials.
+	work   sync.WaitGroup
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu     sync.Mutex
 	handed map[*handedConn]bool // connections served by the fallback; true while idle
@@ -111,9 +118,11 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 	}
 	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.upstreamConns), done: make(chan struct{}),
 		handed: make(map[*handedConn]bool)}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
 	for range loopCount(runtime.GOMAXPROCS(0)) {
 		l, err := newEventLoop(e)
 		if err != nil {
+			e.cancel()
 			e.closeLoops()
 			unix.Close(lnFD)
 			return nil, err
@@ -131,22 +140,32 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 // about 10 % more writes than two, for a quarter less CPU per write.
 func loopCount(procs int) int { return max(1, procs/2) }
 
-// serve runs the loops until Shutdown or Close.
+// serve runs the loops until Shutdown or Close, and returns once stop has
+// cleaned up after them.
 func (e *loopEngine) serve() error {
 	for _, l := range e.loops {
 		e.wg.Go(l.run)
 	}
 	<-e.done
-	e.wg.Wait()
+	e.doneOnce.Do(func() {}) // waits for stop's cleanup
 	return nil
 }
+
+// goTracked runs f on a goroutine stop waits for.
+func (e *loopEngine) goTracked(f func()) { e.work.Go(f) }
 
 func (e *loopEngine) stopAccepting() {
 	if e.closing.Swap(true) {
 		return
 	}
 	for _, l := range e.loops {
-		l.post(func() { _ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, e.lnFD, nil) })
+		l.post(func() {
+			if err := l.p.Remove(e.lnFD); err != nil {
+				// The loop may be woken for connections it then
+				// closes at once (accept checks closing).
+				e.g.log.Warn("gate event loop: could not stop watching the listener", "error", err)
+			}
+		})
 	}
 }
 
@@ -212,17 +231,21 @@ func (e *loopEngine) handedConns(idleOnly bool) []*handedConn {
 	return hs
 }
 
+// stop stops the loops and waits for them and for the engine's other
+// goroutines: once it returns, every connection is closed, every barrier
+// place a write of the loops took is left (or held for the grace, as for
+// a client gone), and every dialed descriptor is closed.
 func (e *loopEngine) stop() {
 	e.doneOnce.Do(func() {
 		for _, l := range e.loops {
 			l.post(func() { l.stopped = true })
 		}
+		e.cancel()
 		close(e.done)
-		go func() {
-			e.wg.Wait()
-			e.closeLoops()
-			unix.Close(e.lnFD)
-		}()
+		e.wg.Wait()
+		e.closeLoops()
+		unix.Close(e.lnFD)
+		e.work.Wait()
 	})
 }
 
@@ -236,13 +259,7 @@ func (e *loopEngine) closeLoops() {
 // goroutine touches them; other goroutines hand it work with post.
 type eventLoop struct {
 	e       *loopEngine
-	ep      int
-	wake    int         // an eventfd: post writes it while the loop sleeps
-	posted  atomic.Bool // the eventfd was written and not read yet
-	asleep  atomic.Bool // the loop is in (or about to enter) a blocking epoll_wait
-	queued  atomic.Bool // the inbox may hold work
-	mu      sync.Mutex
-	inbox   []func()
+	p       *evloop.Poller // its epoll instance and inbox
 	fds     map[int]fdOwner
 	clients map[*loopConn]struct{}
 	idle    []*upConn   // idle upstream connections, most recent last
@@ -260,60 +277,47 @@ type eventLoop struct {
 	now       time.Time
 
 	ring    *uring.Ring    // the pass's reads and writes in a system call each; nil: one by one
-	ahead   []*sock        // the sockets read ahead this pass, in readAhead's buffer's order
+	ahead   []*evloop.Sock // the sockets read ahead this pass, in readAhead's buffer's order
 	aheadIn []byte         // their reads, loopAheadRead bytes each
 	writes  []*loopConn    // connections whose next write waits for the end of the pass
 	spare   []*loopConn    // writes' other array, reused
 	sending []pendingWrite // the writes out in the ring, by tag
 
-	buf []byte        // one read
-	rd  bytes.Reader  // parsing: a head's bytes...
-	br  *bufio.Reader // ...as fasthttp reads them
-	hdr http.Header   // the headers decide reads, reused (see decisionHeader)
+	buf       []byte        // one read
+	rd        bytes.Reader  // parsing: a head's bytes...
+	br        *bufio.Reader // ...as fasthttp reads them
+	hdr       http.Header   // the headers decide reads, reused (see decisionHeader)
+	head      h1.Request    // the request head parsed last (parseHead), reused
+	lastSweep time.Time
+	cur       *loopConn   // the connection the current step serves (loopguard_linux.go)
+	touched   []*loopConn // the connections the current pass touched
+	resp      h1.Response // the response head parsed last (readResponse), reused
 }
 
 // fdOwner is a socket of a loop: a client or an upstream connection.
 type fdOwner interface{ ready(events uint32) }
 
 func newEventLoop(e *loopEngine) (*eventLoop, error) {
-	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	p, err := evloop.New()
 	if err != nil {
 		return nil, err
 	}
-	wake, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		unix.Close(ep)
-		return nil, err
-	}
-	l := &eventLoop{e: e, ep: ep, wake: wake, fds: make(map[int]fdOwner), clients: make(map[*loopConn]struct{}),
+	l := &eventLoop{e: e, p: p, fds: make(map[int]fdOwner), clients: make(map[*loopConn]struct{}),
 		buf: make([]byte, loopReadBuffer), exited: make(chan struct{})}
 	l.br = bufio.NewReaderSize(&l.rd, upstreamReadBuffer+1)
 	l.hdr = make(http.Header, 2)
-	for fd, ev := range map[int]uint32{wake: unix.EPOLLIN, e.lnFD: unix.EPOLLIN | unix.EPOLLEXCLUSIVE} {
-		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: ev, Fd: int32(fd)}); err != nil {
-			unix.Close(ep)
-			unix.Close(wake)
-			return nil, err
-		}
+	if err := p.Add(e.lnFD, unix.EPOLLIN|unix.EPOLLEXCLUSIVE); err != nil {
+		p.Close()
+		return nil, err
 	}
 	return l, nil
 }
 
-// post runs f on l's goroutine. A loop that is awake finds f when its
-// pass over the ready sockets ends; only a sleeping one is woken (by the
-// eventfd: a system call, and on a busy loop one per post). The loop marks
-// itself asleep before it checks its inbox one last time, and post queues
-// before it checks that mark, so one of the two sees the other.
-func (l *eventLoop) post(f func()) {
-	l.mu.Lock()
-	l.inbox = append(l.inbox, f)
-	l.mu.Unlock()
-	l.queued.Store(true)
-	if l.asleep.Load() && l.posted.CompareAndSwap(false, true) {
-		var one = [8]byte{1}
-		_, _ = unix.Write(l.wake, one[:])
-	}
-}
+// post runs f on l's goroutine (see evloop.Poller.Post): false once the
+// loop has stopped and closeAll has run, when its caller cleans up what f
+// would have (a dialed descriptor, a barrier place). Until then, f runs on
+// the loop or, if the loop stopped meanwhile, in closeAll.
+func (l *eventLoop) post(f func()) bool { return l.p.Post(f) }
 
 // call runs f on l's goroutine and waits for it; it does not run f once
 // the loop has stopped.
@@ -345,56 +349,52 @@ func (l *eventLoop) run() {
 	}
 	events := make([]unix.EpollEvent, loopEvents)
 	l.now = time.Now()
-	lastSweep := l.now
+	l.lastSweep = l.now
 	for !l.stopped {
-		timeout := int(loopTick / time.Millisecond)
-		l.asleep.Store(true)
-		if l.queued.Load() {
-			timeout = 0 // posted while this pass ran: look, without sleeping
-		}
-		n, err := unix.EpollWait(l.ep, events, timeout)
-		l.asleep.Store(false)
-		if err != nil && err != unix.EINTR {
+		n, err := l.p.Wait(events, loopTick)
+		if err != nil {
 			l.e.g.log.Error("gate event loop failed", "error", err)
 			return
 		}
-		l.now = time.Now()
-		if lb := l.e.g.logBatch; lb != nil {
-			lb.Hold()
-		}
-		l.readAhead(events[:max(n, 0)])
-		for i := range max(n, 0) {
-			fd := int(events[i].Fd)
-			switch {
-			case fd == l.wake:
-				var b [8]byte
-				_, _ = unix.Read(l.wake, b[:])
-				l.posted.Store(false)
-			case fd == l.e.lnFD:
-				l.accept()
-			default:
-				if o := l.fds[fd]; o != nil {
-					o.ready(events[i].Events)
-				}
+		l.pass(events[:n])
+	}
+}
+
+// pass moves on what the events and the inbox make ready, each socket's
+// event, posted function, deadline and queued write a step of its own
+// (see loopguard_linux.go: a panic in one closes the connections it
+// touched, and the pass goes on).
+func (l *eventLoop) pass(events []unix.EpollEvent) {
+	l.now = time.Now()
+	if lb := l.e.g.logBatch; lb != nil {
+		lb.Hold()
+		defer lb.Release() // the pass's log lines, in one write
+	}
+	defer l.endPass()
+	defer l.containPass()
+	l.readAhead(events)
+	for i := range events {
+		fd := int(events[i].Fd)
+		switch {
+		case fd == l.e.lnFD:
+			l.accept()
+		default:
+			if o := l.fds[fd]; o != nil {
+				l.step(func() { o.ready(events[i].Events) })
 			}
 		}
-		if l.queued.Load() {
-			l.runInbox()
-		}
+	}
+	l.runInbox()
+	l.forwardPassed()
+	l.sendAdmits()
+	if l.now.Sub(l.lastSweep) >= loopTick {
+		l.lastSweep = l.now
+		l.sweep()
+	}
+	for len(l.writes) > 0 {
+		l.writeQueued()
 		l.forwardPassed()
 		l.sendAdmits()
-		if l.now.Sub(lastSweep) >= loopTick {
-			lastSweep = l.now
-			l.sweep()
-		}
-		for len(l.writes) > 0 {
-			l.writeQueued()
-			l.forwardPassed()
-			l.sendAdmits()
-		}
-		if lb := l.e.g.logBatch; lb != nil {
-			lb.Release() // the pass's log lines, in one write
-		}
 	}
 }
 
@@ -406,7 +406,7 @@ func (l *eventLoop) forwardPassed() {
 		batch := l.passed
 		l.passed = l.forwarded[:0]
 		for i, p := range batch {
-			p.c.admitted(p.t, true)
+			l.step(func() { p.c.admitted(p.t, true) })
 			batch[i] = passedRequest{}
 		}
 		l.forwarded = batch[:0]
@@ -415,13 +415,8 @@ func (l *eventLoop) forwardPassed() {
 
 // runInbox runs what was posted.
 func (l *eventLoop) runInbox() {
-	l.queued.Store(false) // before taking the inbox: a later post sets it again
-	l.mu.Lock()
-	work := l.inbox
-	l.inbox = nil
-	l.mu.Unlock()
-	for _, f := range work {
-		f()
+	for _, f := range l.p.Take() {
+		l.step(f)
 	}
 }
 
@@ -442,28 +437,31 @@ func (l *eventLoop) accept() {
 			continue
 		}
 		if _, ok := e.s.limit.Acquire(); !ok {
-			_, _ = unix.Write(fd, connlimit.Refusal)
+			_, _ = unix.Write(fd, connlimit.Refusal) // best effort: the connection is closed either way
 			unix.Close(fd)
 			continue
 		}
-		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+			e.g.log.Debug("gate: TCP_NODELAY refused on a client connection", "error", err) // served all the same, a little later
+		}
 		to := e.loops[int(e.next.Add(1))%len(e.loops)]
 		if to == l {
 			l.add(fd, sa)
-		} else {
-			to.post(func() { to.add(fd, sa) })
+		} else if !to.post(func() { to.add(fd, sa) }) {
+			unix.Close(fd) // that loop has stopped
+			e.s.limit.Release()
 		}
 	}
 }
 
 // add starts serving client connection fd.
 func (l *eventLoop) add(fd int, sa unix.Sockaddr) {
-	c := &loopConn{sock: sock{fd: fd}, l: l, remote: tcpAddr(sa)}
+	c := &loopConn{Sock: evloop.Sock{FD: fd}, l: l, remote: tcpAddr(sa)}
 	c.ctx.Init2(c, nil, false)
-	c.deadline = l.now.Add(l.e.s.headerTimeout)
+	c.enter(stHead)
 	l.clients[c] = struct{}{}
 	l.fds[fd] = c
-	c.writable = true
+	c.Writable = true
 	if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
 		c.close()
 	}
@@ -479,25 +477,16 @@ func tcpAddr(sa unix.Sockaddr) *net.TCPAddr {
 	return &net.TCPAddr{}
 }
 
-// watch registers socket fd with the loop (op EPOLL_CTL_ADD), or changes
-// its registration (EPOLL_CTL_MOD): edge-triggered, for reading always,
-// for writing only when out says so. A socket is watched for writing only
-// while a write to it is blocked: otherwise every acknowledgement from the
-// peer would wake the loop.
-func (l *eventLoop) watch(fd, op int, out bool) error {
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
-	if out {
-		ev.Events |= unix.EPOLLOUT
-	}
-	return unix.EpollCtl(l.ep, op, fd, &ev)
-}
+// watch registers socket fd with the loop, or changes its registration
+// (see evloop.Poller.Watch).
+func (l *eventLoop) watch(fd, op int, out bool) error { return l.p.Watch(fd, op, out) }
 
 // sweep fires the deadlines that passed, and drops upstream connections
 // idle too long.
 func (l *eventLoop) sweep() {
 	for c := range l.clients {
 		if !c.deadline.IsZero() && l.now.After(c.deadline) {
-			c.expire()
+			l.step(c.expire)
 		}
 	}
 	for len(l.idle) > 0 && l.now.Sub(l.idle[0].idleSince) > upstreamIdleFor {
@@ -513,23 +502,30 @@ func (l *eventLoop) sweep() {
 // endIdle closes the client connections between requests (Shutdown).
 func (l *eventLoop) endIdle() {
 	for c := range l.clients {
-		if c.state == stHead && len(c.in) == 0 {
+		if c.state == stHead && len(c.In) == 0 {
 			c.close()
 		}
 	}
 }
 
-// closeAll closes what the loop still holds, once it has stopped.
+// closeAll closes what the loop still holds, once it has stopped. What
+// was posted and not run yet runs now, on closed connections (a write's
+// barrier place is left, a dialed connection closed); what is posted from
+// now on is refused, and its poster cleans up.
 func (l *eventLoop) closeAll() {
+	work := l.p.Shut()
 	for c := range l.clients {
 		c.close()
 	}
+	for _, f := range work {
+		l.step(f)
+	}
+	l.endPass()
 	for len(l.idle) > 0 {
 		l.idle[0].close()
 	}
 	l.marks.close()
-	unix.Close(l.ep)
-	unix.Close(l.wake)
+	l.p.Close()
 }
 
 // upstream gives c an upstream connection: an idle one, a new one, or a
@@ -564,9 +560,9 @@ func (l *eventLoop) dial(c *loopConn) {
 	l.e.upConns.Add(1)
 	c.dialing = true
 	g := l.e.g
-	go func() {
-		fd, err := dialFD(g.dialer.addr)
-		l.post(func() {
+	l.e.goTracked(func() {
+		fd, err := dialFD(l.e.ctx, g.dialer.addr)
+		posted := l.post(func() {
 			fail := func(err error) {
 				if c.dialing {
 					c.dialing = false
@@ -579,14 +575,14 @@ func (l *eventLoop) dial(c *loopConn) {
 				fail(err)
 				return
 			}
-			u := &upConn{sock: sock{fd: fd}, l: l}
+			u := &upConn{Sock: evloop.Sock{FD: fd}, l: l}
 			l.fds[fd] = u
 			if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
 				u.close()
 				fail(&net.OpError{Op: "dial", Net: "tcp", Err: err})
 				return
 			}
-			u.writable = true
+			u.Writable = true
 			if !c.dialing { // c went away meanwhile
 				u.release()
 				return
@@ -595,13 +591,19 @@ func (l *eventLoop) dial(c *loopConn) {
 			u.attach(c)
 			c.run()
 		})
-	}()
+		if !posted { // the loop has stopped: the connection is not wanted
+			if err == nil {
+				unix.Close(fd)
+			}
+			l.e.upConns.Add(-1)
+		}
+	})
 }
 
 // dialFD connects to addr and returns the connection's descriptor, in
 // non-blocking mode, owned by the caller.
-func dialFD(addr string) (int, error) {
-	nc, err := (&net.Dialer{Timeout: 5 * time.Second}).Dial("tcp", addr)
+func dialFD(ctx context.Context, addr string) (int, error) {
+	nc, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return -1, err
 	}
@@ -618,7 +620,7 @@ func dialFD(addr string) (int, error) {
 	if dupErr != nil {
 		return -1, &net.OpError{Op: "dial", Net: "tcp", Err: dupErr}
 	}
-	unix.CloseOnExec(fd)
+	unix.CloseOnExec(fd) // dup(2) does not carry close-on-exec over; fcntl cannot fail on a descriptor just made
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
 		return -1, &net.OpError{Op: "dial", Net: "tcp", Err: err}
@@ -631,15 +633,20 @@ func dialFD(addr string) (int, error) {
 // on.
 func (l *eventLoop) handoff(c *loopConn) {
 	l.forget(c)
-	_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil)
-	f := os.NewFile(uintptr(c.fd), "gate-client")
+	c.closed, c.fdClosed = true, true // the loop's part is over: its descriptor is closed below
+	if err := l.p.Remove(c.FD); err != nil {
+		// Events for the descriptor find no owner in l.fds and are
+		// dropped; closing it below removes it from the epoll set.
+		l.e.g.log.Debug("gate event loop: could not stop watching a handed-off connection", "error", err)
+	}
+	f := os.NewFile(uintptr(c.FD), "gate-client")
 	nc, err := net.FileConn(f) // a duplicate, in Go's poller
 	f.Close()
 	if err != nil {
 		l.e.s.limit.Release()
 		return
 	}
-	h := &handedConn{pre: bytes.Clone(c.in), e: l.e}
+	h := &handedConn{pre: bytes.Clone(c.In), e: l.e}
 	h.Conn = connlimit.Counted(nc, func() {
 		l.e.mu.Lock()
 		delete(l.e.handed, h)
@@ -649,13 +656,13 @@ func (l *eventLoop) handoff(c *loopConn) {
 	l.e.mu.Lock()
 	l.e.handed[h] = false
 	l.e.mu.Unlock()
-	go l.e.s.serveHanded(h)
+	l.e.goTracked(func() { l.e.s.serveHanded(h) })
 }
 
 // forget drops c from the loop's tables.
 func (l *eventLoop) forget(c *loopConn) {
 	delete(l.clients, c)
-	delete(l.fds, c.fd)
+	delete(l.fds, c.FD)
 	l.unqueue(c)
 }
 
@@ -702,33 +709,6 @@ func (e *loopEngine) setIdle(c net.Conn, idle bool) {
 	if idle && e.closing.Load() {
 		_ = h.Close()
 	}
-}
-
-// rawRead and rawWrite are read(2) and write(2) on a non-blocking socket,
-// without telling the Go scheduler: they never block, and the loops make
-// two of each per request.
-func rawRead(fd int, p []byte) (int, error) {
-	n, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
-
-func rawWrite(fd int, p []byte) (int, error) {
-	n, _, errno := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
-
-// syscallErr wraps a failed socket call as the net package would.
-func syscallErr(op string, err error) error {
-	if err == nil {
-		return nil
-	}
-	return &net.OpError{Op: op, Net: "tcp", Err: os.NewSyscallError(op, err)}
 }
 
 var (

@@ -47,7 +47,7 @@ func (g *Gate) batches(d Decision) bool {
 // lease, the worker's otherwise.
 func (l *eventLoop) queueAdmit(c *loopConn, d Decision) {
 	p := pendingAdmit{c: c, x: c.x, d: d}
-	if l.e.g.marks != nil && !d.Targets[0].Strict {
+	if l.e.g.marks != nil && !l.e.s.noMarks && !d.Targets[0].Strict {
 		l.reads = append(l.reads, p)
 		return
 	}
@@ -76,7 +76,8 @@ func (l *eventLoop) sendAdmits() {
 	}
 	if l.admitCh == nil {
 		l.admitCh = make(chan []pendingAdmit, 1)
-		go l.admitWorker(l.admitCh)
+		ch := l.admitCh
+		l.e.goTracked(func() { l.admitWorker(ch) })
 	}
 	l.admitting = true
 	l.admitCh <- l.admits
@@ -122,13 +123,18 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 			}
 			l.awaitTurn(p)
 		}
-		l.post(func() {
+		posted := l.post(func() {
 			l.admitting = false
 			for _, p := range ready {
-				p.c.admitted(p.t, p.ok)
+				l.step(func() { p.c.admitted(p.t, p.ok) })
 			}
 			l.sendAdmits()
 		})
+		if !posted { // the loop has stopped
+			for _, p := range ready {
+				abandonAdmitted(g, p.x, p.t, p.ok)
+			}
+		}
 	}
 }
 
@@ -136,10 +142,12 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 // Gate.waitTurn), waiting on a goroutine of its own, as on the loops'
 // general path.
 func (l *eventLoop) awaitTurn(p pendingAdmit) {
-	go func() {
+	l.e.goTracked(func() {
 		ok := l.e.g.waitTurn(p.x, p.d.Targets[0], p.t)
-		l.post(func() { p.c.admitted(p.t, ok) })
-	}()
+		if !l.post(func() { p.c.admitted(p.t, ok) }) {
+			abandonAdmitted(l.e.g, p.x, p.t, ok) // the loop has stopped
+		}
+	})
 }
 
 // admitAll runs b's AdmitBatch; should b have no batch path after all, it

@@ -104,7 +104,7 @@ func readAnswer(c io.Reader, buf []byte) error {
 			return err
 		}
 		n += m
-		end := bytes.Index(buf[:n], crlfcrlf)
+		end := bytes.Index(buf[:n], []byte("\r\n\r\n"))
 		if end < 0 {
 			continue
 		}
@@ -176,7 +176,7 @@ func serveRawBench(b *testing.B) net.Listener {
 					}
 					n += m
 					for {
-						end := bytes.Index(buf[:n], crlfcrlf)
+						end := bytes.Index(buf[:n], []byte("\r\n\r\n"))
 						if end < 0 {
 							break
 						}

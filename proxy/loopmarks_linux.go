@@ -3,7 +3,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"slices"
 	"sync"
@@ -69,8 +68,8 @@ func (lm *loopMarks) free() *markConn {
 func (lm *loopMarks) open(l *eventLoop) {
 	lm.opening = true
 	stores := l.e.g.marks
-	go func() {
-		r, err := stores.OpenMarkReader(context.Background()) // bounded by the store's dial and command timeouts
+	l.e.goTracked(func() {
+		r, err := stores.OpenMarkReader(l.e.ctx) // bounded by the store's dial and command timeouts, and by stop
 		lm.mu.Lock()
 		if lm.closed {
 			lm.mu.Unlock()
@@ -81,8 +80,8 @@ func (lm *loopMarks) open(l *eventLoop) {
 		}
 		lm.opened, lm.openErr = r, err
 		lm.mu.Unlock()
-		l.post(func() { lm.attach(l) })
-	}()
+		l.post(func() { lm.attach(l) }) // refused once the loop has stopped: close closes what it left
+	})
 }
 
 // attach takes the reader the opening goroutine left, if any.
@@ -241,12 +240,14 @@ func (m *markConn) receive() {
 			l.unread(p)
 			continue
 		}
-		p.x.audit.admitted(m.res[i])
-		if g.passNow(p.t) {
-			p.c.admitted(p.t, true)
-		} else {
-			l.awaitTurn(p)
-		}
+		l.step(func() { // a panic in one write's step leaves the others theirs
+			p.x.audit.admitted(m.res[i])
+			if g.passNow(p.t) {
+				p.c.admitted(p.t, true)
+			} else {
+				l.awaitTurn(p)
+			}
+		})
 	}
 	m.batch = m.batch[:0]
 }
@@ -271,7 +272,7 @@ func (m *markConn) fail(err error) {
 	}
 	m.batch = nil
 	fd := m.r.Fd()
-	_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, fd, nil)
+	_ = l.p.Remove(fd) // closing fd below removes it from the set anyway
 	delete(l.fds, fd)
 	_ = m.r.Close()
 	l.marks.conn = nil

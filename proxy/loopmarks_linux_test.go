@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"sync"
@@ -249,5 +250,49 @@ func TestLoopMarkReaders(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLoopMarkReadersSwitchedOff: with ServerOptions.NoMarkReaders
+// (FENCEGATE_MARK_READERS=false) the loops never open the store's mark
+// readers: every write is admitted through the store's client, with the
+// answer it gets with them.
+func TestLoopMarkReadersSwitchedOff(t *testing.T) {
+	st := markedOver(memstore.New(memstore.Options{}), "answer")
+	rs, err := ParseRules(testRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newRawUpstream(t)
+	u, _ := url.Parse("http://" + up.ln.Addr().String())
+	g, err := New(Options{Upstream: u, Store: st, Rules: rs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.marks == nil {
+		t.Fatal("the gate does not see the store's mark readers")
+	}
+	gs := serveGateWith(t, g, ServerOptions{NoMarkReaders: true})
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	l, err := st.Acquire(context.Background(), fencing.AcquireRequest{Resource: "job:1", Owner: "a", TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := gs.Client()
+	const writes = 20
+	var wg sync.WaitGroup
+	for range writes {
+		wg.Go(func() {
+			if !writeJob1(t, gs, c, l.Token, "x") {
+				t.Error("a write was refused")
+			}
+		})
+	}
+	wg.Wait()
+	if n := len(up.take()); n != writes {
+		t.Fatalf("the upstream got %d writes, want %d", n, writes)
+	}
+	if opened, sent := st.opened.Load(), st.sentBatches.Load(); opened != 0 || sent != 0 {
+		t.Fatalf("%d mark readers opened, %d batches sent to them; want none", opened, sent)
 	}
 }

@@ -5,6 +5,7 @@ package proxy
 import (
 	"golang.org/x/sys/unix"
 
+	"github.com/fencegate/fencegate/internal/evloop"
 	"github.com/fencegate/fencegate/internal/uring"
 )
 
@@ -39,7 +40,7 @@ func (l *eventLoop) ringFailed(err error) {
 
 // readAhead reads, in one system call, from every client and upstream
 // socket of events that is readable and holds nothing unread, as fill
-// would (sock.took): what the state machine then wants is in s.in. A
+// would (sock.took): what the state machine then wants is in s.In. A
 // socket whose unread bytes wait (say a pipelined request behind one
 // being admitted) is not read ahead, so a socket keeps at most one read
 // ahead of what its connection asks for. The events' read bits are noted
@@ -55,18 +56,18 @@ func (l *eventLoop) readAhead(events []unix.EpollEvent) {
 		if ev == 0 {
 			continue
 		}
-		var s *sock
+		var s *evloop.Sock
 		switch o := l.fds[int(events[i].Fd)].(type) {
 		case *loopConn:
-			s = &o.sock
+			s = &o.Sock
 		case *upConn:
-			s = &o.sock
+			s = &o.Sock
 		default:
 			continue // the listener, the eventfd, a mark reader
 		}
-		s.note(l, ev)
+		s.Note(l.p, ev)
 		events[i].Events &^= readBits
-		if s.readable && !s.eof && len(s.in) == 0 {
+		if s.Readable && !s.EOF && len(s.In) == 0 {
 			l.ahead = append(l.ahead, s)
 		}
 	}
@@ -77,7 +78,7 @@ func (l *eventLoop) readAhead(events []unix.EpollEvent) {
 		l.aheadIn = make([]byte, loopEvents*loopAheadRead)
 	}
 	for i, s := range l.ahead {
-		l.ring.Recv(s.fd, l.aheadRead(i), uint64(i))
+		l.ring.Recv(s.FD, l.aheadRead(i), uint64(i))
 	}
 	if err := l.ring.Submit(l.readOne); err != nil {
 		l.ringFailed(err)
@@ -93,7 +94,7 @@ func (l *eventLoop) aheadRead(i int) []byte {
 // readOne takes the result of a read ahead.
 func (l *eventLoop) readOne(tag uint64, res int32) {
 	n, err := ringResult(res)
-	l.ahead[tag].took(l.aheadRead(int(tag)), n, err)
+	l.ahead[tag].Took(l.aheadRead(int(tag)), n, err)
 }
 
 // ringResult is a ring's result as a system call's.
@@ -108,8 +109,8 @@ func ringResult(res int32) (int, error) {
 // where the pass's writes go out in one system call; it reports false when
 // c must write now instead (no ring, or s is not writable: the write then
 // finds that itself).
-func (l *eventLoop) writeLater(c *loopConn, s *sock) bool {
-	if l.ring == nil || !s.writable {
+func (l *eventLoop) writeLater(c *loopConn, s *evloop.Sock) bool {
+	if l.ring == nil || !s.Writable {
 		return false
 	}
 	if !c.queued {
@@ -123,18 +124,18 @@ func (l *eventLoop) writeLater(c *loopConn, s *sock) bool {
 // (up) the rest of its request to its upstream connection.
 type pendingWrite struct {
 	c  *loopConn
-	s  *sock
+	s  *evloop.Sock
 	up bool
 }
 
 // pendingOutput is what c would write next: its answer first, as run
 // writes it, then in stSend the rest of its request.
-func (c *loopConn) pendingOutput() (s *sock, p []byte, up bool) {
+func (c *loopConn) pendingOutput() (s *evloop.Sock, p []byte, up bool) {
 	if len(c.out) > 0 {
-		return &c.sock, c.out, false
+		return &c.Sock, c.out, false
 	}
 	if c.state == stSend && c.up != nil {
-		return &c.up.sock, c.req[c.sent:], true
+		return &c.up.Sock, c.req[c.sent:], true
 	}
 	return nil, nil, false
 }
@@ -154,10 +155,10 @@ func (l *eventLoop) writeQueued() {
 				continue
 			}
 			s, p, up := c.pendingOutput()
-			if s == nil || !s.writable || len(p) == 0 {
+			if s == nil || !s.Writable || len(p) == 0 {
 				continue
 			}
-			l.ring.Send(s.fd, p, uint64(len(l.sending)))
+			l.ring.Send(s.FD, p, uint64(len(l.sending)))
 			l.sending = append(l.sending, pendingWrite{c: c, s: s, up: up})
 		}
 		if err := l.ring.Submit(l.wroteOne); err != nil {
@@ -170,7 +171,7 @@ func (l *eventLoop) writeQueued() {
 	}
 	for i, c := range batch {
 		if l.owns(c) {
-			c.run()
+			l.step(c.run)
 		}
 		batch[i] = nil
 	}
@@ -180,7 +181,7 @@ func (l *eventLoop) writeQueued() {
 // owns reports whether c is still l's to move on: not closed, nor handed
 // to the fallback server.
 func (l *eventLoop) owns(c *loopConn) bool {
-	return !c.closed && l.fds[c.fd] == fdOwner(c)
+	return !c.closed && l.fds[c.FD] == fdOwner(c)
 }
 
 // wroteOne takes the result of a write out in the ring.
@@ -193,12 +194,14 @@ func (l *eventLoop) wroteOne(tag uint64, res int32) {
 	case unix.EINTR:
 		return
 	case unix.EAGAIN:
-		s.writable = false
-		_ = l.watch(s.fd, unix.EPOLL_CTL_MOD, true)
+		s.Writable = false
+		if err := l.watch(s.FD, unix.EPOLL_CTL_MOD, true); err != nil {
+			s.Broke(err) // c.run, right after the batch, ends it
+		}
 		return
 	default:
 		if w.up {
-			c.upstreamBroke(syscallErr("write", err))
+			c.upstreamBroke(evloop.SyscallErr("write", err))
 		} else {
 			c.close() // the client is gone
 		}

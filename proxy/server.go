@@ -56,6 +56,10 @@ type ServerOptions struct {
 	// call at a time even where the kernel gives them an io_uring to
 	// batch each pass's reads and writes through.
 	NoIOURing bool
+	// NoMarkReaders makes the event loops (Linux) admit every write
+	// through the store's client, without the mark readers a store may
+	// offer (fencing.MarkReaders).
+	NoMarkReaders bool
 	// NoEventLoops serves every connection with the general engine.
 	NoEventLoops bool
 	// TLS, when set, makes the listener serve HTTPS (TLS 1.2 or later),
@@ -96,6 +100,8 @@ type Server struct {
 	// time, as they do where the kernel has no io_uring
 	// (ServerOptions.NoIOURing).
 	noRing bool
+	// noMarks: ServerOptions.NoMarkReaders.
+	noMarks bool
 	// handoff gives the general engine the connections the loops hand it.
 	handoff *handoffListener
 
@@ -117,6 +123,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		maxHead:       cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
 		limit:         connlimit.NewCounter(opts.MaxConns, 0),
 		noRing:        opts.NoIOURing,
+		noMarks:       opts.NoMarkReaders,
 		noLoops:       opts.NoEventLoops || opts.TLS != nil,
 		handoff:       newHandoffListener(),
 	}

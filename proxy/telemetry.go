@@ -159,6 +159,7 @@ type durationKey struct {
 // nothing and starts no spans.
 type telemetry struct {
 	writes    *writeCounter        // MetricWrites, observed by the meter
+	panics    atomic.Int64         // MetricPanics, observed by the meter
 	duration  *atomichist.Float64  // nil without a meter provider
 	server    []attribute.KeyValue // server.address, server.port, ...
 	mu        sync.RWMutex
@@ -189,6 +190,15 @@ func (t *telemetry) init(opts Options) error {
 		metric.WithInt64Callback(t.writes.observe)); err != nil {
 		return fmt.Errorf("proxy: creating %s: %w", MetricWrites, err)
 	}
+	if _, err = meter.Int64ObservableCounter(MetricPanics,
+		metric.WithUnit("{panic}"),
+		metric.WithDescription("Panics the gate's event loops contained: each closed the connections its step touched."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(t.panics.Load())
+			return nil
+		})); err != nil {
+		return fmt.Errorf("proxy: creating %s: %w", MetricPanics, err)
+	}
 	if t.duration, err = atomichist.NewFloat64(mp, ScopeName, MetricRequestDuration, "s", "Duration of HTTP server requests.",
 		[]float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}); err != nil {
 		return fmt.Errorf("proxy: creating %s: %w", MetricRequestDuration, err)
@@ -207,6 +217,13 @@ func (t *telemetry) init(opts Options) error {
 	}
 	return nil
 }
+
+// MetricPanics counts the panics the gate's event loops contained,
+// exported to Prometheus as fencegate_gate_panics_total. A panic in a
+// loop's step closes the connections that step touched and logs its cause
+// with their request ids; the process, the lease API and every other
+// connection go on serving. Any increase is a defect worth reporting.
+const MetricPanics = "fencegate.gate.panics"
 
 // MetricRequestDuration is the HTTP semantic conventions' server request
 // duration, in seconds, exported to Prometheus as
@@ -282,8 +299,77 @@ func (g *Gate) end(x *exchange) {
 		}
 		x.span.End()
 	}
+	if x.audit == nil {
+		g.accessEnd(x, status)
+	}
 	g.closeAudit(x)
 }
+
+// MetricConnections is the gauge of open client connections, exported to
+// Prometheus as fencegate_connections, with the attribute listener: "gate"
+// or "api". Each listener registers its own (ObserveConnections).
+const MetricConnections = "fencegate.connections"
+
+// MetricWritesInFlight is the gauge of writes in the gate whose outcome is
+// not final yet (Gate.InFlight), exported to Prometheus as
+// fencegate_gate_writes_in_flight.
+const MetricWritesInFlight = "fencegate.gate.writes_in_flight"
+
+// ConnCount is one listener's open connections for ObserveConnections:
+// Active is read at each collection (a connlimit.Counter's Active, the
+// gate server's ActiveConnections).
+type ConnCount struct {
+	Listener string // "gate" or "api"
+	Active   func() int64
+}
+
+// ObserveConnections registers MetricConnections, once for every listener
+// (an instrument takes its callbacks when it is created). It records
+// nothing per connection.
+func ObserveConnections(mp metric.MeterProvider, listeners ...ConnCount) error {
+	if mp == nil || len(listeners) == 0 {
+		return nil
+	}
+	sets := make([]metric.ObserveOption, len(listeners))
+	for i, l := range listeners {
+		sets[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("listener", l.Listener)))
+	}
+	_, err := mp.Meter(ScopeName).Int64ObservableGauge(MetricConnections,
+		metric.WithUnit("{connection}"),
+		metric.WithDescription("Open client connections, by listener."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			for i, l := range listeners {
+				o.Observe(l.Active(), sets[i])
+			}
+			return nil
+		}))
+	if err != nil {
+		return fmt.Errorf("proxy: creating %s: %w", MetricConnections, err)
+	}
+	return nil
+}
+
+// ObserveWritesInFlight registers MetricWritesInFlight for g.
+func ObserveWritesInFlight(mp metric.MeterProvider, g *Gate) error {
+	if mp == nil {
+		return nil
+	}
+	_, err := mp.Meter(ScopeName).Int64ObservableGauge(MetricWritesInFlight,
+		metric.WithUnit("{write}"),
+		metric.WithDescription("Writes in the gate whose outcome is not final yet: waiting for the store or the barrier, or forwarded and not answered."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(g.InFlight())
+			return nil
+		}))
+	if err != nil {
+		return fmt.Errorf("proxy: creating %s: %w", MetricWritesInFlight, err)
+	}
+	return nil
+}
+
+// ActiveConnections is the number of client connections the server holds
+// open (its connection cap's count), for ObserveConnections.
+func (s *Server) ActiveConnections() int64 { return s.limit.Active() }
 
 // headerCarrier reads and writes W3C trace context in the event loops'
 // request header.

@@ -35,7 +35,11 @@
 #
 # Environment: BENCH_DURATION (5s), BENCH_ROUNDS (5), BENCH_CONNS (50),
 # BENCH_MANY (1000), BENCH_RESOURCES (64), BENCH_STORES ("memory file
-# valkey"), BENCH_THREADS (wrk threads, 2). Missing nginx, wrk, redis-server
+# valkey"), BENCH_THREADS (wrk threads, 2), BENCH_SWITCHES (none): entries
+# STORE:VAR=VALUE, each one more gate on STORE started with FENCEGATE_VAR=VALUE
+# and measured beside the others in the same rounds (say
+# "valkey:MARK_READERS=false memory:IO_URING=false"): a fast path's with and
+# without in one run. Missing nginx, wrk, redis-server
 # and curl are installed with apt-get when running as root, else it stops.
 # Everything it starts is stopped by PID on exit; its files live in one
 # temporary directory, removed on exit.
@@ -49,6 +53,7 @@ MANY=${BENCH_MANY:-1000}
 RESOURCES=${BENCH_RESOURCES:-64}
 STORES=${BENCH_STORES:-memory file valkey}
 THREADS=${BENCH_THREADS:-2}
+SWITCHES=${BENCH_SWITCHES:-}
 
 has() { command -v "$1" >/dev/null 2>&1; }
 say() { echo "bench.sh: $*" >&2; }
@@ -197,19 +202,30 @@ esac
 
 # --- the gates -----------------------------------------------------------
 declare -A gate_port gate_pid gate_api
-for store in $STORES; do
-	case $store in
+# A gate per store, then one per switch (named STORE+VAR=VALUE).
+gates=$STORES
+for sw in $SWITCHES; do
+	case $sw in
+	*:*=*) gates+=" ${sw%%:*}+${sw#*:}" ;;
+	*) say "BENCH_SWITCHES entry $sw is not STORE:VAR=VALUE"; exit 1 ;;
+	esac
+done
+for store in $gates; do
+	base=${store%%+*}
+	extra=()
+	[ "$base" = "$store" ] || extra=("FENCEGATE_${store#*+}")
+	case $base in
 	memory) url="memory:" ;;
-	file) url="file:$tmp/gate-file.db" ;;
+	file) url="file:$tmp/gate-file-$(echo "$store" | tr -c 'A-Za-z0-9\n' _).db" ;;
 	valkey) url=$valkey_url ;;
-	*) say "unknown store $store (memory, file or valkey)"; exit 1 ;;
+	*) say "unknown store $base (memory, file or valkey)"; exit 1 ;;
 	esac
 	api=$(free_port)
 	gp=$(free_port)
-	FENCEGATE_API_ADDR=127.0.0.1:$api FENCEGATE_PROXY_ADDR=127.0.0.1:$gp \
+	env FENCEGATE_API_ADDR=127.0.0.1:$api FENCEGATE_PROXY_ADDR=127.0.0.1:$gp \
 		FENCEGATE_UPSTREAM=http://127.0.0.1:$UP FENCEGATE_STORE=$url \
-		FENCEGATE_KEY_PREFIX=bench-$store FENCEGATE_RULES='PUT /jobs/{id} fence job:{id}' \
-		FENCEGATE_LOG_LEVEL=warn OTEL_SDK_DISABLED=true \
+		FENCEGATE_KEY_PREFIX=bench-$base FENCEGATE_RULES='PUT /jobs/{id} fence job:{id}' \
+		FENCEGATE_LOG_LEVEL=warn OTEL_SDK_DISABLED=true "${extra[@]}" \
 		"$tmp/fencegate" serve 2>"$tmp/gate-$store.log" &
 	gate_pid[$store]=$!
 	pids+=($!)
@@ -260,7 +276,7 @@ EOF
 targets=(direct nginx)
 declare -A target_port=([direct]=$UP [nginx]=$NGX)
 first=""
-for store in $STORES; do
+for store in $gates; do
 	write_script "gate-$store" "$tmp/tokens-$store.lua"
 	targets+=("gate-$store")
 	target_port[gate-$store]=${gate_port[$store]}
@@ -337,14 +353,14 @@ function median(a, n,   i, j, t) {
 { rps[$2, $1] = $3; p50[$2, $1] = $4; p99[$2, $1] = $5; bad[$2] += $6 + $7; cpu[$2, $1] = $8; idle[$2, $1] = $9; if ($1 > rounds) rounds = $1 }
 END {
 	n = split(targets, T, " ")
-	printf "  %-13s %10s %9s %9s %10s %14s %10s %14s %8s %9s %6s\n", "target", "req/s", "p50 µs", "p99 µs", "÷ nginx", "(range)", "÷ direct", "(range)", "errors", "CPU µs", "idle"
+	printf "  %-31s %10s %9s %9s %10s %14s %10s %14s %8s %9s %6s\n", "target", "req/s", "p50 µs", "p99 µs", "÷ nginx", "(range)", "÷ direct", "(range)", "errors", "CPU µs", "idle"
 	for (k = 1; k <= n; k++) {
 		t = T[k]
 		for (r = 1; r <= rounds; r++) { a[r] = rps[t, r]; b[r] = p50[t, r]; c[r] = p99[t, r]; x[r] = rps[t, r] / rps["nginx", r]; y[r] = rps[t, r] / rps["direct", r]; u[r] = cpu[t, r]; v[r] = idle[t, r] }
 		m = median(a, rounds); m50 = median(b, rounds); m99 = median(c, rounds)
 		lo = hi = x[1]; dlo = dhi = y[1]
 		for (r = 2; r <= rounds; r++) { if (x[r] < lo) lo = x[r]; if (x[r] > hi) hi = x[r]; if (y[r] < dlo) dlo = y[r]; if (y[r] > dhi) dhi = y[r] }
-		printf "  %-13s %10.0f %9.0f %9.0f %10.2f %14s %10.2f %14s %8d %9s %5.0f%%\n", t, m, m50, m99, median(x, rounds), sprintf("%.2f–%.2f", lo, hi), median(y, rounds), sprintf("%.2f–%.2f", dlo, dhi), bad[t], t == "direct" ? "–" : sprintf("%.1f", median(u, rounds)), median(v, rounds)
+		printf "  %-31s %10.0f %9.0f %9.0f %10.2f %14s %10.2f %14s %8d %9s %5.0f%%\n", t, m, m50, m99, median(x, rounds), sprintf("%.2f–%.2f", lo, hi), median(y, rounds), sprintf("%.2f–%.2f", dlo, dhi), bad[t], t == "direct" ? "–" : sprintf("%.1f", median(u, rounds)), median(v, rounds)
 	}
 }' "$tmp/results"
 echo
@@ -359,15 +375,15 @@ echo "One connection (median latency; added = what the hop adds to direct):"
 awk '
 { t[NR] = $1; p[NR] = $3; rps[NR] = $2; if ($1 == "direct") d = $3 }
 END {
-	printf "  %-13s %10s %9s %11s\n", "target", "req/s", "p50 µs", "added µs"
-	for (i = 1; i <= NR; i++) printf "  %-13s %10.0f %9.0f %11s\n", t[i], rps[i], p[i], t[i] == "direct" ? "–" : sprintf("%+.0f", p[i] - d)
+	printf "  %-31s %10s %9s %11s\n", "target", "req/s", "p50 µs", "added µs"
+	for (i = 1; i <= NR; i++) printf "  %-31s %10.0f %9.0f %11s\n", t[i], rps[i], p[i], t[i] == "direct" ? "–" : sprintf("%+.0f", p[i] - d)
 }' "$tmp/c1"
 echo
 
 # --- 3. many clients -------------------------------------------------------
 say "memory: $MANY connections"
 echo "$MANY connections (RSS sampled during the run; peak = VmHWM over the process's life):"
-printf "  %-13s %10s %9s %9s %12s %12s %11s %8s\n" target req/s "p50 µs" "p99 µs" "RSS MiB" "peak MiB" goroutines errors
+printf "  %-31s %10s %9s %9s %12s %12s %11s %8s\n" target req/s "p50 µs" "p99 µs" "RSS MiB" "peak MiB" goroutines errors
 kib() { awk -v k="$1" '/^'"$1"':/ {print $2}' "/proc/$2/status"; }
 for t in nginx "${targets[@]:2}"; do
 	store=${t#gate-}
@@ -384,10 +400,10 @@ for t in nginx "${targets[@]:2}"; do
 	wait "$wpid"
 	read -r rps p50 p99 st se _ <"$tmp/many"
 	if [ "$t" = nginx ]; then
-		printf "  %-13s %10.0f %9.0f %9.0f %12s %12s %11s %8d\n" "$t" "$rps" "$p50" "$p99" – – – $((st + se))
+		printf "  %-31s %10.0f %9.0f %9.0f %12s %12s %11s %8d\n" "$t" "$rps" "$p50" "$p99" – – – $((st + se))
 	else
 		hwm=$(kib VmHWM "${gate_pid[$store]}")
-		printf "  %-13s %10.0f %9.0f %9.0f %12.1f %12.1f %11s %8d\n" "$t" "$rps" "$p50" "$p99" \
+		printf "  %-31s %10.0f %9.0f %9.0f %12.1f %12.1f %11s %8d\n" "$t" "$rps" "$p50" "$p99" \
 			"$(awk -v k="$rss" 'BEGIN{print k/1024}')" "$(awk -v k="$hwm" 'BEGIN{print k/1024}')" "${gor:-–}" $((st + se))
 	fi
 done

@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"encoding/pem"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +13,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/fencegate/fencegate/config"
 	"github.com/fencegate/fencegate/internal/certs"
@@ -36,22 +37,25 @@ import (
 // address); otherwise by the system roots. A mutual-TLS API needs
 // FENCEGATE_API_CLIENT_CERT and FENCEGATE_API_CLIENT_KEY.
 func health(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("health", flag.ContinueOnError)
+	// pflag, as cobra uses for every other command: one flag style
+	// (--url, -h) across the binary.
+	fs := pflag.NewFlagSet("health", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	url := fs.String("url", "", "the URL to ask (default http://<FENCEGATE_API_ADDR>/readyz)")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
 	usage := func(w io.Writer) {
-		fmt.Fprintln(w, "Usage: fencegate health [--url URL] [--timeout 5s]\n\nExits 0 when fencegate's /readyz answers ready, 1 otherwise.")
+		fmt.Fprintln(w, "Exit 0 when a running fencegate's /readyz answers ready, 1 otherwise.\n\nUsage:\n  fencegate health [--url URL] [--timeout 5s]\n\nFlags:")
 		fs.SetOutput(w)
 		fs.PrintDefaults()
 	}
 	fs.Usage = func() {} // printed below: on stdout when asked for, like every command's help
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+		if errors.Is(err, pflag.ErrHelp) {
 			usage(stdout)
 			return nil
 		}
-		usage(stderr) // flag already printed why
+		fmt.Fprintln(stderr, "fencegate health:", err)
+		usage(stderr)
 		return withExit(exitUsage, nil)
 	}
 	if fs.NArg() > 0 {

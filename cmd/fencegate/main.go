@@ -94,6 +94,9 @@ type cli struct {
 	// started is set once the command line was accepted and a command
 	// began to run.
 	started bool
+	// api holds the client commands' --api-url and --api-token-file
+	// (lease.go), which override FENCEGATE_API_URL and FENCEGATE_API_TOKEN.
+	api apiFlags
 }
 
 // getenv returns the value of name in c.environ, the last one if repeated.

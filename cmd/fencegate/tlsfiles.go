@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -37,28 +36,4 @@ func listenerTLS(ctx context.Context, name, cert, key, clientCA string, watch ti
 		})
 	}
 	return src, nil
-}
-
-// gateTransportUnsupported refuses the gate's transport settings this
-// build's write gate does not serve yet, rather than ignoring them (a gate
-// asked for TLS must not serve cleartext). Remove each case as the gate
-// wires it.
-func gateTransportUnsupported(cfg config.Config) error {
-	if cfg.Upstream == "" {
-		return nil
-	}
-	var errs []error
-	if cfg.ProxyTLS() {
-		errs = append(errs, errors.New("FENCEGATE_PROXY_TLS_CERT: the write gate does not serve TLS in this build"))
-	}
-	if cfg.ProxyH2C {
-		errs = append(errs, errors.New("FENCEGATE_PROXY_H2C: the write gate does not serve HTTP/2 in this build"))
-	}
-	if cfg.UpstreamHTTP2 {
-		errs = append(errs, errors.New("FENCEGATE_UPSTREAM_HTTP2: the write gate does not speak HTTP/2 to the upstream in this build"))
-	}
-	if _, err := config.UpstreamSocket(cfg.Upstream); err == nil {
-		errs = append(errs, errors.New("FENCEGATE_UPSTREAM: the write gate does not forward to a Unix socket in this build"))
-	}
-	return errors.Join(errs...)
 }

@@ -2,9 +2,11 @@
 // FENCEGATE_STORE=file:PATH, built on bbolt (a single-file B+tree with
 // copy-on-write transactions).
 //
-// Durability: every mutation is one bbolt read-write transaction, and bbolt
-// fsyncs (fdatasync) on commit, so when a call that issued a token or raised
-// a high-water mark returns, the new counter is on disk. A crash or power
+// Durability: every mutation runs in a bbolt read-write transaction, shared
+// with the mutations that arrived at the same time (group commit, see
+// group.go), and bbolt fsyncs (fdatasync) on commit before any of them is
+// answered, so when a call that issued a token or raised a high-water mark
+// returns, the new counter is on disk. A crash or power
 // loss afterwards cannot make a token be issued twice or let an older token
 // pass the mark again.
 //
@@ -25,11 +27,12 @@
 //
 // Limits: one process at a time. bbolt takes an exclusive file lock; a
 // second opener fails after Options.Timeout with an error naming the file.
-// Writes are serialized (one writer at a time, each paying an fsync);
-// admissions at the current mark only read and run concurrently, answered
-// from an in-memory copy of each resource's last committed record (see
-// marks.go) without a transaction or an allocation. The file
-// must be on a local file system that honours fsync and flock.
+// Writes are committed in groups (group.go): concurrent writers share one
+// transaction and one flush, each answered after the flush. Admissions at
+// the current mark only read and run concurrently, answered from an
+// in-memory copy of each resource's last committed record (see marks.go)
+// without a transaction or an allocation. The file must be on a local file
+// system that honours fsync and flock.
 package boltstore
 
 import (
@@ -39,7 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -101,16 +104,36 @@ type Store struct {
 	// "" if it did not.
 	lossDetected string
 	// marker and lineage (the identity, the generation of the last
-	// marker write, the highest token issued) change only inside
-	// read-write transactions, which bbolt runs one at a time.
+	// commit that moved it, the highest token issued) change at Open and
+	// after each group's commit, one group commit leader at a time.
 	marker  *markerFile
 	lineage lineage
+	// markerMu orders the marker's last writes: a group's after its
+	// commit, and Close's, which closes it (markerClosed).
+	markerMu     sync.Mutex
+	markerClosed bool
 
 	// marks answers admissions at the mark without a transaction.
 	marks marks
 	// closed is set by Close, before the database closes: admissions then
 	// read the file, which answers that it is closed.
 	closed atomic.Bool
+
+	// group queues writes and commits them in groups (group.go).
+	group committer
+	// hooks are set by tests only (export_test.go).
+	hooks hooks
+}
+
+// hooks let the package's tests see and steer group commits; all nil in
+// production.
+type hooks struct {
+	// afterSave runs after each call saved its record; an error fails
+	// that call as a storage failure would.
+	afterSave func(resource string) error
+	// beforeCommit runs before a group's transaction commits, with the
+	// number of calls in the group.
+	beforeCommit func(calls int)
 }
 
 var _ fencing.Store = (*Store)(nil)
@@ -232,25 +255,32 @@ func (s *Store) checkLineage(meta *bolt.Bucket, fresh bool, state markerState, m
 // After a loss every resource has moved past the tokens issued before it.
 func (s *Store) LossDetected() string { return s.lossDetected }
 
-// bump records, before tx commits, that it issues a token or raises a mark
-// up to top: the marker first (fsynced), then the file's generation.
-func (s *Store) bump(tx *bolt.Tx, top fencing.Token) error {
+// nextLineage records in tx, before it commits, that it issues tokens or
+// raises marks up to top: the file's generation moves on. The caller makes
+// the result the store's lineage and puts it in the marker once tx has
+// committed (see committed).
+func (s *Store) nextLineage(tx *bolt.Tx, top fencing.Token) (lineage, error) {
 	next := s.lineage
 	next.gen++
 	next.max = max(next.max, top)
-	if err := s.marker.write(next); err != nil {
-		return fmt.Errorf("write lineage marker: %w", err)
-	}
+	return next, putUint64(tx.Bucket(bucketMeta), keyGen, next.gen)
+}
+
+// committed makes next, whose commit has returned, the store's lineage and
+// writes it into the marker, without a flush of its own (see lineage.go).
+// A marker write that fails leaves the marker behind the file, which is
+// safe (it is never taken for a loss); Close writes it again.
+func (s *Store) committed(next lineage) {
+	s.markerMu.Lock()
+	defer s.markerMu.Unlock()
 	s.lineage = next
-	return putUint64(tx.Bucket(bucketMeta), keyGen, next.gen)
+	if !s.markerClosed {
+		_ = s.marker.put(next)
+	}
 }
 
 // Path is the store file's path.
 func (s *Store) Path() string { return s.path }
-
-// errNoWrite makes an update transaction roll back when the operation
-// changed nothing, sparing the commit's fsync.
-var errNoWrite = errors.New("boltstore: nothing to write")
 
 // opError keeps a domain refusal apart from bbolt's own errors.
 type opError struct{ err error }
@@ -313,58 +343,30 @@ func save(tx *bolt.Tx, resource string, r *record.Record) error {
 	return tx.Bucket(bucketRecords).Put([]byte(resource), v)
 }
 
-// update runs op on the resource's record in one read-write transaction.
-// op reports whether it changed the record; the record is then saved (and
-// op may store more through tx in the same transaction) and committed with
-// an fsync. A refusal or no change rolls back. op reports a bbolt failure
-// of its own as a *storageError, anything else it returns is a refusal.
-func update[T any](s *Store, ctx context.Context, resource string, op func(tx *bolt.Tx, r *record.Record, now time.Time) (T, bool, error)) (T, error) {
+// update runs op on the resource's record as one call of a group commit
+// (group.go): op reports whether it changed the record; the record is then
+// saved (and op may store more through tx in the same transaction) and
+// committed, with every other call of its group, in one transaction and one
+// flush, before update returns. A refusal or no change writes nothing. op
+// reports a bbolt failure of its own as a *storageError, anything else it
+// returns is a refusal. op may run more than once (when a neighbour in its
+// group fails, on a fresh transaction each time): it must only act on tx
+// and r. stateBytes is the checkpoint state op writes, if any.
+func update[T any](s *Store, ctx context.Context, resource string, stateBytes int, op func(tx *bolt.Tx, r *record.Record, now time.Time) (T, bool, error)) (T, error) {
 	var zero, result T
 	if err := ctx.Err(); err != nil {
 		return zero, err
 	}
-	ran := false
-	txid := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		now := s.clock.Now()
-		r, err := s.load(tx, resource, now)
-		if err != nil {
-			return err
-		}
-		r.Lift(s.floor, now) // a new record starts at the floor
-		issued, hw := r.Issued, r.HighWater
+	c := &call{resource: resource, bytes: stateBytes, run: func(tx *bolt.Tx, r *record.Record, now time.Time) (bool, error) {
 		v, changed, err := op(tx, r, now)
-		if se := (*storageError)(nil); errors.As(err, &se) {
-			return se.err
-		}
 		if err != nil {
-			return &opError{err}
+			return false, err
 		}
 		result = v
-		if !changed {
-			return errNoWrite
-		}
-		if r.Issued != issued || r.HighWater != hw {
-			if err := s.bump(tx, r.Issued); err != nil {
-				return err
-			}
-		}
-		if err := save(tx, resource, r); err != nil {
-			return err
-		}
-		ran = true
-		txid = tx.ID()
-		s.marks.saving(resource, r, txid)
-		return nil
-	})
-	if ran {
-		s.marks.settled(resource, txid, err == nil)
-	}
-	if errors.Is(err, errNoWrite) {
-		return result, nil
-	}
-	if err != nil {
-		return zero, s.classify(err, ran)
+		return changed, nil
+	}}
+	if err := s.do(ctx, c); err != nil {
+		return zero, err
 	}
 	return result, nil
 }
@@ -382,7 +384,7 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 	if err := req.Validate(); err != nil {
 		return fencing.Lease{}, err
 	}
-	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
+	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
 		l, err := r.Acquire(req, now)
 		return l, err == nil, err
 	})
@@ -393,7 +395,7 @@ func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest) (fencing.Le
 	if err := req.Validate(); err != nil {
 		return fencing.Lease{}, err
 	}
-	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
+	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
 		l, err := r.Renew(req, now)
 		return l, err == nil, err
 	})
@@ -405,7 +407,7 @@ func (s *Store) Release(ctx context.Context, req fencing.ReleaseRequest) (bool, 
 	if err := req.Validate(); err != nil {
 		return false, err
 	}
-	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (bool, bool, error) {
+	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (bool, bool, error) {
 		released, err := r.Release(req, now)
 		return released, released, err
 	})
@@ -417,7 +419,7 @@ func (s *Store) Checkpoint(ctx context.Context, req fencing.CheckpointRequest) (
 	if err := req.Validate(s.maxState); err != nil {
 		return fencing.Lease{}, err
 	}
-	return update(s, ctx, req.Resource, func(tx *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
+	return update(s, ctx, req.Resource, len(req.State), func(tx *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
 		l, err := r.Checkpoint(req, now)
 		if err != nil {
 			return l, false, err
@@ -540,7 +542,7 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	if err != nil || !a.Raised {
 		return a, err
 	}
-	return update(s, ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Admission, bool, error) {
+	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Admission, bool, error) {
 		a, err := r.Admit(req, now)
 		return a, a.Raised, err
 	})
@@ -589,8 +591,21 @@ func (s *Store) Close() error {
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("boltstore: close %s: %w", s.path, err)
 	}
-	// After the database: no transaction can write the marker any more.
-	if err := s.marker.close(); err != nil && !errors.Is(err, os.ErrClosed) {
+	// After the database: no transaction can write the marker any more
+	// (a group that committed just before may still put its lineage: it
+	// holds markerMu meanwhile). The last lineage, flushed: a clean stop
+	// leaves the marker exact.
+	s.markerMu.Lock()
+	defer s.markerMu.Unlock()
+	if s.markerClosed {
+		return nil
+	}
+	s.markerClosed = true
+	err := s.marker.write(s.lineage)
+	if cerr := s.marker.close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("boltstore: close %s: %w", s.path+markerSuffix, err)
 	}
 	return nil

@@ -299,6 +299,8 @@ func TestLinearizable(t *testing.T) {
 	st := open(t, filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{Clock: clock, CountFromOne: true})
 	defer st.Close()
 	linear.Check(t, st, linear.Options{Name: "file", Now: clock.Now, Advance: clock.Advance, Ops: linear.SoakOr(1500, 100000)})
+	cs := st.CommitStats()
+	t.Logf("group commits: %d carrying %d writes", cs.Groups, cs.Calls)
 }
 
 // TestStateMachine checks random call sequences against the model of one

@@ -11,6 +11,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -20,20 +23,24 @@ import (
 // Loss of the store file: the lineage.
 //
 // The store file carries an identity (16 random bytes, made with the file)
-// and a generation, bumped by every commit that issues a token or raises a
-// high-water mark. A small marker file beside it, PATH.lineage, repeats the
-// identity and generation, plus the highest token the file has issued. The
-// marker is written and fsynced before the commit it describes, so for a
-// file that lost nothing, marker generation == file generation (or the
-// marker is one ahead after a crash between the two writes).
+// and a generation, bumped by every group commit (group.go) that issues a
+// token or raises a high-water mark. A small marker file beside it,
+// PATH.lineage, repeats the identity and generation, plus the highest token
+// the file has issued. The marker is written after the commit it describes,
+// with no flush of its own, so that a group costs one flush (the commit's);
+// it is flushed in the background at most every markerFlushInterval, and
+// on Close. So for a file that lost nothing, marker generation <= file
+// generation: a crash at any moment (kill -9 between a commit and its
+// marker write, or a power loss that drops the marker's unflushed writes)
+// leaves the marker at or behind the file, never ahead, and is never taken
+// for a loss.
 //
 // On Open the two are compared. The file is judged to have lost data when
 // it is new but a marker names an earlier file (deleted, or replaced by a
 // fresh one), when its identity differs from the marker's (replaced by
 // another store file), when its generation is behind the marker's
-// (restored from an older copy, or the last commit did not survive a
-// crash), or when the marker is missing or unreadable beside an existing
-// file (restored or moved without it). The store then sets its floor to
+// (restored from an older copy), or when the marker is missing or
+// unreadable beside an existing file (restored or moved without it). The store then sets its floor to
 // max(the highest token the marker records, the host clock in µs, the old
 // floor) and lifts every record to it when it is next read
 // (record.Record.Lift): the next token of every resource is above every
@@ -45,17 +52,22 @@ import (
 // recreated) starts at a floor taken from the host clock in µs: its first
 // tokens are above every token a file created earlier on a host whose
 // clock did not step back could have issued, because each acquisition is
-// one fsynced commit, far fewer than one per µs. Options.CountFromOne turns
-// that floor off.
+// one commit of at most maxGroupCalls calls, each adding at most one to a
+// resource's count, and a commit takes far longer than maxGroupCalls µs.
+// Options.CountFromOne turns that floor off.
 //
 // Limits: losing the file and the marker together is covered only by the
 // clock, so a host clock stepped back behind the lost file's tokens can
 // repeat them. A copy of the file and its marker restored together is not
-// detected. Renewals, releases and checkpoints do not bump the generation:
+// detected. A copy taken less than markerFlushInterval before a power loss
+// that dropped the marker's last writes, restored after it, is not
+// detected: the marker on disk may be as old as the copy.
+// Renewals, releases and checkpoints do not bump the generation:
 // an older copy that differs from the lost file only by those is not
 // detected (a released lease may look live again; a checkpoint may be
-// older). A false alarm (the crash between marker and commit) costs only
-// what a detected loss costs: tokens skip ahead and holders acquire again.
+// older). A false alarm (a crash inside Open, between its marker write
+// and its commit) costs only what a detected loss costs: tokens skip ahead
+// and holders acquire again.
 
 // markerSuffix names the marker file: PATH + markerSuffix.
 const markerSuffix = ".lineage"
@@ -103,10 +115,22 @@ func decodeMarker(b []byte) (lineage, bool) {
 	return l, true
 }
 
-// markerFile is the open marker. Writes are serialized by bbolt's single
-// writer: they happen only inside read-write transactions.
+// markerFlushInterval is how often, at most, the marker is flushed after
+// commits moved it: a restore from a copy taken within about that long
+// before a power loss may go undetected (see the limits above).
+const markerFlushInterval = time.Second
+
+// markerFile is the open marker. Its writes are serialized by the store:
+// at Open, by the group commit's one leader at a time, and at Close.
 type markerFile struct {
 	f *os.File
+	// opened is when the marker was opened; lastFlush is the time since
+	// opened of the last flush; flushing is set while a background flush
+	// runs, and flushes counts them for Close to wait on.
+	opened    time.Time
+	lastFlush atomic.Int64
+	flushing  atomic.Bool
+	flushes   sync.WaitGroup
 }
 
 // markerState is what Open found beside the store file.
@@ -129,7 +153,7 @@ func openMarker(path string) (*markerFile, lineage, markerState, error) {
 		f.Close()
 		return nil, lineage{}, 0, fmt.Errorf("read marker %s: %w", path, err)
 	}
-	m := &markerFile{f: f}
+	m := &markerFile{f: f, opened: time.Now()}
 	if len(b) == 0 {
 		return m, lineage{}, markerAbsent, nil
 	}
@@ -151,7 +175,32 @@ func (m *markerFile) write(l lineage) error {
 	return m.f.Sync()
 }
 
-func (m *markerFile) close() error { return m.f.Close() }
+// put replaces the marker's content without waiting for a flush: the
+// commit it follows was the group's one flush. It starts a background flush
+// when the last one is older than markerFlushInterval.
+func (m *markerFile) put(l lineage) error {
+	if _, err := m.f.WriteAt(l.encode(), 0); err != nil {
+		return err
+	}
+	if time.Duration(time.Since(m.opened)-time.Duration(m.lastFlush.Load())) < markerFlushInterval || !m.flushing.CompareAndSwap(false, true) {
+		return nil
+	}
+	m.flushes.Add(1)
+	go func() {
+		defer m.flushes.Done()
+		defer m.flushing.Store(false)
+		if m.f.Sync() == nil {
+			m.lastFlush.Store(int64(time.Since(m.opened)))
+		}
+	}()
+	return nil
+}
+
+// close waits for a background flush, then closes the file.
+func (m *markerFile) close() error {
+	m.flushes.Wait()
+	return m.f.Close()
+}
 
 // syncDir fsyncs the directory holding path, so a newly created file's
 // name survives a crash.
@@ -204,7 +253,7 @@ func lossReason(fresh, hasID bool, file lineage, state markerState, mk lineage) 
 	case !bytes.Equal(mk.id[:], file.id[:]):
 		return "the store file is not the one its lineage marker names (the file was replaced)"
 	case mk.gen > file.gen:
-		return fmt.Sprintf("the store file is at generation %d, its lineage marker at %d (the file was restored from an older copy, or its last commit was lost in a crash)", file.gen, mk.gen)
+		return fmt.Sprintf("the store file is at generation %d, its lineage marker at %d (the file was restored from an older copy)", file.gen, mk.gen)
 	}
 	return ""
 }

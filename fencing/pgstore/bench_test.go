@@ -34,6 +34,12 @@ const callers = 32
 // successful calls per second; it stops at the first error.
 func hammer(t *testing.T, d time.Duration, op func(ctx context.Context, caller int) error) float64 {
 	t.Helper()
+	return hammerN(t, callers, d, op)
+}
+
+// hammerN is hammer with n callers.
+func hammerN(t *testing.T, callers int, d time.Duration, op func(ctx context.Context, caller int) error) float64 {
+	t.Helper()
 	ctx := context.Background()
 	var (
 		n    atomic.Int64
@@ -70,12 +76,18 @@ var tpsRE = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection tim
 // returns its transactions (script runs) per second.
 func pgbench(t *testing.T, c *pgtest.Cluster, script string, d time.Duration, vars ...string) float64 {
 	t.Helper()
+	return pgbenchN(t, c, callers, script, d, vars...)
+}
+
+// pgbenchN is pgbench with n clients.
+func pgbenchN(t *testing.T, c *pgtest.Cluster, callers int, script string, d time.Duration, vars ...string) float64 {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "script.sql")
 	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(c.Port()), "-U", pgtest.User, "-n",
-		"-c", strconv.Itoa(callers), "-j", "2", "-T", strconv.Itoa(int(d.Seconds())), "-M", "prepared", "-f", path}
+		"-c", strconv.Itoa(callers), "-j", strconv.Itoa(min(callers, 2)), "-T", strconv.Itoa(int(d.Seconds())), "-M", "prepared", "-f", path}
 	for _, v := range vars {
 		args = append(args, "-D", v)
 	}
@@ -187,4 +199,64 @@ func TestComparePgbench(t *testing.T) {
 		callers, goAdmit, callers, benchAdmit, goAdmit/benchAdmit)
 	t.Logf("acquire+renew+release, %d callers: store %.0f cycles/s, pgbench (same SQL, 3 transactions per script) %.0f/s, ratio %.2f",
 		callers, goCycle, benchCycle, goCycle/benchCycle)
+}
+
+// TestCompareAcquirePgbench measures, against one server in one run,
+// acquisitions of resources never used before (each a new row: BEGIN, the
+// locking read, the INSERT, COMMIT) at 1 and 16 concurrent callers, on the
+// store as it opens by default (no pool_max_conns in the URL), next to
+// pgbench running the same four statements with 1 and 16 clients, each
+// transaction on a random new resource. A store that serializes where
+// PostgreSQL would not shows up as a ratio at 16 well below the one at 1.
+// It prints the rates and ratios, and runs only with FENCEGATE_PG_BENCH=1:
+//
+//	FENCEGATE_PG_BENCH=1 go test -run CompareAcquirePgbench -v ./fencing/pgstore/
+func TestCompareAcquirePgbench(t *testing.T) {
+	if os.Getenv("FENCEGATE_PG_BENCH") != "1" {
+		t.Skip("set FENCEGATE_PG_BENCH=1 to compare with pgbench")
+	}
+	c := pgtest.Need(t, cluster)
+	if _, err := os.Stat(filepath.Join(c.BinDir(), "pgbench")); err != nil {
+		t.Skip("no pgbench beside the server binaries")
+	}
+	schema := freshSchema()
+	s, err := Open(context.Background(), Options{URL: c.URL("postgres"), Schema: schema, StatementTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const d = 5 * time.Second
+	t.Logf("store pool: at most %d connections (default)", s.pool.Config().MaxConns)
+
+	// The INSERT of a new resource's record as the store writes it after
+	// an acquisition: issued = the token, the lease, nothing prior, no
+	// checkpoint.
+	ins := strings.Join(strings.Fields(s.sql.insert), " ")
+	for i, v := range []string{":res", ":tok", "0", ":owner", ":tok", ":ttl", ":ts", ":ts", "false", "false",
+		"NULL", "NULL", "NULL", "false", "NULL", "NULL", "NULL"} {
+		ins = strings.Replace(ins, "$"+strconv.Itoa(i+1)+",", v+",", 1)
+		ins = strings.Replace(ins, "$"+strconv.Itoa(i+1)+")", v+")", 1)
+	}
+	script := "\\set res random(1, 1000000000000)\nBEGIN;\n" +
+		bindVars(s.sql.readLocked, "res") + ins + ";\nCOMMIT;\n"
+
+	var seq atomic.Int64
+	rates := map[int][2]float64{}
+	for _, n := range []int{1, 16} {
+		// Warm the pool up to n connections, as pgbench opens its
+		// clients before it starts the clock.
+		hammerN(t, n, 500*time.Millisecond, func(ctx context.Context, caller int) error {
+			_, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: fmt.Sprintf("warm:%d", seq.Add(1)), Owner: "w", TTL: time.Minute})
+			return err
+		})
+		store := hammerN(t, n, d, func(ctx context.Context, caller int) error {
+			_, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: fmt.Sprintf("fresh:%d", seq.Add(1)), Owner: "w", TTL: time.Minute})
+			return err
+		})
+		bench := pgbenchN(t, c, n, script, d, "owner=w", "tok=1", "ttl=60000", "ts=2026-01-01T00:00:00Z")
+		rates[n] = [2]float64{store, bench}
+		t.Logf("fresh acquisitions, %2d callers: store %.0f/s, pgbench (same SQL, -c %d -M prepared) %.0f/s, ratio %.2f",
+			n, store, n, bench, store/bench)
+	}
+	t.Logf("16 over 1 caller: store %.2f, pgbench %.2f", rates[16][0]/rates[1][0], rates[16][1]/rates[1][1])
 }

@@ -87,13 +87,20 @@ const (
 	// MinServerVersion is the oldest PostgreSQL Open accepts, as
 	// server_version_num.
 	MinServerVersion = 130000
+	// DefaultMaxConns is the connection pool's size when the URL sets no
+	// pool_max_conns (and pgxpool's own default, max(4, CPUs), is
+	// smaller): concurrent operations each hold a connection for their
+	// transaction, and PostgreSQL commits concurrent transactions with
+	// shared WAL flushes, so a small pool serializes what the server
+	// would not.
+	DefaultMaxConns = 16
 )
 
 // Options configure a Store.
 type Options struct {
 	// URL is a postgres:// or postgresql:// URL with libpq's parameters
 	// (sslmode, sslrootcert, connect_timeout, application_name, …) and
-	// pgxpool's (pool_max_conns, …). Note that pgx, like libpq, also takes
+	// pgxpool's (pool_max_conns, default DefaultMaxConns, …). Note that pgx, like libpq, also takes
 	// unset settings from the process's PG* environment variables and
 	// ~/.pgpass.
 	URL string
@@ -196,6 +203,13 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 	}
 	if _, has := u.User.Password(); !has && opts.Password != "" {
 		cfg.ConnConfig.Password = opts.Password
+	}
+	if !u.Query().Has("pool_max_conns") && cfg.MaxConns < DefaultMaxConns {
+		// pgxpool's default, max(4, CPUs), makes a gate on a small
+		// machine queue its operations behind 4 connections while the
+		// server would run them concurrently and share its WAL flushes
+		// among them.
+		cfg.MaxConns = DefaultMaxConns
 	}
 	rp := cfg.ConnConfig.RuntimeParams
 	if _, ok := rp["statement_timeout"]; !ok {

@@ -1,0 +1,149 @@
+package evloop
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func socketpair(t *testing.T) [2]int {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
+	return [2]int(fds)
+}
+
+// TestSockBrokeOnAFailedRegistration: a socket whose registration change
+// fails (it is not in the poller's set: EPOLL_CTL_MOD gives ENOENT)
+// reports the error on its next write and reads nothing more; a write
+// that blocks and cannot ask to be woken fails too.
+func TestSockBrokeOnAFailedRegistration(t *testing.T) {
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	fds := socketpair(t)
+	s := &Sock{FD: fds[0]}
+	s.Note(p, unix.EPOLLOUT|unix.EPOLLIN)
+	if !errors.Is(s.Err, unix.ENOENT) {
+		t.Fatalf("Err = %v, want ENOENT from epoll_ctl", s.Err)
+	}
+	if _, err := s.Write(p, []byte("x")); err == nil {
+		t.Fatal("a write after the failure reported no error")
+	}
+	if s.Fill(make([]byte, 16)) {
+		t.Fatal("a read after the failure took bytes")
+	}
+	s2 := &Sock{FD: fds[1], Writable: true}
+	if _, err := s2.Write(p, make([]byte, 8<<20)); !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("a blocked write: %v, want ENOENT from epoll_ctl", err)
+	}
+}
+
+// TestSockReadsAndWrites: a watched socket pair moves bytes both ways, a
+// full socket is watched for writing and reported writable again once
+// the peer reads, and the end of the stream is read as EOF.
+func TestSockReadsAndWrites(t *testing.T) {
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	fds := socketpair(t)
+	a, b := &Sock{FD: fds[0], Writable: true}, &Sock{FD: fds[1], Writable: true}
+	for _, s := range []*Sock{a, b} {
+		if err := p.Watch(s.FD, unix.EPOLL_CTL_ADD, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := make([]byte, 8<<20)
+	n, err := a.Write(p, big)
+	if err != nil || n == len(big) || a.Writable {
+		t.Fatalf("wrote %d of %d, %v, writable %v: want a blocked write", n, len(big), err, a.Writable)
+	}
+	events := make([]unix.EpollEvent, 8)
+	buf := make([]byte, 64<<10)
+	got := 0
+	for !a.Writable {
+		k, err := p.Wait(events, 100*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range events[:k] {
+			switch int(ev.Fd) {
+			case a.FD:
+				a.Note(p, ev.Events)
+			case b.FD:
+				b.Note(p, ev.Events)
+			}
+		}
+		for b.Fill(buf) {
+			got += len(b.In)
+			b.In = b.In[:0]
+		}
+	}
+	if got == 0 {
+		t.Fatal("the peer read nothing")
+	}
+	unix.Close(fds[0])
+	for !b.EOF {
+		k, err := p.Wait(events, 100*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range events[:k] {
+			if int(ev.Fd) == b.FD {
+				b.Note(p, ev.Events)
+			}
+		}
+		for b.Fill(buf) {
+			b.In = b.In[:0]
+		}
+	}
+}
+
+// TestPollerPost: work posted from other goroutines runs on the loop, a
+// sleeping loop is woken for it, and after Shut a post is refused while
+// what was posted before is handed back.
+func TestPollerPost(t *testing.T) {
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var wg sync.WaitGroup
+	const posts = 100
+	ran := 0
+	for range posts {
+		wg.Go(func() {
+			if !p.Post(func() { ran++ }) {
+				t.Error("a post before Shut was refused")
+			}
+		})
+	}
+	events := make([]unix.EpollEvent, 4)
+	for ran < posts {
+		// A tick of an hour: only the eventfd can wake it in time.
+		if _, err := p.Wait(events, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range p.Take() {
+			f()
+		}
+	}
+	wg.Wait()
+	p.Post(func() {})
+	if work := p.Shut(); len(work) != 1 {
+		t.Fatalf("Shut handed back %d posts, want 1", len(work))
+	}
+	if p.Post(func() {}) {
+		t.Fatal("a post after Shut was accepted")
+	}
+}
