@@ -196,7 +196,11 @@ type stack struct {
 	gateURL  string
 }
 
-func startStack(t *testing.T) *stack {
+func startStack(t *testing.T) *stack { return startStackEnv(t, "http://") }
+
+// startStackEnv starts the stack with extra FENCEGATE_* settings (KEY=VALUE)
+// for fencegate; apiScheme is the lease API's (https:// with TLS).
+func startStackEnv(t *testing.T, apiScheme string, env ...string) *stack {
 	t.Helper()
 	up := startProc(t, "demo-upstream", filepath.Join(bin, "fencegate"), "demo-upstream", "127.0.0.1:0")
 	upAddr := up.waitFor(t, "listening", func(evs []event) bool {
@@ -208,9 +212,9 @@ func startStack(t *testing.T) *stack {
 			addr = e.str("addr")
 		}
 	}
-	fg := startProc(t, "fencegate", "env", "FENCEGATE_STORE=memory:", "FENCEGATE_API_ADDR=127.0.0.1:0",
-		"FENCEGATE_PROXY_ADDR=127.0.0.1:0", "FENCEGATE_UPSTREAM=http://"+addr, "FENCEGATE_RULES="+quickStartRules,
-		filepath.Join(bin, "fencegate"), "serve")
+	args := append([]string{"env", "FENCEGATE_STORE=memory:", "FENCEGATE_API_ADDR=127.0.0.1:0",
+		"FENCEGATE_PROXY_ADDR=127.0.0.1:0", "FENCEGATE_UPSTREAM=http://" + addr, "FENCEGATE_RULES=" + quickStartRules}, env...)
+	fg := startProc(t, "fencegate", append(args, filepath.Join(bin, "fencegate"), "serve")...)
 	evs := fg.waitFor(t, "listening", func(evs []event) bool {
 		return count(evs, func(e event) bool { return e.str("msg") == "listening" }) >= 2
 	})
@@ -221,7 +225,7 @@ func startStack(t *testing.T) *stack {
 		}
 		switch e.str("listener") {
 		case "api":
-			s.api = "http://" + e.str("addr")
+			s.api = apiScheme + e.str("addr")
 		case "gate":
 			s.gateURL = "http://" + e.str("addr")
 		}

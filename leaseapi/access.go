@@ -13,7 +13,8 @@ import (
 // AccessMessage is the message of the access log's lines (Options.AccessLog):
 // one per lease API call, at info, when its answer is sent, with
 // request_id, client (the peer's address), method, path, status and
-// duration_ms. Health checks and /metrics are not logged: a probe every
+// duration_ms, and client_name (the access file's client, see ClientName)
+// once the call was authenticated by an access file. Health checks and /metrics are not logged: a probe every
 // few seconds would drown the calls.
 const AccessMessage = "api request"
 
@@ -37,10 +38,16 @@ func (s *Server) logAccess(next http.Handler) http.Handler {
 				path = path[:256]
 			}
 			ms := float64(time.Since(start).Microseconds()) / 1000
-			s.log.LogAttrs(r.Context(), slog.LevelInfo, AccessMessage,
+			attrs := []slog.Attr{
 				slog.String("request_id", reqid.From(r)), slog.String("client", r.RemoteAddr),
 				slog.String("method", r.Method), slog.String("path", path),
-				slog.Int("status", status), slog.Float64("duration_ms", ms))
+				slog.Int("status", status), slog.Float64("duration_ms", ms),
+			}
+			if name := ClientName(r.Context()); name != "" {
+				// The access file's client, once authenticated.
+				attrs = append(attrs, slog.String("client_name", name))
+			}
+			s.log.LogAttrs(r.Context(), slog.LevelInfo, AccessMessage, attrs...)
 		}()
 		next.ServeHTTP(ww, r)
 	})

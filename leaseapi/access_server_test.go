@@ -1,8 +1,12 @@
 package leaseapi_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -82,6 +86,11 @@ func TestAccessPoolsCannotTouchEachOther(t *testing.T) {
 	if got := e.req("POST", "/v1/leases/job:a:1/renew", js, body("pool-a/w1"), bearerOf("tok-a")...); got.status != 200 {
 		t.Fatalf("pool-a renew: %d %s", got.status, got.raw)
 	}
+	// Through the Go client: a refusal matching ErrForbidden.
+	_, err := leaseapi.NewClient(e.srv.URL, leaseapi.WithToken("tok-b")).Status(context.Background(), "job:a:1")
+	if !errors.Is(err, leaseapi.ErrForbidden) {
+		t.Fatalf("Go client, pool-b status of job:a:1: %v, want ErrForbidden", err)
+	}
 	// The reader may read but not act.
 	if got := e.req("POST", "/v1/leases/job:a:1/release", js, body("pool-a/w1"), bearerOf("tok-r")...); got.status != 403 {
 		t.Fatalf("reader release: %d %s", got.status, got.raw)
@@ -149,4 +158,47 @@ func TestAccessUnknownCredentialsAndRateLimit(t *testing.T) {
 	if got := e.req("GET", "/v1/leases/job:a:1", "", "", bearerOf("tok-a")...); got.status != 200 {
 		t.Fatalf("after the refill: %d %s", got.status, got.raw)
 	}
+}
+
+// The access log names the access file's client of each call.
+func TestAccessLogNamesTheClient(t *testing.T) {
+	p, err := access.Parse([]byte(accessDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuf
+	e := newEnv(t, storeKinds[0], func(o *leaseapi.Options) {
+		o.Access = access.Static(p)
+		o.AccessLog = true
+		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	})
+	e.req("GET", "/v1/leases/job:a:1", "", "", bearerOf("tok-a")...)
+	e.req("GET", "/v1/leases/job:a:1", "", "", bearerOf("tok-b")...)
+	e.req("GET", "/v1/leases/job:a:1", "", "", bearerOf("nobody")...)
+	out := logs.String()
+	for _, want := range []string{`"status":200,"duration_ms"`, `"client_name":"pool-a"`, `"status":403`, `"client_name":"pool-b"`, `"status":401`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("access log lacks %s:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, `"client_name"`) < 2 || strings.Contains(out, `"client_name":""`) {
+		t.Errorf("access log client names:\n%s", out)
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

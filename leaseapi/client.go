@@ -508,9 +508,16 @@ func (e *ProblemError) Error() string {
 // WithToken).
 var ErrUnauthorized = errors.New("unauthorized")
 
+// ErrForbidden matches a *ProblemError with code "forbidden": the server's
+// access file (FENCEGATE_ACCESS_FILE) knows the client but does not allow
+// it this operation on this resource, or, with bind_owner, this owner.
+// Nothing was done; retrying cannot change the answer.
+var ErrForbidden = errors.New("forbidden")
+
 // sentinels maps problem codes to the errors they stand for.
 var sentinels = map[string]error{
 	"unauthorized":      ErrUnauthorized,
+	"forbidden":         ErrForbidden,
 	"invalid-request":   fencing.ErrInvalid,
 	"invalid-json":      fencing.ErrInvalid,
 	"payload-too-large": fencing.ErrTooLarge,
@@ -530,7 +537,8 @@ var sentinels = map[string]error{
 // token-not-issued ErrTokenNotIssued, lease-not-held ErrLeaseNotHeld,
 // no-checkpoint ErrNoCheckpoint, store-unavailable ErrUnavailable (nothing
 // was done) or, when its outcome member is "unknown", ErrAmbiguous (the
-// call may have taken effect), and unauthorized ErrUnauthorized.
+// call may have taken effect), unauthorized ErrUnauthorized and forbidden
+// ErrForbidden.
 func (e *ProblemError) Is(target error) bool {
 	if e.Code == "store-unavailable" && e.Extra["outcome"] == "unknown" {
 		return target == fencing.ErrAmbiguous
@@ -588,6 +596,14 @@ func readProblem(resp *http.Response, body io.Reader, resource string) error {
 	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if mt != "application/problem+json" && mt != "application/json" {
+		if resp.StatusCode == http.StatusBadRequest && resp.Request != nil && resp.Request.URL.Scheme == "http" {
+			// Go's TLS servers (fencegate's HTTPS listeners among them)
+			// answer a cleartext request so.
+			head, _ := io.ReadAll(io.LimitReader(body, 512))
+			if bytes.Contains(head, []byte("HTTP request to an HTTPS server")) {
+				pe.Detail = "the server speaks HTTPS: use an https:// URL"
+			}
+		}
 		return pe
 	}
 	raw, err := io.ReadAll(io.LimitReader(body, maxProblemBytes))

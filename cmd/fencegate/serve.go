@@ -258,6 +258,7 @@ func (l *listener) listen() error {
 		return nil
 	}
 	cl := newConnLimit(ln, l.cfg.MaxConns, healthReserve)
+	cl.CloseOnly = l.tls != nil // a cleartext 503 is only a handshake error to a TLS client
 	l.ln, l.conns = cl, cl.Counter
 	hs := &http.Server{
 		Handler:           overflowHandler(l.handler, l.health),

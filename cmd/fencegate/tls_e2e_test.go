@@ -66,9 +66,12 @@ func TestAPIOverMutualTLS(t *testing.T) {
 	noCert := fg(t, clientEnv[:2], "", "lease", "acquire", "job:nocert", "--owner", "w1")
 	noCA := fg(t, []string{clientEnv[0], clientEnv[2], clientEnv[3]}, "", "lease", "acquire", "job:noca", "--owner", "w1")
 	plain := fg(t, append([]string{"FENCEGATE_API_URL=http://" + p.addr["api"]}, clientEnv[1:]...), "", "lease", "acquire", "job:plain", "--owner", "w1")
-	for name, r := range map[string]cliResult{"no client certificate": noCert, "no private CA": noCA, "cleartext": plain} {
-		if r.code == 0 {
-			t.Errorf("%s: acquire exited 0: %s", name, r.stdout)
+	if plain.code != exitUsage || !strings.Contains(plain.stderr, "https://") {
+		t.Errorf("cleartext to the HTTPS API: exit %d %q, want 2 and a hint", plain.code, plain.stderr)
+	}
+	for name, r := range map[string]cliResult{"no client certificate": noCert, "no private CA": noCA} {
+		if r.code != exitUnavailable {
+			t.Errorf("%s: acquire exited %d, want %d (unavailable): %s %s", name, r.code, exitUnavailable, r.stdout, r.stderr)
 		}
 	}
 	r = fg(t, clientEnv, "", "lease", "list")

@@ -20,8 +20,10 @@ Usage:
     worker.py [--api URL] [--gate URL] [--resource job:ID] [--path /jobs/{id}]
               [--owner O] [--ttl SECONDS] [--interval SECONDS] [--steps N]
 
-FENCEGATE_API_URL and FENCEGATE_API_TOKEN are read from the environment,
-and GATE_URL (as the shell example does) for the default of --gate.
+FENCEGATE_API_URL and FENCEGATE_API_TOKEN are read from the environment
+(for an https:// API, FENCEGATE_API_CA_FILE, a private CA, and
+FENCEGATE_API_CLIENT_CERT / FENCEGATE_API_CLIENT_KEY, a client certificate
+for a mutual-TLS API, which may then need no token), and GATE_URL (as the shell example does) for the default of --gate.
 Each write is PUT <gate><path>, where {id} in --path is the resource's part
 after its first ':' (job:43 writes /jobs/43): the gate of the README's quick
 start (rule "PUT,PATCH,DELETE /jobs/{id} fence job:{id}") fences it on the
@@ -35,6 +37,7 @@ import argparse
 import json
 import os
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -61,6 +64,21 @@ class Refused(Exception):
         self.problem = problem
 
 
+def api_tls_context():
+    """The TLS settings for an https:// lease API from the environment, or
+    None (the system roots, no client certificate)."""
+    ca = os.environ.get("FENCEGATE_API_CA_FILE") or None
+    cert = os.environ.get("FENCEGATE_API_CLIENT_CERT")
+    key = os.environ.get("FENCEGATE_API_CLIENT_KEY")
+    if not (ca or cert):
+        return None
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert:
+        ctx.load_cert_chain(cert, key)
+    return ctx
+
+
 class Lease:
     """A lease on one resource, kept alive by a background thread."""
 
@@ -71,6 +89,7 @@ class Lease:
         self.ttl = ttl
         self.margin = margin if margin is not None else ttl / 10
         self.api_token = os.environ.get("FENCEGATE_API_TOKEN", "")
+        self.tls = api_tls_context()
         self.token = None
         self._lock = threading.Lock()
         self._deadline = 0.0  # monotonic; guarded by _lock
@@ -88,7 +107,7 @@ class Lease:
         if self.api_token:
             req.add_header("Authorization", "Bearer " + self.api_token)
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.ttl) as resp:
+            with urllib.request.urlopen(req, timeout=timeout or self.ttl, context=self.tls) as resp:
                 return json.load(resp)
         except urllib.error.HTTPError as e:
             try:

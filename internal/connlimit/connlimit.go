@@ -68,6 +68,10 @@ func Refuse(c net.Conn) {
 type Listener struct {
 	net.Listener
 	*Counter
+	// CloseOnly closes the connections beyond the cap without writing the
+	// cleartext Refusal: for a listener whose connections speak TLS,
+	// where those bytes would only be a handshake error.
+	CloseOnly bool
 }
 
 // Accept returns the next connection within the cap and the reserve,
@@ -81,6 +85,10 @@ func (l *Listener) Accept() (net.Conn, error) {
 		overflow, ok := l.Acquire()
 		if ok {
 			return &Conn{Conn: c, Overflow: overflow, release: l.Release}, nil
+		}
+		if l.CloseOnly {
+			_ = c.Close()
+			continue
 		}
 		Refuse(c)
 	}

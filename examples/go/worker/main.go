@@ -11,7 +11,10 @@
 //	worker [-api URL] [-gate URL] [-resource job:ID] [-path /jobs/{id}] [-owner O] [-ttl 30s] [-interval 1s] [-steps N]
 //
 // The API URL defaults to $FENCEGATE_API_URL, else http://127.0.0.1:7070;
-// $FENCEGATE_API_TOKEN is sent when set. The gate URL defaults to
+// $FENCEGATE_API_TOKEN is sent when set. For an https:// API,
+// $FENCEGATE_API_CA_FILE names a private CA and $FENCEGATE_API_CLIENT_CERT
+// and $FENCEGATE_API_CLIENT_KEY a client certificate for a mutual-TLS API
+// (which, with an access file naming it, needs no token). The gate URL defaults to
 // $GATE_URL, else http://127.0.0.1:8080. Each write is PUT <gate><path>
 // with a JSON body, where {id} in -path is the resource's part after its
 // first ':' (job:44 writes /jobs/44): the gate of the README's quick start
@@ -27,6 +30,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -108,6 +113,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if tok := os.Getenv("FENCEGATE_API_TOKEN"); tok != "" {
 		opts = append(opts, leaseapi.WithToken(tok))
 	}
+	tlsCfg, err := apiTLS()
+	if err != nil {
+		return err
+	}
+	if tlsCfg != nil {
+		opts = append(opts, leaseapi.WithTLSConfig(tlsCfg))
+	}
 	client := leaseapi.NewClient(*api, opts...)
 	ev := &events{enc: json.NewEncoder(stdout)}
 
@@ -123,7 +135,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			ev.emit(map[string]any{"event": "step-down", "owner": *owner, "token": l.Token, "why": why})
 		},
 	}
-	err := leaseapi.Campaign(ctx, client, *resource, election, func(ctx context.Context, s *leaseapi.Session) error {
+	err = leaseapi.Campaign(ctx, client, *resource, election, func(ctx context.Context, s *leaseapi.Session) error {
 		target := *gate + expandPath(*path, s.Resource())
 		err := lead(ctx, client, s, target, *interval, *steps, ev)
 		if errors.Is(err, errFinished) {
@@ -220,6 +232,35 @@ func lead(ctx context.Context, client *leaseapi.Client, s *leaseapi.Session, tar
 		}
 	}
 	return errFinished
+}
+
+// apiTLS is the TLS configuration for an https:// lease API from
+// FENCEGATE_API_CA_FILE, FENCEGATE_API_CLIENT_CERT and
+// FENCEGATE_API_CLIENT_KEY, or nil when none is set.
+func apiTLS() (*tls.Config, error) {
+	ca, cert, key := os.Getenv("FENCEGATE_API_CA_FILE"), os.Getenv("FENCEGATE_API_CLIENT_CERT"), os.Getenv("FENCEGATE_API_CLIENT_KEY")
+	if ca == "" && cert == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("FENCEGATE_API_CA_FILE %s holds no PEM certificate", ca)
+		}
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, fmt.Errorf("FENCEGATE_API_CLIENT_CERT/KEY: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }
 
 // expandPath fills {id} in a path template with the resource's part after
