@@ -61,5 +61,5 @@ type stepClock struct {
 	now time.Time
 }
 
-func (c *stepClock) Now() time.Time       { return c.now }
+func (c *stepClock) Now() time.Time      { return c.now }
 func (c *stepClock) add(d time.Duration) { c.now = c.now.Add(d) }
