@@ -304,6 +304,9 @@ func openStore(ctx context.Context, cfg config.Config, environ []string, log *sl
 		if err != nil {
 			return nil, fmt.Errorf("opening the valkey store %s: %w", spec.Redacted(), err)
 		}
+		if cfg.Retention > 0 {
+			log.Warn("FENCEGATE_RETENTION is not applied on the valkey store yet: its records are kept", "retention", cfg.Retention)
+		}
 		log.Info("store open", "store", spec.Redacted())
 		return s, nil
 	case config.StorePostgres:
