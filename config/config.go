@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"path"
 	"reflect"
 	"strconv"
 	"strings"
@@ -33,9 +34,22 @@ type Config struct {
 	APIAddr   string `env:"API_ADDR" envDefault:"127.0.0.1:7070" help:"host:port of the lease API, health and metrics listener"`
 	APIToken  string `env:"API_TOKEN" secret:"true" help:"when set, every /v1 call needs Authorization: Bearer <token>; visible ASCII without spaces"`
 	ProxyAddr string `env:"PROXY_ADDR" envDefault:"127.0.0.1:8080" help:"host:port of the write gate listener"`
-	Upstream  string `env:"UPSTREAM" help:"http(s) URL the write gate forwards to; the gate is off when unset"`
+	Upstream  string `env:"UPSTREAM" help:"http(s) URL the write gate forwards to, or unix:/absolute/path.sock for a service on a Unix socket; the gate is off when unset"`
 	Store     string `env:"STORE" envDefault:"file:fencegate.db" help:"file:PATH, memory:, valkey://[user:pass@]host:port[/db][?addr=host:port...], valkeys://..., or postgres://[user[:pass]@]host[:port]/db[?sslmode=...&pool_max_conns=...] (postgresql:// too)"`
 	KeyPrefix string `env:"KEY_PREFIX" envDefault:"fencegate" help:"key prefix in Valkey, 1 to 100 bytes of A-Z a-z 0-9 . _ : -"`
+
+	APITLSCert     string `env:"API_TLS_CERT" help:"PEM certificate chain file: the lease API serves HTTPS (TLS 1.2+, ALPN h2 and http/1.1); set with FENCEGATE_API_TLS_KEY; re-read on SIGHUP"`
+	APITLSKey      string `env:"API_TLS_KEY" help:"PEM private key file of FENCEGATE_API_TLS_CERT"`
+	APITLSClientCA string `env:"API_TLS_CLIENT_CA" help:"PEM bundle of CA certificates: the lease API requires a client certificate they verify (mutual TLS); needs FENCEGATE_API_TLS_CERT"`
+	AccessFile     string `env:"ACCESS_FILE" help:"YAML file of lease API clients (bearer token SHA-256 or client certificate URI/DNS SAN) with their permissions by resource prefix; re-read on SIGHUP; instead of FENCEGATE_API_TOKEN"`
+
+	ProxyTLSCert        string        `env:"PROXY_TLS_CERT" help:"PEM certificate chain file: the write gate serves HTTPS (TLS 1.2+, ALPN h2 and http/1.1); set with FENCEGATE_PROXY_TLS_KEY; re-read on SIGHUP"`
+	ProxyTLSKey         string        `env:"PROXY_TLS_KEY" help:"PEM private key file of FENCEGATE_PROXY_TLS_CERT"`
+	ProxyTLSClientCA    string        `env:"PROXY_TLS_CLIENT_CA" help:"PEM bundle of CA certificates: the write gate requires a client certificate they verify (mutual TLS); needs FENCEGATE_PROXY_TLS_CERT"`
+	ProxyH2C            bool          `env:"PROXY_H2C" envDefault:"false" help:"true or false: the cleartext write gate also serves HTTP/2 with prior knowledge (h2c); not with FENCEGATE_PROXY_TLS_CERT, where HTTP/2 comes by ALPN"`
+	UpstreamReuseWrites bool          `env:"UPSTREAM_REUSE_WRITES" envDefault:"true" help:"true or false: false sends every write on an upstream connection of its own, closed after the answer, so an upstream that sends bytes after a complete response can never have them read as a later write's answer (such writes go through the general engine)"`
+	UpstreamHTTP2       bool          `env:"UPSTREAM_HTTP2" envDefault:"false" help:"true or false: speak HTTP/2 to the upstream (h2c for http:// and unix:, ALPN for https://)"`
+	TLSWatch            time.Duration `env:"TLS_WATCH" envDefault:"1m" help:"how often the TLS certificate, key and CA files are checked for changes on disk and re-read when changed, a duration >= 0; 0 re-reads them on SIGHUP only"`
 
 	ValkeyDialTimeout    time.Duration `env:"VALKEY_DIAL_TIMEOUT" envDefault:"5s" help:"Valkey connection attempt timeout, a duration > 0"`
 	ValkeyCommandTimeout time.Duration `env:"VALKEY_COMMAND_TIMEOUT" envDefault:"2s" help:"Valkey per-operation timeout (a write gives up with 503 after it), a duration > 0"`
@@ -58,7 +72,8 @@ type Config struct {
 	UpstreamTimeout time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s" help:"longest exchange with the upstream, from sending the request to the end of its response, a duration > 0"`
 	UpstreamConns   int           `env:"UPSTREAM_CONNS" envDefault:"1024" help:"most connections from the gate to the upstream (> 0); a request that finds them all busy waits for one"`
 	BodyBuffer      int           `env:"BODY_BUFFER" envDefault:"16384" help:"largest request body in bytes (by its Content-Length) the gate reads in full before admitting a write; larger and chunked bodies stream through; 0 streams every body"`
-	AuditLog        string        `env:"AUDIT_LOG" envDefault:"on" help:"one info line per write through the gate: on, off, or a fraction between 0 and 1 (such as 0.1) of successful writes to log, refusals and faults always logged"`
+	AuditLog        string        `env:"AUDIT_LOG" envDefault:"on" help:"one info line per write through the gate: on, off, or a fraction between 0 and 1 (such as 0.1) of successful writes to log; refusals and faults are always logged (with off, at most 20 a second)"`
+	AccessLog       bool          `env:"ACCESS_LOG" envDefault:"false" help:"true or false: one info line per lease API call and per read through the gate (client address, method, path, status, duration, request id); health checks and /metrics are not logged"`
 	Barrier         string        `env:"BARRIER" envDefault:"local" help:"local (order writes through this gate) or shared (order writes across every gate on the store; valkey:// or postgres:// only)"`
 	GateID          string        `env:"GATE_ID" help:"this gate's name in shared-barrier entries, 1 to 100 bytes of A-Z a-z 0-9 . _ -; default: host name and process id"`
 
@@ -68,10 +83,11 @@ type Config struct {
 	MaxConns          int           `env:"MAX_CONNS" envDefault:"4096" help:"most concurrent client connections per listener (> 0); beyond it a connection is answered 503 too-many-connections and closed, while a small reserve keeps /livez and /readyz answering"`
 	IOURing           bool          `env:"IO_URING" envDefault:"true" help:"true or false: on Linux the gate's event loops batch their socket reads and writes through io_uring where the kernel allows it (5.12 or later); false makes one system call per read and write"`
 
-	DrainDelay    time.Duration `env:"DRAIN_DELAY" envDefault:"0s" help:"after SIGTERM, how long /readyz answers 503 before the listeners close, a duration >= 0"`
-	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"15s" help:"after the drain delay, how long in-flight requests may take to finish, a duration > 0"`
-	LogFormat     string        `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
-	LogLevel      string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
+	ReadyWithoutStore bool          `env:"READY_WITHOUT_STORE" envDefault:"false" help:"true or false: keep /readyz at 200 while the store does not answer, so reads through the gate keep flowing (writes and lease calls still fail closed with 503); false takes the process out of its load balancer until the store answers"`
+	DrainDelay        time.Duration `env:"DRAIN_DELAY" envDefault:"0s" help:"after SIGTERM, how long /readyz answers 503 before the listeners close, a duration >= 0"`
+	ShutdownGrace     time.Duration `env:"SHUTDOWN_GRACE" envDefault:"15s" help:"after the drain delay, how long in-flight requests may take to finish, a duration > 0"`
+	LogFormat         string        `env:"LOG_FORMAT" envDefault:"json" help:"json or text"`
+	LogLevel          string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 }
 
 // Load parses and validates the configuration from environ (KEY=VALUE
@@ -123,6 +139,9 @@ func explain(err error, environ map[string]string) error {
 
 // kindWords says in words what a value of type t looks like.
 func kindWords(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer { // an optional value (*bool): unset means "not given"
+		t = t.Elem()
+	}
 	switch {
 	case t == reflect.TypeFor[time.Duration]():
 		return "a duration such as 500ms, 10s or 2m"
@@ -155,6 +174,17 @@ func (c Config) Validate() error {
 	}
 	check("APIAddr", validateAddr(c.APIAddr))
 	check("APIToken", validateToken(c.APIToken))
+	if c.AccessFile != "" && c.APIToken != "" {
+		check("AccessFile", errors.New("set FENCEGATE_ACCESS_FILE or FENCEGATE_API_TOKEN, not both (give the token's holders a client entry with its token_sha256)"))
+	}
+	tlsTrio(check, "API_TLS", "APITLSCert", "APITLSKey", "APITLSClientCA", c.APITLSCert, c.APITLSKey, c.APITLSClientCA)
+	tlsTrio(check, "PROXY_TLS", "ProxyTLSCert", "ProxyTLSKey", "ProxyTLSClientCA", c.ProxyTLSCert, c.ProxyTLSKey, c.ProxyTLSClientCA)
+	if c.ProxyH2C && c.ProxyTLSCert != "" {
+		check("ProxyH2C", errors.New("true does not combine with FENCEGATE_PROXY_TLS_CERT: a TLS gate listener offers HTTP/2 by ALPN"))
+	}
+	if c.TLSWatch < 0 {
+		check("TLSWatch", fmt.Errorf("%v is negative", c.TLSWatch))
+	}
 	if c.Upstream != "" {
 		check("ProxyAddr", validateAddr(c.ProxyAddr))
 		check("Upstream", validateUpstream(c.Upstream))
@@ -270,12 +300,57 @@ func validateToken(tok string) error {
 }
 
 func validateUpstream(raw string) error {
+	if strings.HasPrefix(raw, "unix:") {
+		_, err := UpstreamSocket(raw)
+		return err
+	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%q is not an http(s) URL with a host", RedactURL(raw))
+		return fmt.Errorf("%q is not an http(s) URL with a host, nor unix:/absolute/path.sock", RedactURL(raw))
 	}
 	return nil
 }
+
+// UpstreamSocket returns the socket path of a unix:/absolute/path.sock
+// upstream. Anything else is an error: a relative path (which would depend
+// on the working directory), an empty one, or a query or fragment.
+func UpstreamSocket(raw string) (string, error) {
+	p, ok := strings.CutPrefix(raw, "unix:")
+	if !ok {
+		return "", fmt.Errorf("%q is not a unix: upstream", raw)
+	}
+	p = strings.TrimPrefix(p, "//") // unix:///run/x.sock, as some tools write it
+	if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?#") || strings.ContainsFunc(p, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return "", fmt.Errorf("%q is not unix:/absolute/path.sock", raw)
+	}
+	if path.Clean(p) != p {
+		return "", fmt.Errorf("%q: the socket path is not clean (want %s)", raw, path.Clean(p))
+	}
+	return p, nil
+}
+
+// tlsTrio checks one listener's TLS files (FENCEGATE_<name>_CERT, _KEY,
+// _CLIENT_CA, the fields certField, keyField, caField): certificate and
+// key come together, and a client CA needs them. The files themselves are
+// read when the listener starts.
+func tlsTrio(check func(string, error), name, certField, keyField, caField, cert, key, clientCA string) {
+	certVar, keyVar := Prefix+name+"_CERT", Prefix+name+"_KEY"
+	switch {
+	case cert != "" && key == "":
+		check(certField, fmt.Errorf("is set without %s: set both or neither", keyVar))
+	case cert == "" && key != "":
+		check(keyField, fmt.Errorf("is set without %s: set both or neither", certVar))
+	}
+	if clientCA != "" && cert == "" {
+		check(caField, fmt.Errorf("mutual TLS needs the listener's own %s and %s", certVar, keyVar))
+	}
+}
+
+// APITLS reports whether the lease API listener serves TLS.
+func (c Config) APITLS() bool { return c.APITLSCert != "" }
+
+// ProxyTLS reports whether the write gate listener serves TLS.
+func (c Config) ProxyTLS() bool { return c.ProxyTLSCert != "" }
 
 // StoreKind names a kind of store.
 type StoreKind string

@@ -2,7 +2,6 @@ package config
 
 import (
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -148,25 +147,40 @@ func TestHelpCoversEveryField(t *testing.T) {
 	}
 }
 
-// TestREADMEListsEveryVariable keeps the configuration tables (the
-// README's and those of docs/*.md) in step with the Config struct.
-func TestREADMEListsEveryVariable(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// TestReferenceTableMatchesKnown keeps the configuration reference table
+// in docs/operations.md and the variables config knows in step, both ways:
+// every variable has exactly one row with its default, and every row names
+// a variable config knows.
+func TestReferenceTableMatchesKnown(t *testing.T) {
+	doc, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	docs, _ := filepath.Glob("../docs/*.md")
-	for _, d := range docs {
-		b, err := os.ReadFile(d)
-		if err != nil {
-			t.Fatal(err)
+	rows := map[string][]string{} // name -> default column of each row
+	for _, line := range strings.Split(string(doc), "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 5 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`"+Prefix) {
+			continue
 		}
-		readme = append(readme, b...)
+		name := strings.Trim(strings.TrimSpace(cells[1]), "`")
+		rows[name] = append(rows[name], strings.Trim(strings.TrimSpace(cells[2]), "`"))
 	}
+	want := map[string]bool{}
 	for _, v := range append(Help(), ClientVars...) {
-		row := "| `" + v.Name + "` |"
-		if !strings.Contains(string(readme), row) {
-			t.Errorf("README.md has no configuration row for %s", v.Name)
+		want[v.Name] = true
+		got, ok := rows[v.Name]
+		switch {
+		case !ok:
+			t.Errorf("docs/operations.md has no configuration row for %s", v.Name)
+		case len(got) != 1:
+			t.Errorf("docs/operations.md has %d rows for %s, want one", len(got), v.Name)
+		case got[0] != v.Default:
+			t.Errorf("docs/operations.md gives %s the default %q, config.go %q", v.Name, got[0], v.Default)
+		}
+	}
+	for name := range rows {
+		if !want[name] {
+			t.Errorf("docs/operations.md has a row for %s, which config does not know", name)
 		}
 	}
 }

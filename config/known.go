@@ -17,6 +17,9 @@ import (
 // that one environment can serve both, and ignores them.
 var ClientVars = []Var{
 	{Name: Prefix + "API_URL", Default: DefaultAPIURL, Accepts: "base URL of the lease API for the client commands; the server ignores it"},
+	{Name: Prefix + "API_CA_FILE", Accepts: "PEM bundle of CA certificates the client commands trust for an https:// lease API (default: the system roots); the server ignores it"},
+	{Name: Prefix + "API_CLIENT_CERT", Accepts: "PEM client certificate the client commands present to a mutual-TLS lease API, with FENCEGATE_API_CLIENT_KEY; the server ignores it"},
+	{Name: Prefix + "API_CLIENT_KEY", Accepts: "PEM private key of FENCEGATE_API_CLIENT_CERT; the server ignores it"},
 }
 
 // DefaultAPIURL is where the client commands find the lease API when

@@ -42,21 +42,28 @@ func TestUnknownVariableIsRefusedWithASuggestion(t *testing.T) {
 // means every string is accepted at Load, and the reason is checked
 // elsewhere.
 var badValues = map[string][]string{
-	"FENCEGATE_API_ADDR":       {"7070", "127.0.0.1:99999", "127.0.0.1:http"},
-	"FENCEGATE_API_TOKEN":      {"secret\n", "two words"},
-	"FENCEGATE_PROXY_ADDR":     {"8080", "[::1]:65536"},
-	"FENCEGATE_UPSTREAM":       {"ftp://x", "127.0.0.1:9000", "http://"},
-	"FENCEGATE_STORE":          {"mysql://x", "file:", "memory", "valkey://"},
-	"FENCEGATE_PG_SCHEMA":      {"Bad-Name", "1st"},
-	"FENCEGATE_KEY_PREFIX":     {"a{b}", "x y"},
-	"FENCEGATE_VALKEY_CA_FILE": nil, // read at start-up; cmd/fencegate's check test covers it
-	"FENCEGATE_RULES":          nil, // parsed at start-up; cmd/fencegate's check test covers it
-	"FENCEGATE_RULES_FILE":     nil, // read at start-up; cmd/fencegate's check test covers it
-	"FENCEGATE_LOG_FORMAT":     {"xml"},
-	"FENCEGATE_BARRIER":        {"global", "Shared"},
-	"FENCEGATE_GATE_ID":        {"a b", "gate/1"},
-	"FENCEGATE_AUDIT_LOG":      {"sometimes", "0", "1.5", "-0.1", "NaN"},
-	"FENCEGATE_LOG_LEVEL":      {"loud"},
+	"FENCEGATE_API_ADDR":            {"7070", "127.0.0.1:99999", "127.0.0.1:http"},
+	"FENCEGATE_API_TOKEN":           {"secret\n", "two words"},
+	"FENCEGATE_PROXY_ADDR":          {"8080", "[::1]:65536"},
+	"FENCEGATE_UPSTREAM":            {"ftp://x", "127.0.0.1:9000", "http://", "unix:run/x.sock", "unix:", "unix:/run/../x.sock", "unix:/run/x.sock?q"},
+	"FENCEGATE_API_TLS_CERT":        {"cert.pem"}, // without its key
+	"FENCEGATE_API_TLS_KEY":         {"key.pem"},  // without its certificate
+	"FENCEGATE_API_TLS_CLIENT_CA":   {"ca.pem"},   // without the listener's pair
+	"FENCEGATE_PROXY_TLS_CERT":      {"cert.pem"}, // without its key
+	"FENCEGATE_PROXY_TLS_KEY":       {"key.pem"},  // without its certificate
+	"FENCEGATE_PROXY_TLS_CLIENT_CA": {"ca.pem"},   // without the listener's pair
+	"FENCEGATE_ACCESS_FILE":         nil,          // read at start-up; cmd/fencegate's access tests cover it
+	"FENCEGATE_STORE":               {"mysql://x", "file:", "memory", "valkey://"},
+	"FENCEGATE_PG_SCHEMA":           {"Bad-Name", "1st"},
+	"FENCEGATE_KEY_PREFIX":          {"a{b}", "x y"},
+	"FENCEGATE_VALKEY_CA_FILE":      nil, // read at start-up; cmd/fencegate's check test covers it
+	"FENCEGATE_RULES":               nil, // parsed at start-up; cmd/fencegate's check test covers it
+	"FENCEGATE_RULES_FILE":          nil, // read at start-up; cmd/fencegate's check test covers it
+	"FENCEGATE_LOG_FORMAT":          {"xml"},
+	"FENCEGATE_BARRIER":             {"global", "Shared"},
+	"FENCEGATE_GATE_ID":             {"a b", "gate/1"},
+	"FENCEGATE_AUDIT_LOG":           {"sometimes", "0", "1.5", "-0.1", "NaN"},
+	"FENCEGATE_LOG_LEVEL":           {"loud"},
 }
 
 // TestEveryConfigErrorNamesItsVariable goes over every field of Config:
@@ -98,7 +105,7 @@ func TestEveryConfigErrorNamesItsVariable(t *testing.T) {
 			if !strings.Contains(msg, f.Name+":") || !strings.Contains(msg, "accepts") {
 				t.Errorf("%s=%q: error %q does not name the variable and what it accepts", f.Name, v, msg)
 			}
-			for _, leak := range []string{"strconv", "invalid syntax", "parse error on field", "time: "} {
+			for _, leak := range []string{"strconv", "invalid syntax", "parse error on field", "time: ", "*bool", "a valid "} {
 				if strings.Contains(msg, leak) {
 					t.Errorf("%s=%q: error %q quotes Go internals (%q)", f.Name, v, msg, leak)
 				}

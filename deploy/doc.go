@@ -1,5 +1,6 @@
 // Package deploy holds fencegate's deployment examples, not Go code: a
-// Kubernetes native-sidecar manifest (kubernetes/), Prometheus alerting
+// kustomize base and overlays running fencegate as a Kubernetes native
+// sidecar (kubernetes/), Prometheus alerting
 // rules (prometheus/) and a Grafana dashboard (grafana/). Its tests check
 // them, with the Dockerfile, .dockerignore and docker-compose.yml at the
 // repository root, against the real binary: the binary built with the

@@ -130,12 +130,8 @@ func TestDockerCompose(t *testing.T) {
 // kind must be one of the typed objects below, and an unknown or
 // misspelt field anywhere is an error, as kubectl's strict validation
 // would report.
-func k8sObjects(t *testing.T, file string) (deps []appsv1.Deployment, secrets []corev1.Secret, cms []corev1.ConfigMap, svcs []corev1.Service) {
+func k8sObjects(t *testing.T, file string, b []byte) (deps []appsv1.Deployment, secrets []corev1.Secret, cms []corev1.ConfigMap, svcs []corev1.Service) {
 	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for i, doc := range bytes.Split(b, []byte("\n---\n")) {
 		var meta struct{ APIVersion, Kind string }
 		if err := yaml.Unmarshal(doc, &meta); err != nil {
@@ -163,98 +159,6 @@ func k8sObjects(t *testing.T, file string) (deps []appsv1.Deployment, secrets []
 		}
 	}
 	return deps, secrets, cms, svcs
-}
-
-func TestKubernetesSidecar(t *testing.T) {
-	const file = "kubernetes/sidecar.yaml"
-	deps, secrets, cms, svcs := k8sObjects(t, file)
-	if len(deps) != 1 || len(svcs) != 1 {
-		t.Fatalf("want one Deployment and one Service, got %d and %d", len(deps), len(svcs))
-	}
-	pod := deps[0].Spec.Template.Spec
-	if sel := deps[0].Spec.Selector.MatchLabels; sel["app"] == "" || deps[0].Spec.Template.Labels["app"] != sel["app"] || svcs[0].Spec.Selector["app"] != sel["app"] {
-		t.Errorf("selector %v does not match the pod labels %v or the Service %v", sel, deps[0].Spec.Template.Labels, svcs[0].Spec.Selector)
-	}
-	var fg *corev1.Container
-	for i := range pod.InitContainers {
-		if pod.InitContainers[i].Name == "fencegate" {
-			fg = &pod.InitContainers[i]
-		}
-	}
-	if fg == nil {
-		t.Fatal("no fencegate init container: a native sidecar is an init container")
-	}
-	if fg.RestartPolicy == nil || *fg.RestartPolicy != corev1.ContainerRestartPolicyAlways {
-		t.Fatal("the fencegate init container lacks restartPolicy: Always, so it is not a sidecar")
-	}
-
-	// The environment, with Secret and ConfigMap references resolved, is
-	// one fencegate accepts.
-	env := map[string]string{}
-	for _, e := range fg.Env {
-		switch {
-		case e.ValueFrom == nil:
-			env[e.Name] = e.Value
-		case e.ValueFrom.SecretKeyRef != nil:
-			ref := e.ValueFrom.SecretKeyRef
-			v, ok := "", false
-			for _, s := range secrets {
-				if s.Name == ref.Name {
-					v, ok = s.StringData[ref.Key]
-				}
-			}
-			if !ok {
-				t.Fatalf("%s: Secret %s has no key %s", e.Name, ref.Name, ref.Key)
-			}
-			env[e.Name] = v
-		default:
-			t.Fatalf("%s: unsupported valueFrom", e.Name)
-		}
-	}
-	if ref := envFrom(fg, "FENCEGATE_STORE"); ref == nil || ref.SecretKeyRef == nil {
-		t.Error("FENCEGATE_STORE does not come from a Secret")
-	}
-	var rulesText string
-	if path := env["FENCEGATE_RULES_FILE"]; path != "" {
-		rulesText = mountedConfigMapFile(t, pod, fg, cms, path)
-	}
-	cfg := loadConfig(t, file, env, rulesText)
-	if spec, err := config.ParseStore(cfg.Store); err != nil || spec.Kind == config.StoreFile || spec.Kind == config.StoreMemory {
-		t.Errorf("the store %q is not shared by the replicas (%v)", config.RedactURL(cfg.Store), err)
-	}
-
-	// Probes ask the lease API's port: livez for liveness, readyz for
-	// readiness and start-up.
-	_, apiPort, _ := strings.Cut(cfg.APIAddr, ":")
-	for name, want := range map[string]struct {
-		p    *corev1.Probe
-		path string
-	}{
-		"liveness": {fg.LivenessProbe, "/livez"}, "readiness": {fg.ReadinessProbe, "/readyz"}, "startup": {fg.StartupProbe, "/readyz"},
-	} {
-		if want.p == nil || want.p.HTTPGet == nil {
-			t.Errorf("no HTTP %s probe", name)
-			continue
-		}
-		if want.p.HTTPGet.Path != want.path || fmt.Sprint(resolvePort(fg, want.p.HTTPGet.Port.String())) != apiPort {
-			t.Errorf("%s probe asks %s on port %s; want %s on the lease API port %s", name, want.p.HTTPGet.Path, want.p.HTTPGet.Port.String(), want.path, apiPort)
-		}
-	}
-	// The pod's grace period covers fencegate's drain.
-	if pod.TerminationGracePeriodSeconds == nil {
-		t.Fatal("no terminationGracePeriodSeconds (the default 30s is implicit)")
-	}
-	grace := time.Duration(*pod.TerminationGracePeriodSeconds) * time.Second
-	if budget := drainBudget(t, env); grace <= budget {
-		t.Errorf("terminationGracePeriodSeconds %v is not above the drain (%v)", grace, budget)
-	}
-	if sc := fg.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
-		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
-		t.Error("the fencegate container is not locked down (read-only root, no privilege escalation)")
-	}
-	if pod.SecurityContext == nil || pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot {
-		t.Error("the pod does not require non-root")
-	}
 }
 
 func envFrom(c *corev1.Container, name string) *corev1.EnvVarSource {

@@ -9,10 +9,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -180,7 +182,13 @@ func is(kind string, kv ...string) func(event) bool {
 	}
 }
 
-// stack is a demo upstream with fencegate in front of it.
+// quickStartRules is the one gate configuration of the README's quick
+// start, which every example worker runs against (TestREADMEUsesOneGate
+// keeps the two in step).
+const quickStartRules = "PUT,PATCH,DELETE /jobs/{id} fence job:{id}"
+
+// stack is a demo upstream with fencegate in front of it, configured as
+// the README's quick start configures it.
 type stack struct {
 	upstream *proc
 	gate     *proc
@@ -201,7 +209,8 @@ func startStack(t *testing.T) *stack {
 		}
 	}
 	fg := startProc(t, "fencegate", "env", "FENCEGATE_STORE=memory:", "FENCEGATE_API_ADDR=127.0.0.1:0",
-		"FENCEGATE_PROXY_ADDR=127.0.0.1:0", "FENCEGATE_UPSTREAM=http://"+addr, filepath.Join(bin, "fencegate"), "serve")
+		"FENCEGATE_PROXY_ADDR=127.0.0.1:0", "FENCEGATE_UPSTREAM=http://"+addr, "FENCEGATE_RULES="+quickStartRules,
+		filepath.Join(bin, "fencegate"), "serve")
 	evs := fg.waitFor(t, "listening", func(evs []event) bool {
 		return count(evs, func(e event) bool { return e.str("msg") == "listening" }) >= 2
 	})
@@ -292,7 +301,7 @@ func TestPythonWorker(t *testing.T) {
 	if w.err != nil {
 		t.Fatalf("worker: %v\n%s", w.err, strings.Join(w.output(), "\n"))
 	}
-	if got := s.applied("/work/job:py"); strings.Join(got, ",") != "1,1,1,1" {
+	if got := s.applied("/jobs/py"); strings.Join(got, ",") != "1,1,1,1" {
 		t.Fatalf("upstream applied tokens %v, want four writes with token 1", got)
 	}
 	st, status := call(t, "GET", s.api+"/v1/leases/job:py", "")
@@ -320,7 +329,7 @@ func TestPythonWorkerLosesLease(t *testing.T) {
 	if st != 200 || l.str("token") != "2" {
 		t.Fatalf("usurper acquire: %d %v", st, l)
 	}
-	if st, _ := call(t, "PUT", s.gateURL+"/work/job:py", `{"owner":"usurper"}`, "Fencing-Token", "2", "Fencing-Resource", "job:py"); st != 200 {
+	if st, _ := call(t, "PUT", s.gateURL+"/jobs/py", `{"owner":"usurper"}`, "Fencing-Token", "2"); st != 200 {
 		t.Fatalf("usurper write: %d", st)
 	}
 	if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
@@ -337,7 +346,7 @@ func TestPythonWorkerLosesLease(t *testing.T) {
 	if count(w.events(), is("lost")) != 1 {
 		t.Fatalf("no lost event:\n%s", strings.Join(w.output(), "\n"))
 	}
-	toks := s.applied("/work/job:py")
+	toks := s.applied("/jobs/py")
 	oneHolderAtATime(t, toks)
 	if toks[len(toks)-1] != "2" {
 		t.Fatalf("applied %v: the usurper's write is not the last", toks)
@@ -382,7 +391,7 @@ func TestGoWorkersElectOneLeaderAtATime(t *testing.T) {
 			t.Fatalf("%s did not exit on SIGTERM", p.name)
 		}
 	}
-	toks := s.applied("/work/job:go")
+	toks := s.applied("/jobs/go")
 	oneHolderAtATime(t, toks)
 	if !slices.Contains(toks, "1") || !slices.Contains(toks, "2") {
 		t.Fatalf("applied %v, want writes of both leaders", toks)
@@ -400,4 +409,182 @@ func TestGoWorkersElectOneLeaderAtATime(t *testing.T) {
 	if prev, _ := st["previous"].(map[string]any); st["lease"] != nil || prev["owner"] != "b" || prev["ended"] != "released" {
 		t.Fatalf("status after both stopped: %v", st)
 	}
+}
+
+// TestGoWorkerSteps runs the Go worker as the README does, with -steps: it
+// writes every step, releases the lease as finished and exits 0 (it used
+// to release with its term's context, which the release itself cancels,
+// and campaign again forever).
+func TestGoWorkerSteps(t *testing.T) {
+	s := startStack(t)
+	w := startProc(t, "go worker", filepath.Join(bin, "worker"), "-api", s.api, "-gate", s.gateURL,
+		"-resource", "job:44", "-owner", "go-1", "-ttl", "5s", "-steps", "5", "-interval", "10ms")
+	select {
+	case <-w.exited:
+	case <-time.After(time.Minute):
+		t.Fatalf("the worker did not exit after its steps:\n%s", strings.Join(w.output(), "\n"))
+	}
+	if w.err != nil {
+		t.Fatalf("worker: %v\n%s", w.err, strings.Join(w.output(), "\n"))
+	}
+	if n := count(w.events(), is("lead")); n != 1 {
+		t.Fatalf("the worker led %d times, want once:\n%s", n, strings.Join(w.output(), "\n"))
+	}
+	if count(w.events(), is("done")) != 1 {
+		t.Fatalf("no done event:\n%s", strings.Join(w.output(), "\n"))
+	}
+	if got := s.applied("/jobs/44"); strings.Join(got, ",") != "1,1,1,1,1" {
+		t.Fatalf("upstream applied tokens %v, want five writes with token 1", got)
+	}
+	_, st := call(t, "GET", s.api+"/v1/leases/job:44", "")
+	if prev, _ := st["previous"].(map[string]any); st["lease"] != nil || prev["ended"] != "released" || prev["finished"] != true {
+		t.Fatalf("status after the worker: %v", st)
+	}
+}
+
+// TestWorkersPrintTheRefusalCode: a write the gate refuses is reported
+// with its problem code, not a bare status (here the path matches no rule:
+// resource-required).
+func TestWorkersPrintTheRefusalCode(t *testing.T) {
+	s := startStack(t)
+	gw := startProc(t, "go worker", filepath.Join(bin, "worker"), "-api", s.api, "-gate", s.gateURL,
+		"-resource", "job:x", "-path", "/work/{id}", "-ttl", "5s", "-steps", "1")
+	pw := pythonWorker(t, s, "--resource", "job:y", "--path", "/work/{id}", "--ttl", "5", "--steps", "1")
+	for _, w := range []*proc{gw, pw} {
+		select {
+		case <-w.exited:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("%s did not exit", w.name)
+		}
+		if w.err == nil {
+			t.Errorf("%s exited 0 after a refused write", w.name)
+		}
+		if count(w.events(), is("error", "code", "resource-required")) != 1 {
+			t.Errorf("%s did not print the refusal's code:\n%s", w.name, strings.Join(w.output(), "\n"))
+		}
+	}
+}
+
+// TestREADMEUsesOneGate: the README's quick start configures the gate the
+// examples' tests run against.
+func TestREADMEUsesOneGate(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "FENCEGATE_RULES='"+quickStartRules+"'") {
+		t.Fatalf("README.md does not configure the gate with FENCEGATE_RULES='%s'", quickStartRules)
+	}
+}
+
+// TestREADMEQuickStart runs the README's quick start as written: its two
+// shell blocks, one after the other, in one bash with -e, from a copy of
+// the checkout (links to its files). Only the addresses change, to free
+// ports: the service's and the gate's in the text, the lease API's through
+// FENCEGATE_API_ADDR and FENCEGATE_API_URL. It checks the zombie write is
+// refused, the successor's write stays, and every worker exits 0.
+func TestREADMEQuickStart(t *testing.T) {
+	for _, tool := range []string{"bash", "curl", "python3", "go"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (scripts/test.sh installs it)", tool)
+		}
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n## Quick start")
+	if !ok {
+		t.Fatal("README.md has no Quick start section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	var blocks []string
+	for rest := section; ; {
+		_, after, ok := strings.Cut(rest, "```sh\n")
+		if !ok {
+			break
+		}
+		block, tail, _ := strings.Cut(after, "```\n")
+		blocks = append(blocks, block)
+		rest = tail
+	}
+	if len(blocks) != 2 {
+		t.Fatalf("the quick start has %d shell blocks, want 2", len(blocks))
+	}
+	script := strings.Join(blocks, "\n")
+	up, gate, api := freeAddr(t), freeAddr(t), freeAddr(t)
+	script = strings.ReplaceAll(script, "127.0.0.1:9000", up)
+	script = strings.ReplaceAll(script, "127.0.0.1:8080", gate)
+	if strings.Contains(script, "127.0.0.1:") && regexp.MustCompile(`127\.0\.0\.1:(7070|8080|9000)\b`).MatchString(script) {
+		t.Fatalf("a default port is left in the script:\n%s", script)
+	}
+
+	// A checkout of links, so the script's go build and demo.db land in a
+	// temporary directory.
+	dir := t.TempDir()
+	entries, err := os.ReadDir("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() == ".git" || e.Name() == "fencegate" || strings.HasSuffix(e.Name(), ".db") {
+			continue
+		}
+		abs, _ := filepath.Abs(filepath.Join("..", e.Name()))
+		if err := os.Symlink(abs, filepath.Join(dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("bash", "-e", "-c", script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "FENCEGATE_API_ADDR="+api, "FENCEGATE_API_URL=http://"+api, "FENCEGATE_PROXY_ADDR="+gate, "GATE_URL=http://"+gate)
+	cmd.WaitDelay = 10 * time.Second
+	// Its own process group, ended at cleanup: the script starts servers
+	// in the background, which a failing line would leave running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	t.Cleanup(func() {
+		if cmd.Process != nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		}
+	})
+	done := make(chan struct{})
+	var out []byte
+	go func() {
+		defer close(done)
+		out, err = cmd.CombinedOutput()
+	}()
+	select {
+	case <-done:
+	case <-time.After(4 * time.Minute):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("the quick start did not finish:\n%s", out)
+	}
+	text := string(out)
+	if err != nil {
+		t.Fatalf("the quick start failed: %v\n%s", err, text)
+	}
+	for _, want := range []string{
+		`"code":"stale-token"`,       // the zombie's write, refused
+		`"body":{"step":1,"by":"b"}`, // the successor's write stays
+		`{"released":true}`,          // worker-b's release
+		`"event": "done"`,            // the Python worker finished
+		`"event":"done"`,             // the Go worker finished
+		`"path":"/jobs/42"`,          // the shell worker wrote
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the quick start's output lacks %s:\n%s", want, text)
+		}
+	}
+}
+
+// freeAddr is a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

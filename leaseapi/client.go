@@ -3,6 +3,7 @@ package leaseapi
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,6 +52,7 @@ type Client struct {
 	base    string // scheme://host[/prefix], no trailing slash
 	baseErr error
 	hc      *http.Client
+	tls     *tls.Config
 	token   string
 }
 
@@ -62,6 +64,17 @@ type ClientOption func(*Client)
 // for acquire waits.
 func WithHTTPClient(hc *http.Client) ClientOption {
 	return func(c *Client) { c.hc = hc }
+}
+
+// WithTLSConfig makes the Client use cfg for an https:// API: a private
+// CA in RootCAs, a client certificate (Certificates or
+// GetClientCertificate) for a mutual-TLS listener. With WithHTTPClient it
+// applies to that client's transport when it is an *http.Transport (or
+// nil), on a copy. The binary's client commands build cfg from
+// FENCEGATE_API_CA_FILE, FENCEGATE_API_CLIENT_CERT and
+// FENCEGATE_API_CLIENT_KEY.
+func WithTLSConfig(cfg *tls.Config) ClientOption {
+	return func(c *Client) { c.tls = cfg }
 }
 
 // WithToken sends "Authorization: Bearer <token>" with every call, for a
@@ -88,7 +101,29 @@ func NewClient(baseURL string, opts ...ClientOption) *Client {
 	if c.hc == nil {
 		c.hc = &http.Client{Timeout: DefaultClientTimeout}
 	}
+	if c.tls != nil {
+		c.hc = withTLS(c.hc, c.tls)
+	}
 	return c
+}
+
+// withTLS returns a copy of hc whose transport uses cfg. A transport other
+// than *http.Transport is kept as it is: it has its own TLS settings.
+func withTLS(hc *http.Client, cfg *tls.Config) *http.Client {
+	var tr *http.Transport
+	switch t := hc.Transport.(type) {
+	case nil:
+		tr = http.DefaultTransport.(*http.Transport).Clone()
+	case *http.Transport:
+		tr = t.Clone()
+	default:
+		return hc
+	}
+	tr.TLSClientConfig = cfg.Clone()
+	tr.ForceAttemptHTTP2 = true
+	out := *hc
+	out.Transport = tr
+	return &out
 }
 
 // AcquireOptions describe an acquisition.
@@ -387,9 +422,25 @@ func (c *Client) do(ctx context.Context, method, path, resource string, query ur
 func transportError(method, path string, err error) error {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
-		return fmt.Errorf("leaseapi: %s %s: %w: %w", method, path, fencing.ErrUnavailable, err)
+		return fmt.Errorf("leaseapi: %s %s: %w", method, path, &unreachableError{err: err})
 	}
 	return fmt.Errorf("leaseapi: %s %s: %w: %w", method, path, fencing.ErrAmbiguous, err)
+}
+
+// ErrUnreachable matches a call that could not connect to the lease API
+// at all (connection refused, no route, DNS failure): nothing was done.
+// Such an error also matches fencing.ErrUnavailable, so code that retries
+// on an unavailable store retries on it too; its message names the API,
+// not the store, because the store was never asked.
+var ErrUnreachable = errors.New("lease API unreachable")
+
+// unreachableError is a failed dial: ErrUnreachable and
+// fencing.ErrUnavailable, with the dial's own error.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string { return ErrUnreachable.Error() + ": " + e.err.Error() }
+func (e *unreachableError) Unwrap() []error {
+	return []error{ErrUnreachable, fencing.ErrUnavailable, e.err}
 }
 
 func ptr[T any](v T) *T { return &v }

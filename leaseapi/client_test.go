@@ -189,6 +189,9 @@ func TestClientTransportErrors(t *testing.T) {
 	if !errors.Is(err, fencing.ErrUnavailable) || errors.Is(err, fencing.ErrAmbiguous) {
 		t.Fatalf("connection refused: %v", err)
 	}
+	if !errors.Is(err, leaseapi.ErrUnreachable) || !strings.Contains(err.Error(), "lease API unreachable") || strings.Contains(err.Error(), "store unavailable") {
+		t.Fatalf("connection refused: %v, want it named as an unreachable lease API, not a store fault", err)
+	}
 
 	// The server takes the request and then the caller gives up: the
 	// outcome is unknown.

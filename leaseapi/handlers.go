@@ -5,13 +5,16 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/problem"
 	"github.com/fencegate/fencegate/fencing/reqid"
+	"github.com/fencegate/fencegate/leaseapi/access"
 )
 
 // fail answers err as a problem. When the client has gone away (its
@@ -23,7 +26,32 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 			slog.String("request_id", reqid.From(r)), slog.String("path", r.URL.Path))
 		return
 	}
-	problem.Write(w, r, s.log, err)
+	p := problem.From(err)
+	if p.Code == "forbidden" {
+		s.logRefusal(r, p)
+	}
+	s.countRefusal(r, p.Code)
+	problem.Write(w, r, s.log, p)
+}
+
+// permit refuses, with 403 forbidden, a call of an access client outside
+// its permissions: op on resource, and, with bind_owner, the owner it
+// names. Without an access file everything is permitted.
+func permit(r *http.Request, op access.Op, resource string) error {
+	c := client(r)
+	if c == nil || c.Allows(op, resource) {
+		return nil
+	}
+	return forbidden(c, string(op)+" this resource")
+}
+
+// permitOwner refuses an owner a bind_owner client may not name.
+func permitOwner(r *http.Request, owner string) error {
+	c := client(r)
+	if c == nil || c.OwnerAllowed(owner) {
+		return nil
+	}
+	return forbidden(c, "act as this owner (bind_owner: an owner must be "+c.Name+" or begin with "+c.Name+"/)")
 }
 
 // resourceCall serves one call on the resource name, already taken from
@@ -32,11 +60,15 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 // bounding the request body).
 type resourceCall func(w http.ResponseWriter, r *http.Request, name string) (any, error)
 
-// onResource adapts a resourceCall: an invalid {resource} is refused before
-// the call runs, and the call's answer or error is written.
-func (s *Server) onResource(call resourceCall) http.HandlerFunc {
+// onResource adapts a resourceCall of operation op: an invalid {resource},
+// or one the access client may not op, is refused before the call runs,
+// and the call's answer or error is written.
+func (s *Server) onResource(op access.Op, call resourceCall) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		name, err := resource(r)
+		if err == nil {
+			err = permit(r, op, name)
+		}
 		var out any
 		if err == nil {
 			out, err = call(w, r, name)
@@ -79,6 +111,10 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		}
 		// Logged above, once per state change: a probe every few
 		// seconds must not log an error every few seconds.
+		if s.readyNoStore {
+			writeJSON(w, map[string]string{"status": "ready", "store": "unavailable"})
+			return
+		}
 		problem.Write(w, r, nil, &problem.Error{Status: http.StatusServiceUnavailable, Code: "store-unavailable",
 			Detail:  "the lease store did not answer",
 			Headers: http.Header{"Retry-After": {strconv.Itoa(problem.RetryAfterStoreFault)}}, Cause: err})
@@ -98,6 +134,9 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	var body acquireBody
 	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
+		return nil, err
+	}
+	if err := permitOwner(r, body.Owner); err != nil {
 		return nil, err
 	}
 	ttl, err := seconds(body.TTLSeconds, s.defaultTTL, fencing.MaxTTL, fencing.ValidateTTL)
@@ -126,6 +165,9 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, name string
 	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
 		return nil, err
 	}
+	if err := permitOwner(r, body.Owner); err != nil {
+		return nil, err
+	}
 	ttl, err := seconds(body.TTLSeconds, 0, fencing.MaxTTL, fencing.ValidateTTL)
 	if err != nil {
 		return nil, err
@@ -142,6 +184,9 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, name stri
 	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
 		return nil, err
 	}
+	if err := permitOwner(r, body.Owner); err != nil {
+		return nil, err
+	}
 	released, err := s.store.Release(r.Context(), fencing.ReleaseRequest{Resource: name, Owner: body.Owner, Token: body.Token, Finished: body.Finished})
 	if err != nil {
 		return nil, err
@@ -152,6 +197,9 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, name stri
 func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	var body checkpointBody
 	if err := decodeBody(w, r, s.checkpointLimit, &body); err != nil {
+		return nil, err
+	}
+	if err := permitOwner(r, body.Owner); err != nil {
 		return nil, err
 	}
 	lease, err := s.store.Checkpoint(r.Context(), fencing.CheckpointRequest{Resource: name, Owner: body.Owner, Token: body.Token, State: body.State})
@@ -209,7 +257,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 		}
 		req.After = after
 	}
-	leases, err := s.store.List(r.Context(), req)
+	leases, err := s.list(r, req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -223,4 +271,46 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 		out.NextCursor = &next
 	}
 	writeJSON(w, out)
+}
+
+// list lists the live leases of req that the request's access client may
+// read (all of them without an access file). A request prefix under one
+// the client may read is listed as asked; otherwise each of the client's
+// read prefixes under the request's is listed, and the answers merged in
+// name order up to the limit. A client may thus list "" and see its own
+// prefixes' leases, and nothing else.
+func (s *Server) list(r *http.Request, req fencing.ListRequest) ([]fencing.Lease, error) {
+	c := client(r)
+	if c == nil {
+		return s.store.List(r.Context(), req)
+	}
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	prefixes := c.ReadPrefixes()
+	for _, p := range prefixes {
+		if strings.HasPrefix(req.Prefix, p) {
+			return s.store.List(r.Context(), req)
+		}
+	}
+	limit := req.Limit
+	if limit == 0 {
+		limit = fencing.MaxListLimit
+	}
+	var out []fencing.Lease
+	for _, p := range prefixes {
+		if !strings.HasPrefix(p, req.Prefix) {
+			continue
+		}
+		ls, err := s.store.List(r.Context(), fencing.ListRequest{Prefix: p, Limit: req.Limit, After: req.After})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ls...)
+	}
+	slices.SortFunc(out, func(a, b fencing.Lease) int { return strings.Compare(a.Resource, b.Resource) })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
 }

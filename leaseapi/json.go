@@ -146,7 +146,9 @@ func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
-	_ = json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // JSON, never HTML: an owner "<a&b>" reads as sent
+	_ = enc.Encode(v)
 }
 
 // checkContentType accepts application/json, with an optional utf-8

@@ -1,8 +1,6 @@
 package leaseapi
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -43,33 +41,6 @@ func (s *Server) recoverer(next http.Handler) http.Handler {
 				slog.String("panic", fmt.Sprint(v)), slog.String("stack", string(debug.Stack())))
 			problem.Write(w, r, nil, problem.New(http.StatusInternalServerError, "internal-error", "internal error"))
 		}()
-		next.ServeHTTP(w, r)
-	})
-}
-
-// authenticate requires "Authorization: Bearer <token>" when an auth token
-// is configured. Both sides are hashed before the constant-time compare so
-// neither the token's bytes nor its length leak through timing. The scheme
-// name is case-insensitive (RFC 9110 §11.1).
-func (s *Server) authenticate(next http.Handler) http.Handler {
-	if !s.authOn {
-		return next
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := bearer(r.Header.Get("Authorization"))
-		if !ok {
-			problem.Write(w, r, nil, &problem.Error{Status: http.StatusUnauthorized, Code: "unauthorized",
-				Detail:  "this API requires an Authorization: Bearer <token> header",
-				Headers: http.Header{"Www-Authenticate": {`Bearer realm="fencegate"`}}})
-			return
-		}
-		sum := sha256.Sum256([]byte(got))
-		if subtle.ConstantTimeCompare(sum[:], s.authSum[:]) != 1 {
-			problem.Write(w, r, nil, &problem.Error{Status: http.StatusUnauthorized, Code: "unauthorized",
-				Detail:  "the bearer token is not valid",
-				Headers: http.Header{"Www-Authenticate": {`Bearer realm="fencegate", error="invalid_token"`}}})
-			return
-		}
 		next.ServeHTTP(w, r)
 	})
 }

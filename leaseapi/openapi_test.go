@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/pb33f/libopenapi"
@@ -17,6 +18,7 @@ import (
 	"github.com/pb33f/libopenapi-validator/schema_validation"
 
 	"github.com/fencegate/fencegate/leaseapi"
+	"github.com/fencegate/fencegate/leaseapi/access"
 )
 
 // openAPIValidator loads the embedded document with a maintained OpenAPI
@@ -92,6 +94,12 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 	if err := envs["closed"].store.Close(); err != nil {
 		t.Fatal(err)
 	}
+	envs["access"] = newAccessEnv(t) // requests sent as pool-b
+	limited := newAccessEnv(t)
+	lim := access.NewLimiter(1, time.Hour, nil)
+	lim.Fail("127.0.0.1")
+	leaseapi.SetLimiter(limited.api, lim)
+	envs["limited"] = limited
 	draining := newEnv(t, storeKinds[0], nil)
 	draining.api.SetDraining()
 	envs["draining"] = draining
@@ -135,6 +143,9 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 		{"acquire, not JSON", "", "POST", "/v1/leases/job:2/acquire", "text/plain", `owner=w`, 415, "unsupported-media-type"},
 		{"list, bad limit", "", "GET", "/v1/leases?limit=0", "", "", 400, "invalid-request"},
 		{"no credentials", "auth", "GET", "/v1/leases", "", "", 401, "unauthorized"},
+		{"outside the client's prefixes", "access", "POST", "/v1/leases/job:a:1/acquire", js, `{"owner":"pool-b"}`, 403, "forbidden"},
+		{"another client's owner", "access", "POST", "/v1/leases/job:b:1/acquire", js, `{"owner":"pool-a"}`, 403, "forbidden"},
+		{"failed authentications spent", "limited", "GET", "/v1/leases", "", "", 429, "too-many-requests"},
 		{"store closed", "closed", "POST", "/v1/leases/job:1/acquire", js, `{"owner":"w"}`, 503, "store-unavailable"},
 		{"store closed, status", "closed", "GET", "/v1/leases/job:1", "", "", 503, "store-unavailable"},
 		{"store closed, readyz", "closed", "GET", "/readyz", "", "", 503, "store-unavailable"},
@@ -157,6 +168,9 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 			}
 			if c.contentType != "" {
 				r.Header.Set("Content-Type", c.contentType)
+			}
+			if c.env == "access" {
+				r.Header.Set("Authorization", "Bearer tok-b")
 			}
 			return r
 		}

@@ -3,6 +3,7 @@ package leaseapi_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
@@ -82,5 +83,70 @@ func TestReadyzLogsOncePerStateChange(t *testing.T) {
 	probe(2, 503)
 	if got := logs.count(lost); got != 2 {
 		t.Fatalf("second outage logged %d errors in all, want 2:\n%s", got, logs.b.String())
+	}
+}
+
+// TestReadyWithoutStore: with ReadyWithoutStore, /readyz stays 200 while
+// the store is down and says so, logs the outage once all the same, and
+// lease calls still fail closed; draining still answers 503.
+func TestReadyWithoutStore(t *testing.T) {
+	clock := newFakeClock()
+	store := &flakyPingStore{Store: memstore.New(memstore.Options{Clock: clock})}
+	logs := &lockedBuffer{}
+	e := newEnvWith(t, clock, store, func(o *leaseapi.Options) {
+		o.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+		o.ReadyWithoutStore = true
+	})
+	if a := e.get("/readyz"); a.status != 200 || a.body["store"] != nil {
+		t.Fatalf("/readyz with the store up: %d %v", a.status, a.body)
+	}
+	store.down.Store(true)
+	for range 3 {
+		if a := e.get("/readyz"); a.status != 200 || a.body["store"] != "unavailable" {
+			t.Fatalf("/readyz with the store down: %d %v, want 200 saying the store is unavailable", a.status, a.body)
+		}
+	}
+	if got := logs.count(`"msg":"not ready`); got != 1 {
+		t.Fatalf("the outage was logged %d times, want once:\n%s", got, logs.b.String())
+	}
+	e.api.SetDraining()
+	if a := e.get("/readyz"); a.status != 503 {
+		t.Fatalf("/readyz while draining: %d, want 503", a.status)
+	}
+}
+
+// TestAccessLog: with AccessLog, every API call gets one line with its
+// request id, client, method, path, status and duration; health checks
+// do not.
+func TestAccessLog(t *testing.T) {
+	clock := newFakeClock()
+	logs := &lockedBuffer{}
+	e := newEnvWith(t, clock, memstore.New(memstore.Options{Clock: clock}), func(o *leaseapi.Options) {
+		o.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+		o.AccessLog = true
+	})
+	e.post("/v1/leases/job:1/acquire", `{"owner":"a"}`)
+	e.post("/v1/leases/job:1/acquire", `{"owner":"b"}`)
+	e.get("/readyz")
+	e.get("/livez")
+	logs.mu.Lock()
+	text := logs.b.String()
+	logs.mu.Unlock()
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err == nil && m["msg"] == leaseapi.AccessMessage {
+			lines = append(lines, m)
+		}
+	}
+	if len(lines) != 2 {
+		t.Fatalf("%d access lines, want 2 (no health checks):\n%s", len(lines), text)
+	}
+	for i, want := range []float64{200, 409} {
+		m := lines[i]
+		if m["status"] != want || m["method"] != "POST" || m["path"] != "/v1/leases/job:1/acquire" ||
+			m["request_id"] == "" || m["client"] == "" || m["duration_ms"] == nil {
+			t.Errorf("access line %d: %v, want status %v and every field", i, m, want)
+		}
 	}
 }

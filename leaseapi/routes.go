@@ -5,6 +5,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/fencegate/fencegate/fencing/reqid"
+	"github.com/fencegate/fencegate/leaseapi/access"
 )
 
 // routes lists every endpoint of the API listener. Middleware order, outer
@@ -18,7 +19,11 @@ func (s *Server) routes() *chi.Mux {
 	if s.telemetry {
 		r.Use(tagRoute)
 	}
-	r.Use(reqid.Middleware, noStore, s.recoverer, middleware.GetHead)
+	r.Use(reqid.Middleware)
+	if s.accessLog {
+		r.Use(s.logAccess)
+	}
+	r.Use(noStore, s.recoverer, middleware.GetHead)
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed(r))
 
@@ -32,12 +37,12 @@ func (s *Server) routes() *chi.Mux {
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.authenticate)
 		r.Get("/leases", s.handleList)
-		r.Get("/leases/{resource}", s.onResource(s.handleStatus))
-		r.Post("/leases/{resource}/acquire", s.onResource(s.handleAcquire))
-		r.Post("/leases/{resource}/renew", s.onResource(s.handleRenew))
-		r.Post("/leases/{resource}/release", s.onResource(s.handleRelease))
-		r.Put("/leases/{resource}/checkpoint", s.onResource(s.handleCheckpoint))
-		r.Get("/leases/{resource}/checkpoint", s.onResource(s.handleReadCheckpoint))
+		r.Get("/leases/{resource}", s.onResource(access.Read, s.handleStatus))
+		r.Post("/leases/{resource}/acquire", s.onResource(access.Acquire, s.handleAcquire))
+		r.Post("/leases/{resource}/renew", s.onResource(access.Renew, s.handleRenew))
+		r.Post("/leases/{resource}/release", s.onResource(access.Release, s.handleRelease))
+		r.Put("/leases/{resource}/checkpoint", s.onResource(access.Checkpoint, s.handleCheckpoint))
+		r.Get("/leases/{resource}/checkpoint", s.onResource(access.Read, s.handleReadCheckpoint))
 	})
 	return r
 }

@@ -12,7 +12,8 @@
 // /v1/leases/{resource} (status); GET /v1/leases?prefix=&limit= (live
 // leases, limit 1 to 1000, default 1000); GET /livez (always 200); GET
 // /readyz (200 when the store answers a ping within 1 s, 503
-// "store-unavailable" otherwise, 503 "draining" after SetDraining); GET
+// "store-unavailable" otherwise unless Options.ReadyWithoutStore, 503
+// "draining" after SetDraining); GET
 // /metrics when Options.Metrics is set; GET /openapi.json (the OpenAPI 3.1
 // document of all of these, see OpenAPI). HEAD is served wherever GET is. An
 // unknown path is 404 "not-found"; a known path with another method is 405
@@ -65,6 +66,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/leaseapi/access"
 )
 
 // Body limits.
@@ -92,6 +94,14 @@ type Options struct {
 	// or wrong credentials are 401 "unauthorized" with WWW-Authenticate.
 	// /livez, /readyz and /metrics stay open.
 	AuthToken string
+	// Access, when set, is who may do what (see package access): every /v1
+	// call must come from one of its clients, by bearer token or verified
+	// client certificate, and stay within the client's permissions (403
+	// forbidden otherwise, nothing done); lists are filtered to what the
+	// client may read. It replaces AuthToken, which must then be empty.
+	// The policy in force is read at each request, so a File's Reload
+	// applies to the next request.
+	Access *access.File
 	// DefaultTTL is the lease TTL when an acquire omits ttl_seconds; 0
 	// means fencing.DefaultTTL. It must pass fencing.ValidateTTL.
 	DefaultTTL time.Duration
@@ -118,6 +128,15 @@ type Options struct {
 	// header, which the client controls: set it where clients are not
 	// trusted, so they cannot create metric series at will.
 	ServerName string
+	// AccessLog logs one line per API call (AccessMessage).
+	AccessLog bool
+	// ReadyWithoutStore keeps /readyz at 200 while the store does not
+	// answer (the answer then says "store": "unavailable"), so an outage
+	// of the store does not take the process out of its load balancer:
+	// reads through the gate keep flowing, while writes and lease calls
+	// still fail closed with 503 store-unavailable. Draining still answers
+	// 503. Off by default: a pod that cannot fence is not ready.
+	ReadyWithoutStore bool
 }
 
 // Server serves the lease API. It implements http.Handler and is safe for
@@ -127,12 +146,17 @@ type Server struct {
 	log             *slog.Logger
 	authOn          bool
 	authSum         [sha256.Size]byte
+	access          *access.File
+	limiter         *access.Limiter
+	refusals        metric.Int64Counter // nil without a MeterProvider
 	defaultTTL      time.Duration
 	checkpointLimit int64
 	metrics         http.Handler
 	telemetry       bool // tag spans and metrics with the route pattern
 	draining        atomic.Bool
-	unready         atomic.Bool  // the last /readyz store ping failed: log state changes only
+	unready         atomic.Bool // the last /readyz store ping failed: log state changes only
+	accessLog       bool
+	readyNoStore    bool
 	handler         http.Handler // the routes, wrapped with otelhttp when telemetry is on
 }
 
@@ -160,6 +184,9 @@ func NewServer(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Access != nil && opts.AuthToken != "" {
+		panic("leaseapi: Options.Access and Options.AuthToken are both set")
+	}
 	s := &Server{
 		store:           opts.Store,
 		log:             opts.Logger,
@@ -168,6 +195,16 @@ func NewServer(opts Options) *Server {
 		checkpointLimit: int64(opts.MaxCheckpointBytes) + CheckpointBodyHeadroom,
 		metrics:         opts.Metrics,
 		telemetry:       opts.MeterProvider != nil || opts.TracerProvider != nil,
+		access:          opts.Access,
+		limiter:         access.NewLimiter(access.DefaultBurst, access.DefaultEvery, nil),
+		accessLog:       opts.AccessLog,
+		readyNoStore:    opts.ReadyWithoutStore,
+	}
+	if opts.MeterProvider != nil {
+		// An instrument that cannot be made is left out: refusals are
+		// still answered and logged.
+		s.refusals, _ = opts.MeterProvider.Meter("github.com/fencegate/fencegate/leaseapi").Int64Counter(MetricRefusals,
+			metric.WithUnit("{request}"), metric.WithDescription("lease API calls refused, by client (- before one is known) and problem code"))
 	}
 	if s.authOn {
 		s.authSum = sha256.Sum256([]byte(opts.AuthToken))
@@ -180,7 +217,14 @@ func NewServer(opts Options) *Server {
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.access != nil {
+		if ctx := WithClientNote(r.Context()); ctx != r.Context() {
+			r = r.WithContext(ctx)
+		}
+	}
+	s.handler.ServeHTTP(w, r)
+}
 
 // SetDraining makes /readyz answer 503 from now on, so load balancers stop
 // sending new work while in-flight requests finish. API calls keep being

@@ -17,12 +17,15 @@ import (
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
 	"github.com/fencegate/fencegate/leaseapi"
+	"github.com/fencegate/fencegate/leaseapi/access"
 )
 
 func TestAuth(t *testing.T) {
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("fencegate_up 1\n")) })
 	forEachStore(t, func(t *testing.T, k storeKind) {
 		e := newEnv(t, k, func(o *leaseapi.Options) { o.AuthToken = "s3cret-token"; o.Metrics = metrics })
+		// Many failures from one address: the rate limit is tested on its own.
+		leaseapi.SetLimiter(e.api, access.NewLimiter(1000, time.Second, nil))
 		for _, c := range []struct {
 			name, auth, challenge string
 		}{

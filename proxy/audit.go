@@ -5,8 +5,10 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -17,11 +19,13 @@ import (
 // unsafe request (write), logged at info when its outcome is final (the
 // moment it is counted in MetricWrites), with these attributes:
 //
-//   - request_id, method, path: the request as received (path truncated
-//     to 256 bytes);
+//   - request_id, client, method, path: the request as received (client
+//     is the peer's address; path truncated to 256 bytes);
 //   - code: the outcome code of MetricWrites (admitted, stale-token,
 //     barrier-timeout, ...);
-//   - resource, token: once the gate has worked them out;
+//   - resource, token: once the gate has worked them out; for a refused
+//     write on two resources (COPY, MOVE), the resource that refused it
+//     and the token checked there, as the problem answer says;
 //   - high_water, issued: the resource's high-water mark and newest
 //     issued token, where the store reported them (on admission, or with
 //     stale-token / token-not-issued);
@@ -31,18 +35,53 @@ import (
 const AuditMessage = "gate write"
 
 // CutOffMessage is the message of the warning LogCutOff writes for each
-// write still in flight when the shutdown grace ends.
+// write still in flight when the shutdown grace ends. That line is the
+// write's only one: its audit line is not written when it ends later.
 const CutOffMessage = "write cut off at shutdown"
+
+// AccessMessage is the message of the access log's lines for reads (safe
+// methods) through the gate, with Audit.Access: request_id, client, method,
+// path, status and duration_ms. Writes have their audit line instead.
+const AccessMessage = "gate read"
+
+// RefusalsPerSecond bounds the refusal lines logged with Audit.Off, so a
+// flood of refused writes cannot flood the log; the next line logged after
+// some were dropped says how many in its "suppressed" attribute.
+const RefusalsPerSecond = 20
 
 // Audit configures the audit log. The zero value logs every write.
 type Audit struct {
-	// Off turns the audit lines off. LogCutOff still lists cut-off writes.
+	// Off turns the lines of successful writes off. Refused and failed
+	// writes are still logged, at most RefusalsPerSecond a second: a
+	// refusal is what an operator looks for. LogCutOff still lists
+	// cut-off writes.
 	Off bool
 	// Sample, when in (0, 1), is the fraction of successful writes
 	// (admitted, unfenced) that are logged, chosen at random, for a busy
 	// gate; 0 or 1 logs them all. Refused and failed writes are always
 	// logged.
 	Sample float64
+	// Access also logs one line (AccessMessage) per read through the gate.
+	Access bool
+
+	// limit is the refusal lines' rate limit under Off; its zero value is
+	// ready. Plain integers used atomically (not atomic types), so an
+	// Audit can be copied into Options before use.
+	limit struct{ second, count, suppressed int64 }
+}
+
+// allowRefusal reports whether a refusal line may be logged now under
+// Off, and how many were suppressed since the last one logged.
+func (a *Audit) allowRefusal(now time.Time) (ok bool, suppressed int64) {
+	sec := now.Unix()
+	if old := atomic.LoadInt64(&a.limit.second); old != sec && atomic.CompareAndSwapInt64(&a.limit.second, old, sec) {
+		atomic.StoreInt64(&a.limit.count, 0)
+	}
+	if atomic.AddInt64(&a.limit.count, 1) > RefusalsPerSecond {
+		atomic.AddInt64(&a.limit.suppressed, 1)
+		return false, 0
+	}
+	return true, atomic.SwapInt64(&a.limit.suppressed, 0)
 }
 
 // auditRecord is what the audit line of one write says. Its fields are
@@ -51,10 +90,12 @@ type Audit struct {
 type auditRecord struct {
 	mu                      sync.Mutex
 	start                   time.Time
+	client                  net.Addr // rendered only when a line is written
 	id, method, path        string
 	resource                string
 	token, highWater, issue fencing.Token
 	status                  int
+	cutOff                  bool // LogCutOff wrote its line: no audit line
 }
 
 // openAudit gives a write an audit record and registers it as in flight
@@ -64,7 +105,7 @@ func (g *Gate) openAudit(x *exchange) {
 	if len(p) > 256 {
 		p = p[:256]
 	}
-	x.auditRec = auditRecord{start: x.start, id: x.id, method: x.method, path: p}
+	x.auditRec = auditRecord{start: x.start, client: x.remoteAddr(), id: x.id, method: x.method, path: p}
 	x.audit = &x.auditRec
 	g.inFlight.add(x.audit)
 }
@@ -94,14 +135,22 @@ func (rec *auditRecord) admitted(a fencing.Admission) {
 	}
 }
 
-// problem records the marks a refusal reports (stale-token carries the
-// high-water mark, token-not-issued the newest issued token).
+// problem records the resource, token and marks a refusal reports (the
+// resource and token checked, which for a write on two resources is the
+// one that refused; stale-token carries the high-water mark,
+// token-not-issued the newest issued token).
 func (rec *auditRecord) problem(p *problem.Error) {
 	if rec == nil {
 		return
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
+	if r, ok := p.Extra["resource"].(string); ok && r != "" {
+		rec.resource = r
+		if t, ok := p.Extra["token"].(fencing.Token); ok {
+			rec.token = t
+		}
+	}
 	if t, ok := p.Extra["high_water_token"].(fencing.Token); ok {
 		rec.highWater = t
 	}
@@ -122,25 +171,79 @@ func (rec *auditRecord) answered(status int) {
 // auditEnd logs a write's audit line with its final outcome code. It is
 // called from count, once per write.
 func (g *Gate) auditEnd(x *exchange, code string) {
-	if x.audit == nil || g.audit.Off {
+	if x.audit == nil {
 		return
 	}
-	if s := g.audit.Sample; s > 0 && s < 1 && (code == CodeAdmitted || code == CodeUnfenced) && rand.Float64() >= s {
+	success := code == CodeAdmitted || code == CodeUnfenced
+	if g.audit.Off && success {
+		return
+	}
+	if s := g.audit.Sample; s > 0 && s < 1 && success && rand.Float64() >= s {
 		return
 	}
 	if !g.log.Enabled(x.ctx, slog.LevelInfo) {
 		return
 	}
-	g.log.LogAttrs(x.ctx, slog.LevelInfo, AuditMessage, x.audit.attrs(code)...)
+	var suppressed int64
+	if g.audit.Off {
+		ok, n := g.audit.allowRefusal(time.Now())
+		if !ok {
+			return
+		}
+		suppressed = n
+	}
+	attrs, ok := x.audit.endAttrs(code)
+	if !ok {
+		return // its cut-off line was its line
+	}
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int64("suppressed", suppressed))
+	}
+	g.log.LogAttrs(x.ctx, slog.LevelInfo, AuditMessage, attrs...)
+}
+
+// endAttrs is attrs for the write's final line, unless LogCutOff already
+// wrote its line (ok false).
+func (rec *auditRecord) endAttrs(code string) (a []slog.Attr, ok bool) {
+	rec.mu.Lock()
+	cut := rec.cutOff
+	rec.mu.Unlock()
+	if cut {
+		return nil, false
+	}
+	return rec.attrs(code), true
+}
+
+// accessEnd logs a read's access line (Audit.Access).
+func (g *Gate) accessEnd(x *exchange, status int) {
+	if !g.audit.Access || !g.log.Enabled(x.ctx, slog.LevelInfo) {
+		return
+	}
+	p := x.path
+	if len(p) > 256 {
+		p = p[:256]
+	}
+	ms := float64(time.Since(x.start).Microseconds()) / 1000
+	g.log.LogAttrs(x.ctx, slog.LevelInfo, AccessMessage, slog.String("request_id", x.id),
+		slog.String("client", addrString(x.remoteAddr())), slog.String("method", x.method),
+		slog.String("path", p), slog.Int("status", status), slog.Float64("duration_ms", ms))
+}
+
+// addrString renders a peer address ("" when unknown).
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
 }
 
 // attrs are the audit line's attributes.
 func (rec *auditRecord) attrs(code string) []slog.Attr {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	a := make([]slog.Attr, 0, 11)
-	a = append(a, slog.String("request_id", rec.id), slog.String("method", rec.method),
-		slog.String("path", rec.path), slog.String("code", code))
+	a := make([]slog.Attr, 0, 13)
+	a = append(a, slog.String("request_id", rec.id), slog.String("client", addrString(rec.client)),
+		slog.String("method", rec.method), slog.String("path", rec.path), slog.String("code", code))
 	if rec.resource != "" {
 		a = append(a, slog.String("resource", rec.resource), slog.Uint64("token", uint64(rec.token)))
 	}
@@ -163,13 +266,25 @@ func (rec *auditRecord) attrs(code string) []slog.Attr {
 // shutdown calls it when its grace ends and connections are about to be
 // closed: writes among these that were forwarded may still be applied by
 // the upstream. It returns how many it logged, and logs regardless of
-// Audit.Off.
+// Audit.Off. Each such write gets this line only: its audit line is not
+// written when it ends afterwards.
 func (g *Gate) LogCutOff() int {
 	recs := g.inFlight.list()
 	for _, rec := range recs {
-		g.log.LogAttrs(context.Background(), slog.LevelWarn, CutOffMessage, rec.attrs("cut-off")...)
+		attrs := rec.attrs("cut-off")
+		rec.mu.Lock()
+		rec.cutOff = true
+		rec.mu.Unlock()
+		g.log.LogAttrs(context.Background(), slog.LevelWarn, CutOffMessage, attrs...)
 	}
 	return len(recs)
+}
+
+// InFlight is the number of writes in the gate: received, and their
+// outcome not final yet (waiting for the store or the barrier, or
+// forwarded and not answered). MetricWritesInFlight reports it.
+func (g *Gate) InFlight() int64 {
+	return int64(g.inFlight.len())
 }
 
 // auditSet is the audit records of the writes in the gate. A map under a
@@ -193,6 +308,12 @@ func (s *auditSet) remove(rec *auditRecord) {
 	s.mu.Lock()
 	delete(s.recs, rec)
 	s.mu.Unlock()
+}
+
+func (s *auditSet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.recs)
 }
 
 func (s *auditSet) list() []*auditRecord {

@@ -66,6 +66,9 @@ func wantFields(t *testing.T, line map[string]any, want map[string]any) {
 	if d, ok := line["duration_ms"].(float64); !ok || d < 0 {
 		t.Errorf("duration_ms = %v in %v", line["duration_ms"], line)
 	}
+	if c, _ := line["client"].(string); !strings.HasPrefix(c, "127.0.0.1:") {
+		t.Errorf("client = %v, want the peer's address, in %v", line["client"], line)
+	}
 }
 
 func TestAuditLineAdmittedAndStale(t *testing.T) {
@@ -118,17 +121,14 @@ func TestAuditLineBarrierTimeoutAndCutOff(t *testing.T) {
 	wantFields(t, cut[0], map[string]any{"request_id": "req-slow", "code": "cut-off", "level": "WARN",
 		"resource": "job:5", "token": float64(a.Token), "high_water": float64(a.Token), "upstream_status": nil})
 
+	// The cut-off write's warning was its one line: it gets no audit
+	// line when it ends after all.
 	lines := logs.lines(t, AuditMessage)
-	if len(lines) != 2 {
-		t.Fatalf("%d audit lines for 2 writes:\n%s", len(lines), logs.b.String())
+	if len(lines) != 1 {
+		t.Fatalf("%d audit lines, want the barrier timeout's only:\n%s", len(lines), logs.b.String())
 	}
-	byID := map[string]map[string]any{}
-	for _, l := range lines {
-		byID[l["request_id"].(string)] = l
-	}
-	wantFields(t, byID["req-barrier"], map[string]any{"code": "barrier-timeout", "resource": "job:5",
+	wantFields(t, lines[0], map[string]any{"request_id": "req-barrier", "code": "barrier-timeout", "resource": "job:5",
 		"token": float64(b.Token), "high_water": float64(b.Token), "upstream_status": nil})
-	wantFields(t, byID["req-slow"], map[string]any{"code": CodeAdmitted, "upstream_status": float64(200)})
 }
 
 func TestAuditOffAndSampled(t *testing.T) {
@@ -137,8 +137,9 @@ func TestAuditOffAndSampled(t *testing.T) {
 	l := e.acquire("job:1", "a", 10*time.Second)
 	e.do("PUT", "/jobs/1", "x", HeaderToken, tok(l.Token))
 	wantProblem(t, e.do("PUT", "/jobs/1", "x"), 428, "token-required")
-	if n := len(off.lines(t, AuditMessage)); n != 0 {
-		t.Fatalf("audit off: %d lines", n)
+	// Off silences successful writes only: a refusal is still logged.
+	if lines := off.lines(t, AuditMessage); len(lines) != 1 || lines[0]["code"] != "token-required" {
+		t.Fatalf("audit off: %v, want the refusal's line only", lines)
 	}
 
 	// A vanishing sample drops successful writes, never refusals.
@@ -154,5 +155,89 @@ func TestAuditOffAndSampled(t *testing.T) {
 	lines := sampled.lines(t, AuditMessage)
 	if len(lines) != 1 || lines[0]["code"] != "token-required" {
 		t.Fatalf("sampled audit log: %v", lines)
+	}
+}
+
+// TestAuditOffRefusalsRateLimited: with the audit log off, refusal lines
+// are bounded per second; the first line after a drop says how many were
+// dropped.
+func TestAuditOffRefusalsRateLimited(t *testing.T) {
+	var a Audit
+	t0 := time.Unix(1_000_000, 0)
+	for i := range RefusalsPerSecond {
+		if ok, n := a.allowRefusal(t0.Add(time.Duration(i) * time.Millisecond)); !ok || n != 0 {
+			t.Fatalf("refusal %d in the first second: ok %v, suppressed %d", i, ok, n)
+		}
+	}
+	for i := range 5 {
+		if ok, _ := a.allowRefusal(t0.Add(500 * time.Millisecond)); ok {
+			t.Fatalf("refusal %d beyond the limit allowed", RefusalsPerSecond+i)
+		}
+	}
+	if ok, n := a.allowRefusal(t0.Add(time.Second)); !ok || n != 5 {
+		t.Fatalf("the next second: ok %v, suppressed %d; want allowed, 5 suppressed", ok, n)
+	}
+	if ok, n := a.allowRefusal(t0.Add(time.Second)); !ok || n != 0 {
+		t.Fatalf("then: ok %v, suppressed %d; want the count reset", ok, n)
+	}
+}
+
+// TestAuditTwoResourcesNamesTheRefusingOne: a COPY admitted on its source
+// and refused on its destination is logged under the destination, with
+// the token checked there, as its answer says.
+func TestAuditTwoResourcesNamesTheRefusingOne(t *testing.T) {
+	logs := &auditLog{}
+	e := newEnv(t, "PUT,COPY,MOVE /files/{name} fence file:{name}", withLog(logs))
+	e.acquire("file:S", "a", 10*time.Second) // token 1, S sorts first
+	e.acquire("file:X", "old", time.Second)
+	e.clock.Advance(2 * time.Second)
+	x := e.acquire("file:X", "new", 10*time.Second)
+	if r := e.do("PUT", "/files/X", "new", HeaderToken, tok(x.Token)); r.Status != 200 {
+		t.Fatalf("PUT: %d %s", r.Status, r.Body)
+	}
+	r := e.do("COPY", "/files/S", "", HeaderToken, "1", HeaderDestination, "/files/X", HeaderDestinationToken, "1",
+		"X-Request-Id", "req-copy")
+	wantProblem(t, r, 409, "stale-token")
+	if r.Problem["resource"] != "file:X" {
+		t.Fatalf("the answer names %v, want file:X", r.Problem["resource"])
+	}
+	var line map[string]any
+	for _, l := range logs.lines(t, AuditMessage) {
+		if l["request_id"] == "req-copy" {
+			line = l
+		}
+	}
+	if line == nil {
+		t.Fatalf("no audit line for the COPY:\n%s", logs.b.String())
+	}
+	wantFields(t, line, map[string]any{"code": "stale-token", "resource": "file:X", "token": float64(1),
+		"high_water": float64(x.Token)})
+}
+
+// TestAccessLineForReads: with Audit.Access a read gets one access line
+// (writes keep their audit line); without it, none.
+func TestAccessLineForReads(t *testing.T) {
+	for _, access := range []bool{false, true} {
+		logs := &auditLog{}
+		e := newEnv(t, testRules, withLog(logs), func(o *Options) { o.Audit.Access = access })
+		if r := e.do("GET", "/jobs/1", "", "X-Request-Id", "req-read"); r.Status != 200 {
+			t.Fatalf("read: %d", r.Status)
+		}
+		wantProblem(t, e.do("PUT", "/jobs/1", "x"), 428, "token-required")
+		lines := logs.lines(t, AccessMessage)
+		if !access {
+			if len(lines) != 0 {
+				t.Fatalf("access log off: %v", lines)
+			}
+			continue
+		}
+		if len(lines) != 1 {
+			t.Fatalf("%d access lines, want the read's:\n%s", len(lines), logs.b.String())
+		}
+		wantFields(t, lines[0], map[string]any{"request_id": "req-read", "method": "GET", "path": "/jobs/1",
+			"status": float64(200), "code": nil})
+		if n := len(logs.lines(t, AuditMessage)); n != 1 {
+			t.Fatalf("%d audit lines, want the write's", n)
+		}
 	}
 }

@@ -8,9 +8,8 @@ import (
 	"github.com/fencegate/fencegate/fencing/problem"
 )
 
-// bodyReader is a streamed request body as the upstream client reads it
-// (on the request's own goroutine: fasthttp's client writes the body in
-// Do). It remembers the first error reading from the client, so a failed
+// bodyReader is a streamed request body as the upstream transport reads
+// it. It remembers the first error reading from the client, so a failed
 // exchange can be told apart: the client's body (stalled, malformed, cut
 // short) or the upstream.
 type bodyReader struct {

@@ -163,17 +163,20 @@ func TestBodyTimeoutCountsFromForwarding(t *testing.T) {
 // TestClientBodyErrors: a body the client breaks (chunk size out of range,
 // bare LF in the chunk framing, fewer bytes than Content-Length then the
 // end of its stream) is the client's error: 400 invalid-body, not 502
-// upstream-unavailable. The request's headers reached the upstream, so the
-// barrier is held for the grace as for any write that may have been
-// applied.
+// upstream-unavailable. A body broken in its first piece is refused before
+// anything is sent (no hold); one broken later was cut off after the
+// request's headers reached the upstream, so the barrier is held for the
+// grace as for any write that may have been applied.
 func TestClientBodyErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, framing string
 		closeWrite    bool
+		sent          int // requests the upstream saw, and resources held
 	}{
-		{"chunk size too large", "Transfer-Encoding: chunked\r\n\r\nffffffffffffffffff1\r\nabcd\r\n0\r\n\r\n", false},
-		{"bare LF in chunk framing", "Transfer-Encoding: chunked\r\n\r\n4\nabcd\n0\n\n", false},
-		{"body shorter than Content-Length", "Content-Length: 100\r\n\r\nabcd", true},
+		{"chunk size too large", "Transfer-Encoding: chunked\r\n\r\nffffffffffffffffff1\r\nabcd\r\n0\r\n\r\n", false, 0},
+		{"bare LF in chunk framing", "Transfer-Encoding: chunked\r\n\r\n4\nabcd\n0\n\n", false, 0},
+		{"chunk size too large after a first chunk", "Transfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\nffffffffffffffffff1\r\nabcd\r\n0\r\n\r\n", false, 1},
+		{"body shorter than Content-Length", "Content-Length: 100\r\n\r\nabcd", true, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, testRules, func(o *Options) { o.TimeoutGrace, o.BodyBuffer = time.Hour, -1 })
@@ -184,8 +187,11 @@ func TestClientBodyErrors(t *testing.T) {
 			if strings.Contains(detail, "upstream-unavailable") {
 				t.Fatalf("reported as an upstream failure: %s", detail)
 			}
-			if n := e.gate.InFlightResources(); n != 1 {
-				t.Fatalf("barrier holds %d resources, want 1", n)
+			if n := e.gate.InFlightResources(); n != tc.sent {
+				t.Fatalf("barrier holds %d resources, want %d", n, tc.sent)
+			}
+			if n := e.up.count(); tc.sent == 0 && n != 0 {
+				t.Fatalf("upstream saw %d requests of a body refused unsent", n)
 			}
 		})
 	}

@@ -253,12 +253,13 @@ func notCanonical(err error) *problem.Error {
 // route returns the first fence, pass or deny rule matching method and
 // the path's segments, and its pattern variables.
 func (g *Gate) route(method string, segs []string, into pathVars) (*Rule, pathVars) {
-	for i := range g.rules {
-		if g.rules[i].Action == ActionUpgrade {
+	rules := g.Rules()
+	for i := range rules {
+		if rules[i].Action == ActionUpgrade {
 			continue
 		}
-		if vars, ok := g.rules[i].match(method, segs, into); ok {
-			return &g.rules[i], vars
+		if vars, ok := rules[i].match(method, segs, into); ok {
+			return &rules[i], vars
 		}
 	}
 	return nil, nil
@@ -345,8 +346,9 @@ func (g *Gate) decideUpgrade(in Incoming, protos []string) Decision {
 	if len(protos) == 0 {
 		return refusal(http.StatusForbidden, "upgrade-denied", "Connection: upgrade without an Upgrade protocol")
 	}
-	for i := range g.rules {
-		r := &g.rules[i]
+	rules := g.Rules()
+	for i := range rules {
+		r := &rules[i]
 		if r.Action != ActionUpgrade {
 			continue
 		}

@@ -36,19 +36,20 @@
 // a second target is fenced on both resources. Writes are forwarded with
 // exactly the path bytes that were judged. See Gate.decide.
 //
-// The engine (see Server): on Linux, event loops (one per two CPUs,
-// epoll) serve the gate's listener and forward plain requests themselves,
-// without a goroutine per request, admitting in the loop, in batches or on
-// a goroutine as the store allows (loop_linux.go); a request they do not
-// take (a large or chunked body, an upgrade, Expect, HTTP/1.0, a head
-// fasthttp refuses) hands its connection to a fasthttp server, which
-// serves it from then on and forwards with a pooled fasthttp client.
-// Request heads are parsed by fasthttp on both paths, strictly (a
-// duplicate Content-Length, both framings on one request, obs-fold in a
-// name, bare CR: refused or the connection closed, RFC 9112), bodies up to
-// Options.BodyBuffer bytes are read in full before the write is admitted,
-// and larger or chunked ones stream to the upstream without being held in
-// memory.
+// The engines (see Server): on Linux, event loops (one per two CPUs,
+// epoll) serve a cleartext listener and forward plain HTTP/1.1 requests
+// themselves, without a goroutine per request, admitting in the loop, in
+// batches or on a goroutine as the store allows (loop_linux.go); a request
+// they do not take (a large or chunked body, an upgrade, Expect, HTTP/1.0,
+// a head they do not read) hands its connection to the general engine,
+// net/http's server with the gate as its handler (httpengine.go), which
+// serves it from then on and forwards through net/http's transport. The
+// general engine alone serves TLS listeners (HTTP/2 by ALPN), h2c, gRPC,
+// Unix-socket and HTTP/2 upstreams, and every listener off Linux. Both
+// take the same decision (decide), admission pipeline (admitWrite) and
+// upstream policy (policy.go). Bodies up to Options.BodyBuffer bytes are
+// read in full before the write is admitted; larger or chunked ones
+// stream to the upstream without being held in memory.
 //
 // Telemetry (see Options.MeterProvider and Options.TracerProvider): every
 // unsafe request is counted once in fencegate.gate.writes by its final
@@ -68,10 +69,12 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -111,8 +114,20 @@ const NoGrace time.Duration = -1
 // Options configure a Gate.
 type Options struct {
 	// Upstream is the service the gate forwards to: an absolute http or
-	// https URL. Its path is prefixed to every request path.
+	// https URL, whose path is prefixed to every request path; or
+	// unix:/absolute/path.sock, a Unix socket the requests go to with their
+	// own path and Host.
 	Upstream *url.URL
+	// UpstreamHTTP2 speaks HTTP/2 to the upstream: with prior knowledge
+	// (h2c) to an http or unix upstream, by ALPN to an https one. Requests
+	// then go through the general engine.
+	UpstreamHTTP2 bool
+	// NoWriteReuse sends every write on an upstream connection of its own,
+	// closed after the answer: an upstream that sends bytes after a
+	// complete response (a framing bug) can then never make a later
+	// write's client read them as its answer. Writes then go through the
+	// general engine.
+	NoWriteReuse bool
 	// Store admits fenced writes. Required.
 	Store fencing.Store
 	// Rules map unsafe requests to an action and a resource, first match
@@ -230,9 +245,14 @@ type Gate struct {
 	upstream       *url.URL
 	upstreamBase   string // the upstream URL's escaped path, without a trailing slash
 	upstreamHost   []byte // the upstream URL's host, as the Host header it gets
-	client         *fasthttp.HostClient
+	dialer         *upstreamDialer
+	pooled, fresh  *httputil.ReverseProxy // the general engine's forwarders: pooled connections, or one per request
+	urlScheme      string                 // the scheme and host of the URLs the transport gets
+	urlHost        string
+	upstreamConns  int
+	noWriteReuse   bool
 	upstreamTO     time.Duration
-	rules          []Rule
+	rules          atomic.Pointer[[]Rule] // replaced whole by SetRules
 	resourceHeader bool
 	log            *slog.Logger
 	barrierTimeout time.Duration
@@ -261,8 +281,15 @@ type Gate struct {
 // nor the upstream.
 func New(opts Options) (*Gate, error) {
 	u := opts.Upstream
-	if u == nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, errors.New("proxy: Upstream must be an absolute http or https URL")
+	switch {
+	case u == nil:
+		return nil, errors.New("proxy: Upstream is required")
+	case u.Scheme == "unix":
+		if !strings.HasPrefix(u.Path, "/") || u.Host != "" {
+			return nil, errors.New("proxy: a unix: Upstream names an absolute socket path (unix:/run/svc.sock)")
+		}
+	case (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		return nil, errors.New("proxy: Upstream must be an absolute http or https URL, or unix:/absolute/path.sock")
 	}
 	if opts.Store == nil {
 		return nil, errors.New("proxy: Store is required")
@@ -280,7 +307,6 @@ func New(opts Options) (*Gate, error) {
 		upstreamBase:   strings.TrimSuffix(u.EscapedPath(), "/"),
 		upstreamHost:   []byte(u.Host),
 		upstreamTO:     cmp.Or(opts.UpstreamTimeout, DefaultUpstreamTimeout),
-		rules:          opts.Rules,
 		resourceHeader: opts.ResourceHeader,
 		log:            opts.Logger,
 		barrierTimeout: cmp.Or(opts.BarrierTimeout, DefaultBarrierTimeout),
@@ -295,6 +321,7 @@ func New(opts Options) (*Gate, error) {
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
+	g.rules.Store(&opts.Rules)
 	g.order = localOrder{b: g.barrier, store: opts.Store}
 	g.quick, _ = opts.Store.(fencing.QuickAdmitter)
 	if b, ok := opts.Store.(fencing.BatchAdmitter); ok && b.AdmitBatch(context.Background(), nil, nil, nil) {
@@ -308,7 +335,15 @@ func New(opts Options) (*Gate, error) {
 		}
 		g.order = o
 	}
-	g.client = g.newUpstreamClient(cmp.Or(opts.UpstreamConns, DefaultUpstreamConns), opts.UpstreamTLS)
+	g.upstreamConns = cmp.Or(opts.UpstreamConns, DefaultUpstreamConns)
+	g.noWriteReuse = opts.NoWriteReuse
+	g.dialer = newUpstreamDialer(u)
+	g.urlScheme, g.urlHost = upstreamScheme(u), u.Host
+	if u.Scheme == "unix" {
+		g.upstreamBase, g.urlHost = "", unixHost
+	}
+	g.pooled = g.newReverseProxy(newTransport(u, g.dialer, g.upstreamConns, opts.UpstreamTLS, opts.UpstreamHTTP2, true))
+	g.fresh = g.newReverseProxy(newTransport(u, g.dialer, g.upstreamConns, opts.UpstreamTLS, opts.UpstreamHTTP2, false))
 	if err := g.tel.init(opts); err != nil {
 		return nil, err
 	}
@@ -318,7 +353,11 @@ func New(opts Options) (*Gate, error) {
 // exchange is one request's passage through the gate: what telemetry, the
 // audit log and the problem writer need to know about it.
 type exchange struct {
-	c        *fasthttp.RequestCtx
+	c *fasthttp.RequestCtx // the event loops' request, or nil
+	// w and r are the general engine's (net/http) request, or nil.
+	w        *answerWriter
+	r        *http.Request
+	grpc     bool            // r is a gRPC call: refusals are gRPC answers
 	ctx      context.Context // carries the request's span, if any
 	span     trace.Span      // nil without a tracer provider
 	start    time.Time
@@ -329,6 +368,7 @@ type exchange struct {
 	audit    *auditRecord // &auditRec for a write, nil for a read
 	auditRec auditRecord
 	body     *bodyReader // a streamed body while it is forwarded, or nil
+	flight   flight      // the general engine's write in flight to the upstream, or nil
 	buffered *[]byte     // a body read in full (bufferBody), or nil
 	bodyErr  error       // the body read with the head failed (the event loops)
 
@@ -337,41 +377,32 @@ type exchange struct {
 	headerBuf [64 + reqid.MaxBytes]byte
 }
 
-// serve is the gate's request handler on the fasthttp engine: it decides,
-// fences and forwards one request (see decide for the contract).
-func (g *Gate) serve(c *fasthttp.RequestCtx) {
-	x, d := g.open(c, nil, time.Now())
-	defer g.end(x)
-	switch g.verdict(x, d) {
-	case passForward:
-		g.forward(x, nil)
-	case passUpgrade:
-		g.forwardUpgrade(x)
-	case passFence:
-		if t, ok := g.admitWrite(x, d); ok {
-			g.forward(x, t)
-		}
-	}
-}
-
-// open begins x's passage through the gate: its request id, the gate's
-// decision on it, its telemetry and audit record. Every open is ended by
-// end once x's answer is set. scratch, when not nil, is a map open may
-// clear and reuse for the headers decide reads (see decisionHeader). start
-// is when the request arrived: its duration is measured from then.
+// open begins x's passage through the gate on the event loops: its
+// request id, the gate's decision on it, its telemetry and audit record.
+// Every open is ended by end once x's answer is set. scratch, when not nil,
+// is a map open may clear and reuse for the headers decide reads (see
+// decisionHeader). start is when the request arrived: its duration is
+// measured from then.
 func (g *Gate) open(c *fasthttp.RequestCtx, scratch http.Header, start time.Time) (*exchange, Decision) {
 	x := &exchange{c: c, ctx: context.Background(), start: start}
 	x.id = reqid.Choose(c.Request.Header.Peek(reqid.Header))
 	c.Response.Header.Set(reqid.Header, x.id)
 	target := string(c.Request.Header.RequestURI())
 	x.method = methodString(c.Request.Header.Method())
-	x.path, _, _ = strings.Cut(target, "?")
-	d := g.decide(Incoming{Method: x.method, Target: target, Host: string(c.Request.Header.Host()), Header: decisionHeader(&c.Request.Header, scratch)})
+	return x, g.judge(x, Incoming{Method: x.method, Target: target, Host: string(requestHost(c.Request.Header.RequestURI(), c.Request.Header.Host())),
+		Header: decisionHeader(&c.Request.Header, scratch)})
+}
+
+// judge decides on x's request, as in, and begins its telemetry and audit
+// record: the part of opening an exchange every engine shares.
+func (g *Gate) judge(x *exchange, in Incoming) Decision {
+	x.path, _, _ = strings.Cut(in.Target, "?")
+	d := g.decide(in)
 	if d.Rule != nil {
 		x.route = d.Rule.Pattern
 	}
 	g.begin(x)
-	return x, d
+	return d
 }
 
 // pass is what verdict leaves to do with a request.
@@ -389,7 +420,6 @@ const (
 // small (see bufferBody), so a client that stalls it never holds a place at
 // the barrier.
 func (g *Gate) verdict(x *exchange, d Decision) pass {
-	c := x.c
 	switch d.Verdict {
 	case Refuse:
 		g.refuse(x, d.Problem)
@@ -401,8 +431,8 @@ func (g *Gate) verdict(x *exchange, d Decision) pass {
 		if d.DropUpgrade {
 			// Forwarded as a plain request: the headers Connection lists
 			// (HTTP2-Settings) go with it as hop-by-hop.
-			c.Request.Header.Del("Upgrade")
-		} else if len(c.Request.Header.Peek("Upgrade")) > 0 {
+			x.delUpgrade()
+		} else if x.upgrade() {
 			return passUpgrade // an upgrade a rule allows
 		}
 		return passForward
@@ -529,18 +559,22 @@ func (g *Gate) bufferBody(x *exchange) *problem.Error {
 	if x.bodyErr != nil {
 		return bodyProblem(x.bodyErr, false, false)
 	}
-	n := x.c.Request.Header.ContentLength()
-	if n <= 0 || n > g.bodyBuffer || !x.c.Request.IsBodyStream() {
-		return nil // none, streamed, or read with the head (the event loops)
+	if x.r == nil {
+		return nil // the event loops read it with the head
 	}
-	// The body's deadline was set when the head was read (see NewServer).
+	n64 := x.r.ContentLength
+	if n64 <= 0 || n64 > int64(g.bodyBuffer) {
+		return nil // none, or streamed (chunked, or larger)
+	}
+	n := int(n64)
+	g.setBodyDeadline(x)
 	buf := bodyBuffers.Get().(*[]byte)
 	if cap(*buf) < n {
 		// Sized to this body, not to BodyBuffer: a thousand small writes
 		// in flight hold a thousand small buffers.
 		*buf = make([]byte, 0, max(n, 512))
 	}
-	if _, err := io.ReadFull(x.c.RequestBodyStream(), (*buf)[:n]); err != nil {
+	if _, err := io.ReadFull(x.r.Body, (*buf)[:n]); err != nil {
 		bodyBuffers.Put(buf)
 		return bodyProblem(err, false, false)
 	}
@@ -552,6 +586,9 @@ func (g *Gate) bufferBody(x *exchange) *problem.Error {
 // bodyBuffers recycles the buffers of bodies read in full.
 var bodyBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
+// relayBufferPool recycles the general engine's buffers for relayed bodies.
+var relayBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 // releaseBody returns x's buffered body, if any, to the pool.
 func (x *exchange) releaseBody() {
 	if x.buffered != nil {
@@ -561,10 +598,10 @@ func (x *exchange) releaseBody() {
 	}
 }
 
-// setBodyDeadline bounds the time the rest of c's request body may take to
-// arrive (Options.BodyTimeout).
-func (g *Gate) setBodyDeadline(c *fasthttp.RequestCtx) {
-	if err := c.Conn().SetReadDeadline(time.Now().Add(g.bodyTimeout)); err != nil {
+// setBodyDeadline bounds the time the rest of x's request body may take to
+// arrive (Options.BodyTimeout), on the general engine.
+func (g *Gate) setBodyDeadline(x *exchange) {
+	if err := http.NewResponseController(x.w).SetReadDeadline(time.Now().Add(g.bodyTimeout)); err != nil {
 		g.log.LogAttrs(context.Background(), slog.LevelWarn, "cannot bound the request body's read time",
 			slog.String("error", err.Error()))
 	}
@@ -611,6 +648,10 @@ func (g *Gate) refuse(x *exchange, err error) {
 // writeProblem sends p as x's response (see problem.Write).
 func (g *Gate) writeProblem(x *exchange, p *problem.Error) {
 	problem.LogFault(x.ctx, g.log, p, x.id, x.method, x.path)
+	if x.w != nil {
+		g.writeProblemHTTP(x, p)
+		return
+	}
 	h := &x.c.Response.Header
 	for k, vs := range p.Headers {
 		for _, v := range vs {
@@ -621,6 +662,22 @@ func (g *Gate) writeProblem(x *exchange, p *problem.Error) {
 	x.c.SetStatusCode(p.Status)
 	x.c.SetContentType(problem.ContentType)
 	x.c.SetBody(p.Body())
+}
+
+// Rules are the rules in force.
+func (g *Gate) Rules() []Rule { return *g.rules.Load() }
+
+// SetRules replaces the rules in force (a reload): requests judged from
+// now on follow rules; a request already judged goes on under the rules
+// it was judged by. rules must come from ParseRules.
+func (g *Gate) SetRules(rules []Rule) error {
+	for i := range rules {
+		if rules[i].Action == 0 || rules[i].segs == nil {
+			return fmt.Errorf("proxy: rule %d was not built by ParseRules", i+1)
+		}
+	}
+	g.rules.Store(&rules)
+	return nil
 }
 
 // InFlightResources is the number of resources that have fenced writes in

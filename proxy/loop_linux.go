@@ -90,7 +90,7 @@ type loopEngine struct {
 // speak plain TCP only).
 func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 	tl, ok := ln.(*net.TCPListener)
-	if !ok || s.g.client.IsTLS || s.noLoops {
+	if !ok || s.g.upstream.Scheme != "http" || s.g.noWriteReuse || s.noLoops {
 		return nil, nil
 	}
 	raw, err := tl.SyscallConn()
@@ -109,7 +109,7 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 		unix.Close(lnFD)
 		return nil, err
 	}
-	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.client.MaxConns), done: make(chan struct{}),
+	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.upstreamConns), done: make(chan struct{}),
 		handed: make(map[*handedConn]bool)}
 	for range loopCount(runtime.GOMAXPROCS(0)) {
 		l, err := newEventLoop(e)
@@ -565,7 +565,7 @@ func (l *eventLoop) dial(c *loopConn) {
 	c.dialing = true
 	g := l.e.g
 	go func() {
-		fd, err := dialFD(g.client.Addr)
+		fd, err := dialFD(g.dialer.addr)
 		l.post(func() {
 			fail := func(err error) {
 				if c.dialing {
@@ -649,7 +649,7 @@ func (l *eventLoop) handoff(c *loopConn) {
 	l.e.mu.Lock()
 	l.e.handed[h] = false
 	l.e.mu.Unlock()
-	go func() { _ = l.e.s.srv.ServeConn(h) }()
+	go l.e.s.serveHanded(h)
 }
 
 // forget drops c from the loop's tables.

@@ -782,10 +782,10 @@ func (c *loopConn) expire() {
 	case stUpstream:
 		if c.dialing {
 			c.dialing = false // the dial's result is dropped
-			c.upstreamFailed(fasthttp.ErrDialTimeout)
+			c.upstreamFailed(errDialTimeout)
 		} else {
 			c.l.unqueue(c)
-			c.upstreamFailed(fasthttp.ErrNoFreeConns)
+			c.upstreamFailed(errNoFreeConns)
 		}
 	case stSend, stResponse:
 		c.upstreamFailed(os.ErrDeadlineExceeded)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"net"
+	"net/http"
 	"net/url"
 	"strconv"
 	"testing"
@@ -53,7 +54,7 @@ func benchmarkServe(b *testing.B, telemetry bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	g.client.Dial = func(string) (net.Conn, error) { return upLn.Dial() }
+	g.pooled.Transport.(*http.Transport).DialContext = func(context.Context, string, string) (net.Conn, error) { return upLn.Dial() }
 	gateLn := fasthttputil.NewInmemoryListener()
 	srv := NewServer(g, ServerOptions{})
 	go func() { _ = srv.Serve(gateLn) }()

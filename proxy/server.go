@@ -3,12 +3,11 @@ package proxy
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,12 +25,17 @@ const (
 	DefaultMaxHeaderBytes = 8 << 10
 )
 
+// DefaultMaxConcurrentStreams bounds the HTTP/2 streams one client
+// connection may have open at once.
+const DefaultMaxConcurrentStreams = 128
+
 // ServerOptions bound a gate's listener against slow, idle and oversized
-// clients.
+// clients, and choose what it speaks.
 type ServerOptions struct {
 	// HeaderTimeout bounds how long a request's line and headers may take
 	// to arrive, counted from its first byte (from the connection's
-	// opening for the first request). The body has its own deadline
+	// opening for the first request); a connection past it is closed
+	// without an answer. The body has its own deadline
 	// (Options.BodyTimeout). Zero means DefaultHeaderTimeout.
 	HeaderTimeout time.Duration
 	// IdleTimeout closes a keep-alive connection that sends no new request
@@ -52,35 +56,52 @@ type ServerOptions struct {
 	// call at a time even where the kernel gives them an io_uring to
 	// batch each pass's reads and writes through.
 	NoIOURing bool
+	// NoEventLoops serves every connection with the general engine.
+	NoEventLoops bool
+	// TLS, when set, makes the listener serve HTTPS (TLS 1.2 or later),
+	// HTTP/2 by ALPN beside HTTP/1.1; with ClientCAs and
+	// RequireAndVerifyClientCert it is mutual TLS. Its GetCertificate or
+	// GetConfigForClient may change certificates while serving. The
+	// general engine serves a TLS listener.
+	TLS *tls.Config
+	// H2C serves HTTP/2 with prior knowledge on a cleartext listener
+	// (FENCEGATE_PROXY_H2C). Off, such a connection is refused.
+	H2C bool
+	// MaxConcurrentStreams bounds the HTTP/2 streams per connection. Zero
+	// means DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams int
 }
 
-// Server serves a Gate on a listener: HTTP/1.1 with keep-alive and
-// pipelining, strict framing, request bodies streamed to the handler.
+// Server serves a Gate on a listener.
 //
-// Two engines serve it. On Linux, a TCP listener in front of an http
-// upstream is served by event loops (one per two CPUs, see loop_linux.go) that
-// forward plain requests themselves and hand every other connection to a
-// fasthttp server; elsewhere, the fasthttp server serves every
-// connection. Both apply the same parser, decisions and answers.
+// Two engines serve it. On Linux, a cleartext TCP listener in front of an
+// http upstream is served by event loops (one per two CPUs, see
+// loop_linux.go) that forward plain HTTP/1.1 requests themselves and hand
+// every other connection to the general engine: net/http's server (TLS,
+// HTTP/2, h2c, gRPC, upgrades, streamed bodies), forwarding through
+// net/http's transport (httpengine.go). Both take the same decision,
+// admission pipeline and answers.
 type Server struct {
 	g             *Gate
-	srv           *fasthttp.Server
+	hs            *http.Server
 	headerTimeout time.Duration
 	idleTimeout   time.Duration
 	maxHead       int
 	limit         *connlimit.Counter // client connections, against MaxConns
-	// noLoops keeps the event loops off: the fasthttp server serves
-	// every connection. Only tests set it, to compare the engines.
+	tls           *tls.Config        // or nil
+	// noLoops keeps the event loops off: the general engine serves every
+	// connection (ServerOptions.NoEventLoops).
 	noLoops bool
 	// noRing makes the event loops read and write one system call at a
 	// time, as they do where the kernel has no io_uring
 	// (ServerOptions.NoIOURing).
 	noRing bool
+	// handoff gives the general engine the connections the loops hand it.
+	handoff *handoffListener
 
 	mu    sync.Mutex
-	conns map[net.Conn]struct{} // open connections of the fasthttp engine, closed by Close
 	ln    net.Listener
-	loops atomic.Pointer[loopEngine] // nil: the fasthttp server serves the listener; read per request
+	loops atomic.Pointer[loopEngine] // nil: the general engine serves the listener
 }
 
 // NewServer returns a server for g.
@@ -91,64 +112,51 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 	}
 	s := &Server{
 		g:             g,
-		conns:         make(map[net.Conn]struct{}),
 		headerTimeout: cmp.Or(opts.HeaderTimeout, DefaultHeaderTimeout),
 		idleTimeout:   cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
 		maxHead:       cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
 		limit:         connlimit.NewCounter(opts.MaxConns, 0),
 		noRing:        opts.NoIOURing,
+		noLoops:       opts.NoEventLoops || opts.TLS != nil,
+		handoff:       newHandoffListener(),
 	}
-	s.srv = &fasthttp.Server{
-		Handler:      s.serve,
-		ErrorHandler: g.readError,
-		// Once the head is in, the body has its own deadline, and at most
-		// BodyBuffer bytes of it (at most 8 KiB, at least 1) are read
-		// before the handler runs; the rest streams.
-		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
-			return fasthttp.RequestConfig{ReadTimeout: g.bodyTimeout, MaxRequestBodySize: max(g.bodyBuffer, 1)}
+	protos := new(http.Protocols)
+	protos.SetHTTP1(true)
+	if opts.TLS != nil {
+		s.tls = opts.TLS.Clone()
+		s.tls.MinVersion = max(s.tls.MinVersion, tls.VersionTLS12)
+		s.tls.NextProtos = []string{"h2", "http/1.1"}
+		protos.SetHTTP2(true)
+	}
+	if opts.H2C {
+		protos.SetUnencryptedHTTP2(true)
+	}
+	s.hs = &http.Server{
+		Handler:           g,
+		ReadHeaderTimeout: s.headerTimeout,
+		IdleTimeout:       s.idleTimeout,
+		// net/http allows 4 KiB beyond MaxHeaderBytes.
+		MaxHeaderBytes: max(s.maxHead-4096, 1),
+		TLSConfig:      s.tls,
+		Protocols:      protos,
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams: cmp.Or(opts.MaxConcurrentStreams, DefaultMaxConcurrentStreams),
+			// HPACK-decoded header lists are bounded like HTTP/1.1 heads.
+			MaxDecoderHeaderTableSize: 4096,
+			MaxReadFrameSize:          1 << 14,
 		},
-		// The read deadline covers the head; the handler moves it for the
-		// body (Options.BodyTimeout).
-		ReadTimeout:                   s.headerTimeout,
-		IdleTimeout:                   s.idleTimeout,
-		ReadBufferSize:                s.maxHead,
-		StreamRequestBody:             true,
-		DisablePreParseMultipartForm:  true,
-		NoDefaultServerHeader:         true,
-		NoDefaultContentType:          true,
-		NoDefaultDate:                 true,
-		DisableHeaderNamesNormalizing: false,
-		CloseOnShutdown:               true,
-		Logger:                        slogPrinter{log},
-		// Called on every request too (active, idle): lock only for the
-		// states that change the set.
-		ConnState: func(c net.Conn, st fasthttp.ConnState) {
-			switch st {
-			case fasthttp.StateNew:
-				s.mu.Lock()
-				s.conns[c] = struct{}{}
-				s.mu.Unlock()
-			case fasthttp.StateClosed, fasthttp.StateHijacked:
-				s.mu.Lock()
-				delete(s.conns, c)
-				s.mu.Unlock()
-			case fasthttp.StateIdle, fasthttp.StateActive:
-				if e := s.engine(); e != nil {
-					e.setIdle(c, st == fasthttp.StateIdle)
-				}
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		// Connections the loops handed over: idle or not, for Shutdown.
+		ConnState: func(c net.Conn, st http.ConnState) {
+			if st != http.StateIdle && st != http.StateActive {
+				return
+			}
+			if e := s.engine(); e != nil {
+				e.setIdle(unwrapConn(c), st == http.StateIdle)
 			}
 		},
 	}
 	return s
-}
-
-// serve is the fasthttp server's handler: the gate's, closing the
-// connection after the answer once the server is shutting down.
-func (s *Server) serve(c *fasthttp.RequestCtx) {
-	s.g.serve(c)
-	if e := s.engine(); e != nil && e.closing.Load() {
-		c.SetConnectionClose()
-	}
 }
 
 // engine is the event loops serving the listener, or nil.
@@ -157,34 +165,55 @@ func (s *Server) engine() *loopEngine { return s.loops.Load() }
 // Serve accepts connections on ln until Shutdown or Close. It returns nil
 // after those.
 func (s *Server) Serve(ln net.Listener) error {
-	e, err := newLoopEngine(s, ln)
-	if err != nil {
-		return err
+	var e *loopEngine
+	if !s.noLoops {
+		var err error
+		if e, err = newLoopEngine(s, ln); err != nil {
+			return err
+		}
 	}
 	s.mu.Lock()
 	s.ln = ln
 	s.mu.Unlock()
 	s.loops.Store(e)
 	if e != nil {
+		go func() { _ = s.hs.Serve(s.handoff) }()
 		return e.serve()
 	}
-	err = s.srv.Serve(&connlimit.Listener{Listener: ln, Counter: s.limit})
-	if err != nil && errors.Is(err, net.ErrClosed) {
+	var l net.Listener = &connlimit.Listener{Listener: ln, Counter: s.limit}
+	if s.tls != nil {
+		l = tls.NewListener(l, s.tls)
+	} else {
+		l = cannedListener{l}
+	}
+	err := s.hs.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 		return nil
 	}
 	return err
+}
+
+// serveHanded serves a connection the loops handed over on the general
+// engine.
+func (s *Server) serveHanded(c net.Conn) {
+	if !s.handoff.give(problemConn{c}) {
+		_ = c.Close()
+	}
 }
 
 // Shutdown stops accepting, closes idle connections, and waits until the
 // requests in progress are answered or ctx ends (then it returns ctx's
 // error and leaves the rest to Close).
 func (s *Server) Shutdown(ctx context.Context) error {
+	var err error
 	if e := s.engine(); e != nil {
-		err := e.shutdown(ctx)
+		err = e.shutdown(ctx)
 		s.closeListener()
-		return err
 	}
-	return s.srv.ShutdownWithContext(ctx)
+	if err2 := s.hs.Shutdown(ctx); err == nil && !errors.Is(err2, http.ErrServerClosed) {
+		err = err2
+	}
+	return err
 }
 
 // Close closes every open connection at once: requests in progress are cut
@@ -194,11 +223,8 @@ func (s *Server) Close() error {
 		e.close()
 		s.closeListener()
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for c := range s.conns {
-		_ = c.Close()
-	}
+	_ = s.hs.Close()
+	s.handoff.Close()
 	return nil
 }
 
@@ -209,58 +235,53 @@ func (s *Server) closeListener() {
 	if ln != nil {
 		_ = ln.Close()
 	}
-}
-
-// readError answers a request that fasthttp could not read: a head it
-// refused to parse (a malformed line or header, a duplicate
-// Content-Length, an unsupported Transfer-Encoding: 400 invalid-request; a
-// head past MaxHeaderBytes: 431; a head not in within HeaderTimeout: 408),
-// or the first piece of a body that stalled or broke before the handler
-// ran (408 body-timeout, 400 invalid-body). Nothing was forwarded, and the
-// connection is closed after the answer.
-func (g *Gate) readError(c *fasthttp.RequestCtx, err error) {
-	var p *problem.Error
-	var small *fasthttp.ErrSmallBuffer
-	switch {
-	case errors.As(err, &small):
-		p = problem.New(http.StatusRequestHeaderFieldsTooLarge, "invalid-request", "the request's line and headers are too large")
-	case !strings.Contains(err.Error(), "error when reading request headers"):
-		p = bodyProblem(err, false, false) // fasthttp marks every head error so
-	case isTimeout(err):
-		p = headTimeoutProblem()
-	default:
-		p = problem.New(http.StatusBadRequest, "invalid-request", "the request could not be parsed as HTTP/1.1: "+truncate(headParseError(err)))
-	}
-	c.Response.Reset()
-	c.SetStatusCode(p.Status)
-	c.SetContentType(problem.ContentType)
-	c.SetBody(p.Body())
-	c.SetConnectionClose()
+	_ = s.handoff.Close()
 }
 
 // headTimeoutProblem is the answer to a request whose head did not arrive
-// within HeaderTimeout.
+// within HeaderTimeout, where the engine answers one (the loops, on a
+// partial head).
 func headTimeoutProblem() *problem.Error {
 	return problem.New(http.StatusRequestTimeout, "invalid-request", "the request's line and headers did not arrive in time")
 }
 
-// headParseError is fasthttp's reason for refusing a head, without the
-// copy of the head its message carries.
-func headParseError(err error) string {
-	msg := strings.TrimPrefix(err.Error(), "error when reading request headers: ")
-	msg, _, _ = strings.Cut(msg, ": buffer size=")
-	return msg
+// handoffListener is the general engine's listener for the connections
+// the event loops hand over.
+type handoffListener struct {
+	conns     chan net.Conn
+	done      chan struct{}
+	closeOnce sync.Once
 }
 
-// slogPrinter adapts a slog.Logger to fasthttp's Logger, at debug level:
-// what fasthttp logs is a client's connection failing.
-type slogPrinter struct{ log *slog.Logger }
+func newHandoffListener() *handoffListener {
+	return &handoffListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
 
-func (p slogPrinter) Printf(format string, args ...any) {
-	if p.log.Enabled(context.Background(), slog.LevelDebug) {
-		p.log.Debug("gate connection", "error", strings.TrimSpace(fmt.Sprintf(format, args...)))
+// give passes c to the general engine; false when it has stopped.
+func (h *handoffListener) give(c net.Conn) bool {
+	select {
+	case h.conns <- c:
+		return true
+	case <-h.done:
+		return false
 	}
 }
+
+func (h *handoffListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-h.conns:
+		return c, nil
+	case <-h.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (h *handoffListener) Close() error {
+	h.closeOnce.Do(func() { close(h.done) })
+	return nil
+}
+
+func (h *handoffListener) Addr() net.Addr { return &net.TCPAddr{} }
 
 // decisionHeader is the subset of a request's headers decide reads, as an
 // http.Header: Connection, Upgrade, Destination, the fencing headers, and

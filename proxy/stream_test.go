@@ -71,7 +71,9 @@ func TestLargeBodiesStreamWithBoundedMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := memstore.New(memstore.Options{})
-	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
+	// Deadlines for a busy machine under -race: the body and the exchange
+	// may take much longer than their defaults (10 s, 30 s) there.
+	g, err := New(Options{Upstream: u, Store: st, Rules: rules, BodyTimeout: 2 * time.Minute, UpstreamTimeout: 2 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

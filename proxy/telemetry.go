@@ -247,7 +247,13 @@ func (g *Gate) begin(x *exchange) {
 	if g.tel.tracer == nil {
 		return
 	}
-	ctx := propagation.TraceContext{}.Extract(x.ctx, headerCarrier{&x.c.Request.Header})
+	var carrier propagation.TextMapCarrier
+	if x.c != nil {
+		carrier = headerCarrier{&x.c.Request.Header}
+	} else {
+		carrier = propagation.HeaderCarrier(x.r.Header)
+	}
+	ctx := propagation.TraceContext{}.Extract(x.ctx, carrier)
 	x.ctx, x.span = g.tel.tracer.Start(ctx, spanName(x.method, x.route), trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithTimestamp(x.start))
 	if x.span.IsRecording() {
@@ -258,7 +264,12 @@ func (g *Gate) begin(x *exchange) {
 
 // end records x's duration, ends its span and its audit registration.
 func (g *Gate) end(x *exchange) {
-	status := x.c.Response.StatusCode()
+	var status int
+	if x.c != nil {
+		status = x.c.Response.StatusCode()
+	} else {
+		status = x.w.status
+	}
 	if g.tel.duration != nil {
 		g.tel.durationSeries(durationKey{stdMethod(x.method), status, x.route}).Record(time.Since(x.start).Seconds())
 	}
@@ -271,10 +282,80 @@ func (g *Gate) end(x *exchange) {
 		}
 		x.span.End()
 	}
+	if x.audit == nil {
+		g.accessEnd(x, status)
+	}
 	g.closeAudit(x)
 }
 
-// headerCarrier reads and writes W3C trace context in a fasthttp header.
+// MetricConnections is the gauge of open client connections, exported to
+// Prometheus as fencegate_connections, with the attribute listener: "gate"
+// or "api". Each listener registers its own (ObserveConnections).
+const MetricConnections = "fencegate.connections"
+
+// MetricWritesInFlight is the gauge of writes in the gate whose outcome is
+// not final yet (Gate.InFlight), exported to Prometheus as
+// fencegate_gate_writes_in_flight.
+const MetricWritesInFlight = "fencegate.gate.writes_in_flight"
+
+// ConnCount is one listener's open connections for ObserveConnections:
+// Active is read at each collection (a connlimit.Counter's Active, the
+// gate server's ActiveConnections).
+type ConnCount struct {
+	Listener string // "gate" or "api"
+	Active   func() int64
+}
+
+// ObserveConnections registers MetricConnections, once for every listener
+// (an instrument takes its callbacks when it is created). It records
+// nothing per connection.
+func ObserveConnections(mp metric.MeterProvider, listeners ...ConnCount) error {
+	if mp == nil || len(listeners) == 0 {
+		return nil
+	}
+	sets := make([]metric.ObserveOption, len(listeners))
+	for i, l := range listeners {
+		sets[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("listener", l.Listener)))
+	}
+	_, err := mp.Meter(ScopeName).Int64ObservableGauge(MetricConnections,
+		metric.WithUnit("{connection}"),
+		metric.WithDescription("Open client connections, by listener."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			for i, l := range listeners {
+				o.Observe(l.Active(), sets[i])
+			}
+			return nil
+		}))
+	if err != nil {
+		return fmt.Errorf("proxy: creating %s: %w", MetricConnections, err)
+	}
+	return nil
+}
+
+// ObserveWritesInFlight registers MetricWritesInFlight for g.
+func ObserveWritesInFlight(mp metric.MeterProvider, g *Gate) error {
+	if mp == nil {
+		return nil
+	}
+	_, err := mp.Meter(ScopeName).Int64ObservableGauge(MetricWritesInFlight,
+		metric.WithUnit("{write}"),
+		metric.WithDescription("Writes in the gate whose outcome is not final yet: waiting for the store or the barrier, or forwarded and not answered."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(g.InFlight())
+			return nil
+		}))
+	if err != nil {
+		return fmt.Errorf("proxy: creating %s: %w", MetricWritesInFlight, err)
+	}
+	return nil
+}
+
+// ActiveConnections is the number of client connections the server holds
+// open (its connection cap's count), for ObserveConnections.
+func (s *Server) ActiveConnections() int64 { return s.limit.Active() }
+
+// headerCarrier reads and writes W3C trace context in the event loops'
+// request header.
 type headerCarrier struct{ h *fasthttp.RequestHeader }
 
 func (c headerCarrier) Get(key string) string { return string(c.h.Peek(key)) }

@@ -3,18 +3,13 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
-	"io"
 	"iter"
 	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
-	"time"
-
-	"github.com/valyala/fasthttp"
 
 	"github.com/fencegate/fencegate/fencing/problem"
 	"github.com/fencegate/fencegate/fencing/reqid"
@@ -24,46 +19,6 @@ import (
 // proxy_buffer_size, a larger head is answered 502).
 const upstreamReadBuffer = 8 << 10
 
-// newUpstreamClient is the gate's connection pool to its upstream: at most
-// conns connections, idle ones kept for a minute (shorter than common
-// upstream keep-alive timeouts would be better, but a minute matches
-// net/http and nginx defaults), a 5 s dial bound, and no retries of a write
-// (a retried write could be applied twice). Reads are retried once when a
-// pooled connection turns out closed. Paths and header names are sent as
-// they came, never normalized.
-func (g *Gate) newUpstreamClient(conns int, tlsConfig *tls.Config) *fasthttp.HostClient {
-	u := g.upstream
-	addr := u.Host
-	if u.Port() == "" {
-		if u.Scheme == "https" {
-			addr = net.JoinHostPort(u.Hostname(), "443")
-		} else {
-			addr = net.JoinHostPort(u.Hostname(), "80")
-		}
-	}
-	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
-	if tlsConfig == nil && u.Scheme == "https" {
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	return &fasthttp.HostClient{
-		Addr:                          addr,
-		IsTLS:                         u.Scheme == "https",
-		TLSConfig:                     tlsConfig,
-		Dial:                          func(addr string) (net.Conn, error) { return dialer.Dial("tcp", addr) },
-		MaxConns:                      conns,
-		MaxConnWaitTimeout:            g.upstreamTO,
-		MaxIdleConnDuration:           time.Minute,
-		ReadBufferSize:                upstreamReadBuffer,
-		NoDefaultUserAgentHeader:      true,
-		DisableHeaderNamesNormalizing: true,
-		DisablePathNormalizing:        true,
-		StreamResponseBody:            true,
-		RetryIfErr: func(req *fasthttp.Request, attempts int, err error) (resetTimeout, retry bool) {
-			return false, attempts < 2 && safeMethod(string(req.Header.Method())) && errors.Is(err, fasthttp.ErrConnectionClosed)
-		},
-	}
-}
-
 // hopHeaders are the hop-by-hop headers (RFC 9110 §7.6.1) the gate never
 // forwards, in either direction, besides those a Connection header names.
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
@@ -72,72 +27,12 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // isHopHeader reports whether k is one of hopHeaders, in any case.
 func isHopHeader(k []byte) bool { return nameIn(k, hopHeaders) }
 
-// forward sends x's request to the upstream and relays the answer. t is
-// the write's place at the barrier (nil for an unfenced request): it is
-// left when the upstream's response headers arrive, or held for the grace
-// period when the outcome is unknown.
-func (g *Gate) forward(x *exchange, t flight) {
-	defer x.releaseBody()
-	c := x.c
-	out := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(out)
-	g.upstreamRequest(x, out, false)
-	switch {
-	case x.buffered != nil:
-		out.SetBodyRaw(*x.buffered)
-	case c.Request.Header.ContentLength() != 0 && c.Request.IsBodyStream():
-		// NewServer streams every request body: there is no other kind.
-		g.setBodyDeadline(c)
-		x.body = &bodyReader{r: c.RequestBodyStream(), left: c.Request.Header.ContentLength()}
-		out.SetBodyStream(x.body, c.Request.Header.ContentLength())
-	}
-	out.SetTimeout(g.upstreamTO)
-	if g.beforeSend != nil {
-		g.beforeSend()
-	}
-	resp := fasthttp.AcquireResponse()
-	err := g.client.Do(out, resp)
-	if err != nil {
-		fasthttp.ReleaseResponse(resp)
-		g.upstreamFailed(x, t, err)
-		return
-	}
-	// The upstream has answered: the barrier can let the next token
-	// through while the body is still being relayed.
-	if t != nil {
-		t.Leave()
-		x.audit.answered(resp.StatusCode())
-		g.count(x, CodeAdmitted)
-	}
-	g.relay(x, resp)
-}
-
-// upstreamRequest fills out with x's request as the upstream gets it, for
-// the fasthttp engine: the client's method and protocol, the upstream's
-// target (upstreamTarget), and upstreamHeaders. No Content-Type is added
-// where the client sent none. With upgrade, Upgrade and Connection are
-// kept.
-func (g *Gate) upstreamRequest(x *exchange, out *fasthttp.Request, upgrade bool) {
-	in := &x.c.Request.Header
-	h := &out.Header
-	h.SetNoDefaultContentType(true)
-	h.SetMethodBytes(in.Method())
-	h.SetRequestURIBytes(upstreamTarget(g.upstreamBase, g.upstream.RawQuery, in.RequestURI()))
-	h.SetProtocolBytes(in.Protocol())
-	g.upstreamHeaders(x, upgrade, h.AddBytesKV)
-	if g.client.IsTLS {
-		// The pool refuses a request whose URI's scheme is not its own.
-		out.URI().SetScheme("https")
-	}
-}
-
 // appendUpstreamHead appends to dst the head of x's request as the
 // upstream gets it, for the event loops: a plain request (HTTP/1.1, no
 // upgrade, a body of bodyLen bytes held in memory, an http upstream),
-// written straight into the buffer the loop sends. These are the bytes
-// fasthttp writes for upstreamRequest's header (RequestHeader.AppendBytes,
-// with the body's Content-Length); TestUpstreamHeadAgrees holds the two
-// together.
+// written straight into the buffer the loop sends: the request the
+// general engine sends for the same client request (TestUpstreamHeadAgrees
+// holds the two together).
 func (g *Gate) appendUpstreamHead(dst []byte, x *exchange, bodyLen int) []byte {
 	in := &x.c.Request.Header
 	dst = append(dst, in.Method()...)
@@ -175,8 +70,8 @@ func (g *Gate) appendUpstreamHead(dst []byte, x *exchange, bodyLen int) []byte {
 //     the gate does not relay claims;
 //   - the client's cookies, in one Cookie field.
 //
-// That is also the order fasthttp's RequestHeader.AppendBytes writes a
-// header in, so both engines send the same bytes.
+// The general engine sends the same fields (rewrite, in httpengine.go),
+// in net/http's order; TestUpstreamHeadAgrees holds the two together.
 func (g *Gate) upstreamHeaders(x *exchange, upgrade bool, add func(k, v []byte)) {
 	in := &x.c.Request.Header
 	var named []string // what every Connection field names
@@ -228,8 +123,8 @@ func (g *Gate) upstreamHeaders(x *exchange, upgrade bool, add func(k, v []byte))
 		vals = a.Unmap().AppendTo(vals)
 		add(hdrForwardedFor, vals)
 	}
-	add(hdrForwardedHost, in.Host())
-	if x.c.IsTLS() {
+	add(hdrForwardedHost, requestHost(in.RequestURI(), in.Host()))
+	if x.c.IsTLS() { // never, today: the loops serve cleartext only
 		add(hdrForwardedProto, hdrHTTPS)
 	} else {
 		add(hdrForwardedProto, hdrHTTP)
@@ -324,6 +219,22 @@ func originForm(target []byte) []byte {
 	return []byte("/")
 }
 
+// requestHost is the host a request names (RFC 9112 §3.2.2): the
+// authority of an absolute-form target, otherwise the Host header.
+func requestHost(target, host []byte) []byte {
+	if len(target) > 0 && target[0] == '/' {
+		return host
+	}
+	if i := bytes.Index(target, []byte("://")); i >= 0 {
+		rest := target[i+3:]
+		if j := bytes.IndexAny(rest, "/?"); j >= 0 {
+			rest = rest[:j]
+		}
+		return rest
+	}
+	return host
+}
+
 // connectionNamed is every header name a head's Connection fields list:
 // all of them, since a field may be repeated (RFC 9110 §7.6.1), whatever
 // the case of their name.
@@ -349,59 +260,6 @@ func connectionOptions(v []byte) []string {
 		}
 	}
 	return names
-}
-
-// relay sends the upstream's response to the client: its status and
-// headers, minus hop-by-hop ones, and its body, streamed. resp is released
-// once its body has been relayed (or the relay failed).
-func (g *Gate) relay(x *exchange, resp *fasthttp.Response) {
-	c := x.c
-	responseHeader(x, resp)
-	if s := resp.BodyStream(); s != nil {
-		n := resp.Header.ContentLength()
-		if n < 0 {
-			n = -1 // chunked, or until the upstream closed: chunked to the client
-		}
-		c.Response.SetBodyStream(&upstreamBody{resp: resp}, n)
-		return
-	}
-	c.Response.SetBody(resp.Body())
-	fasthttp.ReleaseResponse(resp)
-}
-
-// responseHeader sets x's response status and headers to the upstream's,
-// in the upstream's order, minus the hop-by-hop ones and those any of the
-// upstream's Connection fields names (in any case), with x's request id
-// instead of any the upstream sent. The fields are added one by one, not
-// copied and pruned: ResponseHeader.Del moves the last field into the gap
-// (reordering repeated fields) and finds a name only as fasthttp
-// normalizes it, while the upstream client keeps names as received.
-func responseHeader(x *exchange, resp *fasthttp.Response) {
-	h := &x.c.Response.Header
-	resp.Header.SetNoDefaultContentType(true) // All yields no Content-Type the upstream did not send
-	named := connectionNamed(resp.Header.All())
-	h.Reset()
-	h.SetNoDefaultContentType(true) // none is added where the upstream sent none
-	h.SetStatusCode(resp.StatusCode())
-	h.SetStatusMessage(resp.Header.StatusMessage())
-	for k, v := range resp.Header.All() {
-		if !isHopHeader(k) && !nameIn(k, named) && !strings.EqualFold(string(k), reqid.Header) {
-			h.AddBytesKV(k, v)
-		}
-	}
-	h.Set(reqid.Header, x.id)
-}
-
-// upstreamBody is an upstream response's body while the server relays it;
-// closing it returns the response, and its connection, to their pools.
-type upstreamBody struct{ resp *fasthttp.Response }
-
-func (b *upstreamBody) Read(p []byte) (int, error) { return b.resp.BodyStream().Read(p) }
-
-func (b *upstreamBody) Close() error {
-	err := b.resp.CloseBodyStream()
-	fasthttp.ReleaseResponse(b.resp)
-	return err
 }
 
 // upstreamFailed answers a request whose forwarding failed: the client's
@@ -457,8 +315,6 @@ func isTimeout(err error) bool {
 // connection to the upstream could not be made, or none was free in time.
 func notSent(err error) bool {
 	var oe *net.OpError
-	return (errors.As(err, &oe) && oe.Op == "dial") || errors.Is(err, fasthttp.ErrNoFreeConns) ||
-		errors.Is(err, fasthttp.ErrDialTimeout)
+	return (errors.As(err, &oe) && oe.Op == "dial") || errors.Is(err, errNoFreeConns) ||
+		errors.Is(err, errDialTimeout)
 }
-
-var _ io.ReadCloser = (*upstreamBody)(nil)

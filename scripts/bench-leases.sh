@@ -19,6 +19,9 @@
 # store beside the current one, as store "file-base", in the same rounds.
 #
 # Environment: LEASES_DURATION (5s), LEASES_ROUNDS (3), LEASES_CONNS (16),
+# LEASES_FILE_DIR (where the file store's file lives, default the temporary
+# directory: point it at a tmpfs such as /dev/shm to see what the file store
+# costs when flushes are free, i.e. its ceiling on a faster disk),
 # LEASES_STORES ("memory file"; add "postgres" with LEASES_PG_URL set to a
 # postgres:// URL of a server you started), LEASES_OP (acquire, or cycle:
 # acquire, renew, checkpoint, release of a fresh resource, each counted).
@@ -55,7 +58,12 @@ if [ -n "${LEASES_BASELINE:-}" ]; then
 	STORES="$STORES file-base"
 fi
 
-"$tmp/leasebench" -fsyncprobe "$tmp" -d 2s | sed 's/^/disk: /'
+fdir=$tmp
+if [ -n "${LEASES_FILE_DIR:-}" ]; then
+	fdir=$(mktemp -d "$LEASES_FILE_DIR/fencegate-leases.XXXXXX")
+	trap 'cleanup; rm -rf "$fdir"' EXIT
+fi
+"$tmp/leasebench" -fsyncprobe "$fdir" -d 2s | sed 's/^/disk: /'
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -63,8 +71,8 @@ declare -A url
 for st in $STORES; do
 	case $st in
 	memory) spec=memory: ;;
-	file) spec=file:$tmp/fencegate.db ;;
-	file-base) spec=file:$tmp/fencegate-base.db ;;
+	file) spec=file:$fdir/fencegate.db ;;
+	file-base) spec=file:$fdir/fencegate-base.db ;;
 	postgres)
 		[ -n "${LEASES_PG_URL:-}" ] || { say "postgres needs LEASES_PG_URL"; exit 2; }
 		spec=$LEASES_PG_URL

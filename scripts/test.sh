@@ -8,9 +8,13 @@
 #                                      (same as FENCEGATE_QUICK=1)
 #   ./scripts/test.sh -run Gate ./proxy   extra arguments go to `go test`
 #
-# Progress: each top-level test is shown as it ends (PASS/FAIL/SKIP, package,
-# duration), a failing test's output in full, and go test's own closing
-# `ok`/`FAIL` line per package.
+# Progress, from the first second: each step is announced with the seconds
+# since the start (installing, gofmt, go vet, building, testing), a step that
+# runs long says every 15 s that it still runs (go vet and the first -race
+# build compile everything: minutes on a cold cache), then each top-level
+# test is shown as it ends (PASS/FAIL/SKIP, package, duration), a failing
+# test's output in full, and go test's own closing `ok`/`FAIL` line per
+# package.
 #
 # Full mode needs, and installs with apt-get when running as root:
 #   - valkey-server with valkey-cli, else Debian's redis-server with
@@ -22,7 +26,11 @@
 #     (fencing/pgstore/pgtest: initdb in a temporary directory, run as the
 #     system user postgres when root, stopped at the end);
 #   - nginx (Debian's has the DAV module): the WebDAV end-to-end test;
-#   - promtool (package prometheus) to check the alert rules and dashboard;
+#   - promtool (package prometheus) to check the alert rules and dashboard.
+#     Debian packages promtool only with the Prometheus server; no lighter
+#     install exists (go install .../prometheus/cmd/promtool fetches and
+#     compiles every service-discovery SDK of Prometheus, far heavier), so
+#     the package is installed without starting its server (policy-rc.d);
 #   - curl, zsh and fish: the shell worker example and the completion scripts;
 #   - python3: the Python worker example;
 #   - a C compiler, as -race needs cgo.
@@ -31,6 +39,23 @@
 # a missing curl, zsh, fish or python3 stops full mode before any test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+start_s=$SECONDS
+# say prints a progress line with the seconds since the start.
+say() { printf 'test.sh: [%4ds] %s\n' "$((SECONDS - start_s))" "$*" >&2; }
+# heartbeat SECONDS LABEL CMD...: runs CMD, saying every SECONDS that LABEL
+# still runs.
+heartbeat() {
+	local every="$1" label="$2" rc=0 hb
+	shift 2
+	(while sleep "$every"; do say "$label: still running"; done) &
+	hb=$!
+	"$@" || rc=$?
+	kill "$hb" 2>/dev/null || true
+	wait "$hb" 2>/dev/null || true
+	return "$rc"
+}
+say "starting ($(go version | cut -d' ' -f3), $(nproc 2>/dev/null || echo '?') CPUs)"
 
 quick="${FENCEGATE_QUICK:-0}"
 if [ "${1:-}" = "--quick" ]; then
@@ -68,10 +93,23 @@ if [ "$quick" != 1 ]; then
 	if ! has python3; then missing+=(python3); fi
 fi
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
-	echo "test.sh: installing ${missing[*]} with apt-get" >&2
+	say "installing ${missing[*]} with apt-get"
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 ||
-		{ apt-get update >/dev/null && apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
+	# Packages install their services (prometheus, nginx, redis) without
+	# starting them: the tests start their own throwaway servers.
+	policy=""
+	if [ ! -e /usr/sbin/policy-rc.d ]; then
+		policy=/usr/sbin/policy-rc.d
+		printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
+	fi
+	apt_install() {
+		apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 ||
+			{ apt-get update >/dev/null && apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
+	}
+	rc=0
+	heartbeat 15 "apt-get install" apt_install || rc=$?
+	if [ -n "$policy" ]; then rm -f "$policy"; fi
+	[ "$rc" = 0 ] || exit "$rc"
 fi
 
 race=()
@@ -114,13 +152,15 @@ else
 	race=(-race)
 fi
 
+say "checking gofmt"
 unformatted="$(gofmt -l .)"
 if [ -n "$unformatted" ]; then
 	echo "test.sh: not gofmt-clean:" >&2
 	echo "$unformatted" >&2
 	exit 1
 fi
-go vet ./...
+say "go vet ./... (compiles every package)"
+heartbeat 15 "go vet" go vet ./...
 
 if [ "$#" -eq 0 ]; then
 	set -- ./...
@@ -128,4 +168,9 @@ fi
 progress="$(mktemp -d)"
 trap 'rm -rf "$progress"' EXIT
 go build -o "$progress/testprogress" ./scripts/testprogress
-go test "${race[@]}" -count=1 -timeout 30m -json "$@" 2>&1 | "$progress/testprogress"
+say "go test ${race[*]} $* (building the test binaries first; each package is shown as it starts)"
+run_tests() { go test "${race[@]}" -count=1 -timeout 30m -json "$@" 2>&1 | "$progress/testprogress"; }
+rc=0
+heartbeat 60 "go test" run_tests "$@" || rc=$?
+say "done, exit status $rc"
+exit "$rc"

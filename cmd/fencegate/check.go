@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/fencegate/fencegate/config"
+	"github.com/fencegate/fencegate/internal/certs"
 	"github.com/fencegate/fencegate/proxy"
 )
 
@@ -29,6 +30,22 @@ func check(environ []string, stdout io.Writer) error {
 		}
 	}
 	if _, err := valkeyTLS(cfg.ValkeyCAFile); err != nil {
+		return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
+	}
+	for _, l := range []struct{ name, cert, key, ca string }{
+		{"API_TLS", cfg.APITLSCert, cfg.APITLSKey, cfg.APITLSClientCA},
+		{"PROXY_TLS", cfg.ProxyTLSCert, cfg.ProxyTLSKey, cfg.ProxyTLSClientCA},
+	} {
+		if l.cert == "" {
+			continue
+		}
+		if _, err := certs.New(certs.Files{CertFile: l.cert, KeyFile: l.key, ClientCAFile: l.ca}); err != nil {
+			return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%s%s_CERT: %w", config.Prefix, l.name, err))
+		}
+	}
+
+	accessFile, err := loadAccess(cfg, nil)
+	if err != nil {
 		return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
 	}
 
@@ -75,6 +92,16 @@ func check(environ []string, stdout io.Writer) error {
 		}
 		if len(rules) == 0 && !cfg.ResourceHeaderOn(0) {
 			fmt.Fprintln(stdout, "warning: no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused")
+		}
+	}
+	if accessFile != nil {
+		p := accessFile.Policy()
+		fmt.Fprintf(stdout, "\nlease API access: %d clients (%s)\n", len(p.Clients()), cfg.AccessFile)
+		for _, cl := range p.Clients() {
+			fmt.Fprintf(stdout, "  %s\n", cl.Describe())
+		}
+		if p.HasCertClients() && cfg.APITLSClientCA == "" {
+			fmt.Fprintln(stdout, "warning: clients known by certificate cannot authenticate: FENCEGATE_API_TLS_CLIENT_CA is unset")
 		}
 	}
 	_, err = fmt.Fprintln(stdout, "configuration ok")

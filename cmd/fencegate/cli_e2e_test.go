@@ -98,7 +98,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"lease", "acquire", "bad name", "--owner", "a"},       // invalid resource
 		{"lease", "acquire", "job:1", "--owner", "a", "--ttl", "1.5s"},
 		{"lease", "acquire", "job:1", "--owner", "a", "--ttl", "25h"},
-		{"lease", "acquire", "job:1", "--owner", "a", "--wait", "61s"},
+		{"lease", "acquire", "job:1", "--owner", "a", "--wait", "-1s"},
+		{"lease", "acquire", "job:1", "--owner", "a", "--wait", "sometimes"},
 		{"lease", "acquire", "job:1", "--owner", "a", "--ttl", "soon"},
 		{"lease", "acquire", "job:1", "--owner", "\x01"},
 		{"lease", "renew", "job:1", "--owner", "a"}, // no --token
@@ -112,7 +113,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"run", "--resource", "job:1"}, // no command
 		{"run", "--", "true"},          // no --resource
 		{"run", "--resource", "job:1", "--ttl", "0s", "--", "true"},
-		{"run", "--resource", "job:1", "--wait", "2m", "--", "true"},
+		{"run", "--resource", "job:1", "--wait", "never", "--", "true"},
 	} {
 		r := fg(t, api, "", args...)
 		if r.code != exitUsage || r.stdout != "" || !strings.Contains(r.stderr, "--help") {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"net/http"
 
@@ -28,6 +29,9 @@ type overflowKey struct{}
 // connContext marks the requests of an overflow connection; it is the
 // listener's http.Server.ConnContext.
 func connContext(ctx context.Context, c net.Conn) context.Context {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
 	if lc, ok := c.(*connlimit.Conn); ok && lc.Overflow {
 		return context.WithValue(ctx, overflowKey{}, true)
 	}

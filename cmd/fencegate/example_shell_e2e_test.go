@@ -33,7 +33,7 @@ func TestShellExample(t *testing.T) {
 	// gate's barrier closed for the grace: a short one keeps the test fast.
 	p := start(t, t.TempDir(), []string{
 		"FENCEGATE_STORE=memory:", "FENCEGATE_UPSTREAM=" + upstream,
-		"FENCEGATE_RULES=PUT /jobs/{id} fence job:{id}", "FENCEGATE_TIMEOUT_GRACE=1s",
+		"FENCEGATE_RULES=PUT,PATCH,DELETE /jobs/{id} fence job:{id}", "FENCEGATE_TIMEOUT_GRACE=1s",
 	}, "api", "gate")
 	api, gate := p.url("api", ""), p.url("gate", "")
 	client := leaseapi.NewClient(api)

@@ -198,6 +198,10 @@ func TestSIGTERMWithSlowWrites(t *testing.T) {
 			if listed != (tc.wantStatus == 0) {
 				t.Fatalf("cut-off write listed = %v, want %v:\n%s", listed, tc.wantStatus == 0, p.logs)
 			}
+			// One line per write: a cut-off write's warning is its only line.
+			if n := strings.Count(p.logs.String(), `"resource":"job:1","token":`+tok); n != 1 {
+				t.Fatalf("the write has %d log lines, want 1:\n%s", n, p.logs)
+			}
 			if tc.wantStatus != 0 && !strings.Contains(p.logs.String(), `"msg":"gate write","request_id"`) {
 				t.Fatalf("no audit line for the finished write:\n%s", p.logs)
 			}

@@ -1,17 +1,23 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"encoding/pem"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/fencegate/fencegate/config"
+	"github.com/fencegate/fencegate/internal/certs"
 )
 
 // health asks a running fencegate whether it is ready: GET /readyz on the
@@ -22,25 +28,34 @@ import (
 //	HEALTHCHECK CMD ["fencegate", "health"]
 //
 // The URL defaults to /readyz on FENCEGATE_API_ADDR, with a wildcard host
-// (0.0.0.0, ::, empty) replaced by loopback. --url takes any URL, such as
-// .../livez for a liveness check.
+// (0.0.0.0, ::, empty) replaced by loopback, over https when
+// FENCEGATE_API_TLS_CERT is set. --url takes any URL, such as .../livez for
+// a liveness check. Over https the server is verified by
+// FENCEGATE_API_CA_FILE when set; otherwise, with FENCEGATE_API_TLS_CERT
+// readable, by being the very certificate in that file (the healthcheck
+// runs beside the server, whose certificate may not name the loopback
+// address); otherwise by the system roots. A mutual-TLS API needs
+// FENCEGATE_API_CLIENT_CERT and FENCEGATE_API_CLIENT_KEY.
 func health(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("health", flag.ContinueOnError)
+	// pflag, as cobra uses for every other command: one flag style
+	// (--url, -h) across the binary.
+	fs := pflag.NewFlagSet("health", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	url := fs.String("url", "", "the URL to ask (default http://<FENCEGATE_API_ADDR>/readyz)")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
 	usage := func(w io.Writer) {
-		fmt.Fprintln(w, "Usage: fencegate health [--url URL] [--timeout 5s]\n\nExits 0 when fencegate's /readyz answers ready, 1 otherwise.")
+		fmt.Fprintln(w, "Exit 0 when a running fencegate's /readyz answers ready, 1 otherwise.\n\nUsage:\n  fencegate health [--url URL] [--timeout 5s]\n\nFlags:")
 		fs.SetOutput(w)
 		fs.PrintDefaults()
 	}
 	fs.Usage = func() {} // printed below: on stdout when asked for, like every command's help
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+		if errors.Is(err, pflag.ErrHelp) {
 			usage(stdout)
 			return nil
 		}
-		usage(stderr) // flag already printed why
+		fmt.Fprintln(stderr, "fencegate health:", err)
+		usage(stderr)
 		return withExit(exitUsage, nil)
 	}
 	if fs.NArg() > 0 {
@@ -51,7 +66,15 @@ func health(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	}
 	target := *url
 	if target == "" {
-		target = "http://" + loopbackAddr(apiAddr(environ)) + "/readyz"
+		scheme := "http://"
+		if envValue(environ, "FENCEGATE_API_TLS_CERT") != "" {
+			scheme = "https://"
+		}
+		target = scheme + loopbackAddr(apiAddr(environ)) + "/readyz"
+	}
+	client, err := healthClient(environ)
+	if err != nil {
+		return withExit(exitUsage, fmt.Errorf("health: %w", err))
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -59,7 +82,7 @@ func health(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	if err != nil {
 		return withExit(exitUsage, fmt.Errorf("health: --url: %w", err))
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return withExit(exitFailure, fmt.Errorf("health: not ready: %w", err))
 	}
@@ -104,4 +127,48 @@ func loopbackAddr(addr string) string {
 		host = "::1"
 	}
 	return net.JoinHostPort(host, port)
+}
+
+// healthClient is the HTTP client of the health check, with the TLS
+// settings its doc describes.
+func healthClient(environ []string) (*http.Client, error) {
+	files := certs.ClientFiles{
+		CAFile:   envValue(environ, "FENCEGATE_API_CA_FILE"),
+		CertFile: envValue(environ, "FENCEGATE_API_CLIENT_CERT"),
+		KeyFile:  envValue(environ, "FENCEGATE_API_CLIENT_KEY"),
+	}
+	cfg, err := certs.ClientConfig(files)
+	if err != nil {
+		return nil, err
+	}
+	if files.CAFile == "" {
+		if pin := pinnedLeaf(envValue(environ, "FENCEGATE_API_TLS_CERT")); pin != nil {
+			cfg.InsecureSkipVerify = true // replaced by the pin below
+			cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) == 0 || !bytes.Equal(cs.PeerCertificates[0].Raw, pin) {
+					return errors.New("the server's certificate is not the one in FENCEGATE_API_TLS_CERT (set FENCEGATE_API_CA_FILE to verify it by its CA)")
+				}
+				return nil
+			}
+		}
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = cfg
+	return &http.Client{Transport: tr}, nil
+}
+
+// pinnedLeaf is the DER of the first certificate in the PEM file, or nil.
+func pinnedLeaf(file string) []byte {
+	if file == "" {
+		return nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil
+	}
+	block, _ := pem.Decode(b)
+	if block == nil || block.Type != "CERTIFICATE" {
+		return nil
+	}
+	return block.Bytes
 }

@@ -3,19 +3,25 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/fencegate/fencegate/config"
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/internal/certs"
 	"github.com/fencegate/fencegate/leaseapi"
 )
 
@@ -23,9 +29,13 @@ import (
 // so a server that stopped answering does not hang a script.
 const callTimeout = 30 * time.Second
 
-const leaseHelp = `The lease commands call the lease API at FENCEGATE_API_URL (default
-` + config.DefaultAPIURL + `), with "Authorization: Bearer $FENCEGATE_API_TOKEN" when
-that is set. The API's JSON answer is printed on stdout, on one line, as
+const leaseHelp = `The lease commands call the lease API at --api-url, else FENCEGATE_API_URL,
+else ` + config.DefaultAPIURL + `, with "Authorization: Bearer TOKEN" when a token
+is given: the first line of --api-token-file, else FENCEGATE_API_TOKEN. For an
+https:// API with a private CA, FENCEGATE_API_CA_FILE names the CA bundle; for
+a mutual-TLS API, FENCEGATE_API_CLIENT_CERT and FENCEGATE_API_CLIENT_KEY name
+the client certificate and key (which may then replace the token, see
+docs/access.md). The API's JSON answer is printed on stdout, on one line, as
 the API sent it; a refusal prints its application/problem+json document on
 stderr.
 
@@ -33,7 +43,8 @@ Exit status:
   0  success
   2  usage: bad flags or arguments, or a request the API found invalid (400)
   3  refused: lease-held, lease-lost, no-checkpoint, unauthorized, payload-too-large, ...
-  4  the server or its store is unavailable: no connection, no answer in time, 5xx`
+  4  unavailable: the lease API is unreachable or did not answer in time, or
+     answered 5xx (its store is unavailable)`
 
 func newLeaseCmd(c *cli) *cobra.Command {
 	cmd := &cobra.Command{
@@ -55,20 +66,28 @@ func newLeaseCmd(c *cli) *cobra.Command {
 			return usageError(cmd, "unknown lease command %q", args[0])
 		},
 	}
+	c.api.register(cmd.PersistentFlags())
 	cmd.AddCommand(c.leaseAcquireCmd(), c.leaseRenewCmd(), c.leaseReleaseCmd(), c.leaseStatusCmd(), c.leaseListCmd(), c.leaseCheckpointCmd())
 	return cmd
 }
 
 func (c *cli) leaseAcquireCmd() *cobra.Command {
-	var owner string
-	var ttl, wait time.Duration
+	var owner, output string
+	var ttl time.Duration
+	var wait waitFlag
 	cmd := &cobra.Command{
-		Use:   "acquire RESOURCE --owner OWNER [--ttl 30s] [--wait 10s]",
+		Use:   "acquire RESOURCE --owner OWNER [--ttl 30s] [--wait 10s|forever] [--output json|token]",
 		Short: "Take the lease on RESOURCE and print it with its fencing token",
 		Long: `Take the lease on RESOURCE for OWNER and print the lease (with its fencing
-token). Re-acquiring a live lease as its owner extends it and keeps its
-token. While another owner holds it the API answers lease-held (exit 3),
-after waiting up to --wait for it to end.
+token), or with --output token the token alone:
+
+  T=$(fencegate lease acquire job:42 --owner worker-a --output token)
+
+Re-acquiring a live lease as its owner extends it and keeps its token.
+While another owner holds it the API answers lease-held (exit 3), after
+waiting up to --wait for it to end. --wait takes any duration, or forever:
+the command repeats the API's bounded waits (60s each) until the lease is
+acquired, as etcdctl lock and consul lock block.
 
 ` + leaseHelp,
 		Args:              resourceArg,
@@ -81,21 +100,93 @@ after waiting up to --wait for it to end.
 			if err := ttlMember(cmd, body, ttl); err != nil {
 				return err
 			}
-			if err := fencing.ValidateWait(wait); err != nil {
-				return usageError(cmd, "--wait: %v", err)
+			if output != "json" && output != "token" {
+				return usageError(cmd, "--output %q: want json or token", output)
 			}
-			if wait > 0 {
-				body["wait_seconds"] = int64((wait + time.Second - 1) / time.Second)
-			}
-			return c.callAPI(cmd, http.MethodPost, leasePath(args[0], "/acquire"), nil, body, wait)
+			return c.acquire(cmd, args[0], body, wait, output == "token")
 		},
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "the worker taking the lease (required)")
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "lease duration, whole seconds from 1s to 24h (default: the server's)")
-	cmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long (at most 60s) for another owner's lease to end")
+	cmd.Flags().Var(&wait, "wait", "wait up to this long (any duration, or forever) for another owner's lease to end")
+	cmd.Flags().StringVarP(&output, "output", "o", "json", "json: the lease as the API answered; token: the fencing token alone")
 	_ = cmd.MarkFlagRequired("owner")
 	return cmd
 }
+
+// acquire is `lease acquire`: one call when it need not wait, else calls
+// of at most fencing.MaxWait each until the lease is acquired, the wait is
+// over, or the command is interrupted.
+func (c *cli) acquire(cmd *cobra.Command, resource string, body map[string]any, wait waitFlag, tokenOnly bool) error {
+	client, err := c.client()
+	if err != nil {
+		return err
+	}
+	var deadline time.Time
+	if !wait.forever {
+		deadline = time.Now().Add(wait.d)
+	}
+	for {
+		chunk := fencing.MaxWait
+		if !wait.forever {
+			chunk = min(max(time.Until(deadline), 0), fencing.MaxWait)
+		}
+		if chunk > 0 {
+			body["wait_seconds"] = int64((chunk + time.Second - 1) / time.Second)
+		} else {
+			delete(body, "wait_seconds")
+		}
+		ctx, cancel := context.WithTimeout(cmd.Context(), chunk+callTimeout)
+		raw, err := client.Call(ctx, http.MethodPost, leasePath(resource, "/acquire"), nil, body)
+		cancel()
+		var pe *leaseapi.ProblemError
+		if errors.As(err, &pe) && pe.Code == "lease-held" && (wait.forever || time.Until(deadline) > 0) && cmd.Context().Err() == nil {
+			continue // still held: wait again
+		}
+		if err != nil {
+			return c.apiFailure(err)
+		}
+		if !tokenOnly {
+			return printJSONLine(c.stdout, raw)
+		}
+		var lease struct {
+			Token json.Number `json:"token"`
+		}
+		if err := json.Unmarshal(raw, &lease); err != nil || lease.Token == "" {
+			return fmt.Errorf("the API answered without a token: %s", raw)
+		}
+		_, err = fmt.Fprintln(c.stdout, lease.Token)
+		return err
+	}
+}
+
+// waitFlag is a --wait value: a duration >= 0, or forever.
+type waitFlag struct {
+	d       time.Duration
+	forever bool
+}
+
+func (w *waitFlag) String() string {
+	if w.forever {
+		return "forever"
+	}
+	return w.d.String()
+}
+
+func (w *waitFlag) Set(s string) error {
+	if s == "forever" {
+		*w = waitFlag{forever: true}
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return errors.New(`want a duration >= 0 such as 90s or 10m, or "forever"`)
+	}
+	*w = waitFlag{d: d}
+	return nil
+}
+
+func (w *waitFlag) Type() string { return "duration|forever" }
 
 func (c *cli) leaseRenewCmd() *cobra.Command {
 	var owner string
@@ -368,30 +459,99 @@ func leasePath(resource, suffix string) string {
 	return "/v1/leases/" + url.PathEscape(resource) + suffix
 }
 
-// apiURL is the lease API's base URL from FENCEGATE_API_URL.
+// apiFlags are the client commands' --api-url and --api-token-file.
+type apiFlags struct {
+	url, tokenFile string
+}
+
+// register adds the flags to a command's flag set.
+func (a *apiFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&a.url, "api-url", "", "the lease API's base URL (default: $FENCEGATE_API_URL, else "+config.DefaultAPIURL+")")
+	fs.StringVar(&a.tokenFile, "api-token-file", "", "a file whose first line is the API token (default: $FENCEGATE_API_TOKEN)")
+}
+
+// apiURL is the lease API's base URL: --api-url, FENCEGATE_API_URL, or
+// the default.
 func (c *cli) apiURL() (string, error) {
-	raw := c.getenv("FENCEGATE_API_URL")
+	raw, from := c.api.url, "--api-url"
+	if raw == "" {
+		raw, from = c.getenv("FENCEGATE_API_URL"), "FENCEGATE_API_URL"
+	}
 	if raw == "" {
 		return config.DefaultAPIURL, nil
 	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", withExit(exitUsage, fmt.Errorf("FENCEGATE_API_URL %q: want http://host:port or https://host:port", raw))
+		return "", withExit(exitUsage, fmt.Errorf("%s %q: want http://host:port or https://host:port", from, raw))
 	}
 	return raw, nil
 }
 
-// client is a lease API client configured from the environment.
+// apiToken is the bearer token: the first line of --api-token-file, or
+// FENCEGATE_API_TOKEN. A file keeps the secret out of the environment and
+// the command line (a Kubernetes Secret mounted as a file).
+func (c *cli) apiToken() (string, error) {
+	if c.api.tokenFile == "" {
+		return c.getenv("FENCEGATE_API_TOKEN"), nil
+	}
+	raw, err := os.ReadFile(c.api.tokenFile)
+	if err != nil {
+		return "", withExit(exitUsage, fmt.Errorf("--api-token-file: %w", err))
+	}
+	tok, _, _ := strings.Cut(string(raw), "\n")
+	tok = strings.TrimSpace(tok)
+	if tok == "" {
+		return "", withExit(exitUsage, fmt.Errorf("--api-token-file %s: the first line is empty", c.api.tokenFile))
+	}
+	return tok, nil
+}
+
+// client is a lease API client configured from the flags and environment.
 func (c *cli) client() (*leaseapi.Client, error) {
 	base, err := c.apiURL()
 	if err != nil {
 		return nil, err
 	}
+	tok, err := c.apiToken()
+	if err != nil {
+		return nil, err
+	}
 	var opts []leaseapi.ClientOption
-	if tok := c.getenv("FENCEGATE_API_TOKEN"); tok != "" {
+	if tok != "" {
 		opts = append(opts, leaseapi.WithToken(tok))
 	}
+	tlsCfg, err := c.apiTLS()
+	if err != nil {
+		return nil, err
+	}
+	if tlsCfg != nil {
+		opts = append(opts, leaseapi.WithTLSConfig(tlsCfg))
+	}
 	return leaseapi.NewClient(base, opts...), nil
+}
+
+// apiTLS is the client TLS configuration from FENCEGATE_API_CA_FILE (a
+// private CA for an https:// API) and FENCEGATE_API_CLIENT_CERT and
+// FENCEGATE_API_CLIENT_KEY (a client certificate for a mutual-TLS API), or
+// nil when none is set. A file that does not load is a usage error naming
+// it.
+func (c *cli) apiTLS() (*tls.Config, error) {
+	files := certs.ClientFiles{
+		CAFile:   c.getenv("FENCEGATE_API_CA_FILE"),
+		CertFile: c.getenv("FENCEGATE_API_CLIENT_CERT"),
+		KeyFile:  c.getenv("FENCEGATE_API_CLIENT_KEY"),
+	}
+	if files == (certs.ClientFiles{}) {
+		return nil, nil
+	}
+	if (files.CertFile == "") != (files.KeyFile == "") {
+		return nil, withExit(exitUsage, errors.New("FENCEGATE_API_CLIENT_CERT and FENCEGATE_API_CLIENT_KEY must be set together"))
+	}
+	cfg, err := certs.ClientConfig(files)
+	if err != nil {
+		return nil, withExit(exitUsage, fmt.Errorf("lease API TLS (FENCEGATE_API_CA_FILE, FENCEGATE_API_CLIENT_CERT, FENCEGATE_API_CLIENT_KEY): %w", err))
+	}
+	return cfg, nil
 }
 
 // callAPI sends one request and prints the answer: the JSON on stdout on
@@ -427,6 +587,14 @@ func (c *cli) apiFailure(err error) error {
 		default:
 			return withExit(exitRefused, nil)
 		}
+	}
+	if errors.Is(err, leaseapi.ErrUnreachable) {
+		base, _ := c.apiURL()
+		var cause error = err
+		if op := (*net.OpError)(nil); errors.As(err, &op) {
+			cause = op
+		}
+		return withExit(exitUnavailable, fmt.Errorf("the lease API at %s is unreachable: %w (is fencegate serve running there? --api-url or FENCEGATE_API_URL names it)", base, cause))
 	}
 	if transient(err) {
 		return withExit(exitUnavailable, err)

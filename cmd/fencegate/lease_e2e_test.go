@@ -143,6 +143,9 @@ func TestLeaseCommandsWithoutServerExit4(t *testing.T) {
 		if r.code != exitUnavailable || r.stdout != "" || r.stderr == "" {
 			t.Errorf("fencegate %v without a server: exit %d, stdout %q, stderr %q; want 4", args, r.code, r.stdout, r.stderr)
 		}
+		if !strings.Contains(r.stderr, "lease API at http://"+addr+" is unreachable") || strings.Contains(r.stderr, "store unavailable") {
+			t.Errorf("fencegate %v without a server: stderr %q, want the lease API named unreachable", args, r.stderr)
+		}
 	}
 }
 

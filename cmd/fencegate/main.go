@@ -8,6 +8,8 @@
 //	fencegate lease ...      acquire, renew, release, inspect leases and checkpoints through the API
 //	fencegate run ... -- CMD run CMD while holding a lease, with its token in the environment
 //	fencegate check          validate the configuration, print it (secrets redacted)
+//	fencegate access hash|token
+//	                         hash a bearer token for the access file, or make a new one
 //	fencegate health [--url URL]
 //	                         exit 0 when the running fencegate's /readyz answers ready
 //	fencegate version        print the version
@@ -57,6 +59,7 @@ var subcommands = []func(*cli) *cobra.Command{
 	newLeaseCmd,
 	newRunCmd,
 	newCheckCmd,
+	newAccessCmd,
 	newHealthCmd,
 	newVersionCmd,
 	newEnvCmd,
@@ -91,6 +94,9 @@ type cli struct {
 	// started is set once the command line was accepted and a command
 	// began to run.
 	started bool
+	// api holds the client commands' --api-url and --api-token-file
+	// (lease.go), which override FENCEGATE_API_URL and FENCEGATE_API_TOKEN.
+	api apiFlags
 }
 
 // getenv returns the value of name in c.environ, the last one if repeated.

@@ -22,18 +22,21 @@ type runOptions struct {
 	resource        string
 	owner           string
 	ttl             time.Duration
-	wait            time.Duration
+	wait            waitFlag
 	finishOnSuccess bool
 	killAfter       time.Duration
 }
 
 const runHelp = `Take the lease on RESOURCE (waiting up to --wait while another owner holds
-it), then run CMD with these variables added to its environment:
+it; any duration, or forever), then run CMD with these variables added to its
+environment:
 
   FENCING_RESOURCE   the resource
   FENCING_TOKEN      the fencing token, to send as the Fencing-Token header
   FENCING_OWNER      the lease's owner
-  FENCEGATE_API_URL  the lease API (FENCEGATE_API_TOKEN is passed on as is)
+  FENCEGATE_API_URL  the lease API (FENCEGATE_API_TOKEN and the TLS variables,
+                     FENCEGATE_API_CA_FILE and FENCEGATE_API_CLIENT_CERT/KEY,
+                     are passed on as they are)
 
 While CMD runs the lease is renewed every TTL/3, and transient failures are
 retried every TTL/10. SIGINT and SIGTERM are forwarded to CMD. When CMD exits the lease
@@ -87,9 +90,11 @@ func newRunCmd(c *cli) *cobra.Command {
 	f.StringVar(&o.resource, "resource", "", "the resource to lease (required)")
 	f.StringVar(&o.owner, "owner", "", "the lease's owner (default: HOST:PID, unique per process)")
 	f.DurationVar(&o.ttl, "ttl", 30*time.Second, "lease duration, whole seconds from 1s to 24h")
-	f.DurationVar(&o.wait, "wait", fencing.MaxWait, "wait up to this long (at most 60s) for another owner's lease to end")
+	o.wait = waitFlag{d: fencing.MaxWait}
+	f.Var(&o.wait, "wait", "wait up to this long (any duration, or forever) for another owner's lease to end")
 	f.BoolVar(&o.finishOnSuccess, "finish-on-success", false, "release with finished=true when CMD exits 0")
 	f.DurationVar(&o.killAfter, "kill-after", 10*time.Second, "after a lost lease's SIGTERM, send SIGKILL this much later")
+	c.api.register(f)
 	_ = cmd.MarkFlagRequired("resource")
 	return cmd
 }
@@ -106,9 +111,6 @@ func (o *runOptions) check(cmd *cobra.Command) error {
 	}
 	if err := fencing.ValidateTTL(o.ttl); err != nil {
 		return usageError(cmd, "--ttl %v: %v", o.ttl, err)
-	}
-	if err := fencing.ValidateWait(o.wait); err != nil {
-		return usageError(cmd, "--wait: %v", err)
 	}
 	if o.killAfter < 0 {
 		return usageError(cmd, "--kill-after must not be negative")
@@ -144,15 +146,7 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigc)
 
-	sess, err := leaseapi.NewSession(ctx, client, o.resource, leaseapi.SessionOptions{
-		Owner: o.owner, TTL: o.ttl, Wait: o.wait,
-		// The session's default margin is TTL/10 already; run retries a
-		// failed renewal every TTL/10, as its help says.
-		RetryInterval: o.ttl / 10,
-		OnRetry: func(err error) {
-			fmt.Fprintf(c.stderr, "fencegate run: renewal failed, retrying: %v\n", err)
-		},
-	})
+	sess, err := c.openSession(ctx, client, o)
 	switch {
 	case errors.Is(err, fencing.ErrLeaseHeld):
 		_ = c.apiFailure(err) // prints the problem
@@ -222,6 +216,32 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 		return withExit(status, nil)
 	}
 	return nil
+}
+
+// openSession acquires the lease as a session, waiting up to o.wait (or
+// forever) in bounded waits of at most fencing.MaxWait each, as the API
+// allows, while another owner holds it.
+func (c *cli) openSession(ctx context.Context, client *leaseapi.Client, o runOptions) (*leaseapi.Session, error) {
+	deadline := time.Now().Add(o.wait.d)
+	for {
+		wait := fencing.MaxWait
+		if !o.wait.forever {
+			wait = min(max(time.Until(deadline), 0), fencing.MaxWait)
+		}
+		sess, err := leaseapi.NewSession(ctx, client, o.resource, leaseapi.SessionOptions{
+			Owner: o.owner, TTL: o.ttl, Wait: wait,
+			// The session's default margin is TTL/10 already; run retries a
+			// failed renewal every TTL/10, as its help says.
+			RetryInterval: o.ttl / 10,
+			OnRetry: func(err error) {
+				fmt.Fprintf(c.stderr, "fencegate run: renewal failed, retrying: %v\n", err)
+			},
+		})
+		if errors.Is(err, fencing.ErrLeaseHeld) && ctx.Err() == nil && (o.wait.forever || time.Until(deadline) > 0) {
+			continue // still held: wait again
+		}
+		return sess, err
+	}
 }
 
 // release ends the session and its lease after CMD exited; a failure is

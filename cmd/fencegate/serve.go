@@ -24,6 +24,8 @@ import (
 	"github.com/fencegate/fencegate/fencing/pgstore"
 	"github.com/fencegate/fencegate/fencing/storemetrics"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
+	"github.com/fencegate/fencegate/internal/certs"
+	"github.com/fencegate/fencegate/internal/connlimit"
 	"github.com/fencegate/fencegate/internal/logwriter"
 	"github.com/fencegate/fencegate/leaseapi"
 	"github.com/fencegate/fencegate/proxy"
@@ -47,6 +49,10 @@ func exitNow(code int) {
 // after DrainDelay the listeners stop accepting, in-flight requests get
 // ShutdownGrace to finish, and the store is closed.
 func serve(ctx context.Context, environ []string, stderr io.Writer) error {
+	// SIGHUP reloads (see reloads); subscribed first, so one sent during
+	// start-up is held until the reload loop runs, never ending the process.
+	hup := make(chan os.Signal, 1)
+	defer notifyReload(hup)()
 	cfg, err := config.Load(environ)
 	if err != nil {
 		return err
@@ -57,7 +63,26 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	defer logs.Flush()
 	servedLogs.Store(logs)
 	log := newLogger(cfg, logs)
-	log.Info("starting fencegate", "version", Version(), "api_auth", cfg.APIToken != "")
+	log.Info("starting fencegate", "version", Version(), "api_auth", cfg.APIToken != "" || cfg.AccessFile != "", "api_tls", cfg.APITLS(), "api_mtls", cfg.APITLSClientCA != "")
+	reg := &reloads{log: log}
+	apiTLS, err := listenerTLS(ctx, "API_TLS", cfg.APITLSCert, cfg.APITLSKey, cfg.APITLSClientCA, cfg.TLSWatch, reg, log)
+	if err != nil {
+		return err
+	}
+	accessFile, err := loadAccess(cfg, log)
+	if err != nil {
+		return err
+	}
+	if accessFile != nil {
+		log.Info("lease API access file", "file", cfg.AccessFile, "clients", len(accessFile.Policy().Clients()))
+		reg.add("FENCEGATE_ACCESS_FILE "+cfg.AccessFile, func() error {
+			if err := accessFile.Reload(); err != nil {
+				return err
+			}
+			warnCertClients(cfg, accessFile.Policy(), log)
+			return nil
+		})
+	}
 	// Rules are configuration: a mistake in them stops start-up before
 	// telemetry and the store are set up.
 	var rules []proxy.Rule
@@ -88,14 +113,17 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		Store:              store,
 		Logger:             log,
 		AuthToken:          cfg.APIToken,
+		Access:             accessFile,
 		DefaultTTL:         cfg.DefaultTTL,
 		MaxCheckpointBytes: cfg.MaxCheckpointBytes,
 		Metrics:            tel.metrics,
 		MeterProvider:      tel.meterProvider,
 		TracerProvider:     tel.tracerProvider,
 		ServerName:         cfg.APIAddr,
+		AccessLog:          cfg.AccessLog,
+		ReadyWithoutStore:  cfg.ReadyWithoutStore,
 	})
-	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api, health: isHealthCheck, cfg: cfg}}
+	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api, health: isHealthCheck, log: log, cfg: cfg, tls: apiTLS}}
 
 	var gate *proxy.Gate
 	if cfg.Upstream == "" {
@@ -108,10 +136,17 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		if cfg.RulesFile != "" {
+			reg.add("FENCEGATE_RULES_FILE "+cfg.RulesFile, func() error { return reloadRules(cfg, gate, log) })
+		}
 		if err := restoreHolds(ctx, gate, log); err != nil {
 			return err
 		}
-		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, gate: gate, log: log, cfg: cfg, onCutOff: func() { gate.LogCutOff() }})
+		gateTLS, err := listenerTLS(ctx, "PROXY_TLS", cfg.ProxyTLSCert, cfg.ProxyTLSKey, cfg.ProxyTLSClientCA, cfg.TLSWatch, reg, log)
+		if err != nil {
+			return err
+		}
+		servers = append(servers, &listener{name: "gate", addr: cfg.ProxyAddr, gate: gate, log: log, cfg: cfg, tls: gateTLS, onCutOff: func() { gate.LogCutOff() }})
 	}
 
 	for _, s := range servers {
@@ -121,7 +156,22 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 			}
 			return err
 		}
-		log.Info("listening", "listener", s.name, "addr", s.ln.Addr().String())
+		log.Info("listening", "listener", s.name, "addr", s.ln.Addr().String(), "tls", s.tls != nil)
+	}
+	defer reg.run(ctx, hup)()
+	var conns []proxy.ConnCount
+	for _, s := range servers {
+		if c, ok := s.connCount(); ok {
+			conns = append(conns, c)
+		}
+	}
+	if err := proxy.ObserveConnections(tel.meterProvider, conns...); err != nil {
+		log.Warn("connections gauge", "error", err)
+	}
+	if gate != nil {
+		if err := proxy.ObserveWritesInFlight(tel.meterProvider, gate); err != nil {
+			log.Warn("writes in flight gauge", "error", err)
+		}
 	}
 	errc := make(chan error, len(servers))
 	for _, s := range servers {
@@ -164,6 +214,8 @@ type listener struct {
 	cfg     config.Config
 	ln      net.Listener
 	srv     server
+	tls     *certs.Source      // serve HTTPS with its certificates; nil: cleartext
+	conns   *connlimit.Counter // the lease API's open connections
 	// onCutOff, if set, runs when the shutdown grace ends with requests
 	// still in flight, before their connections are closed.
 	onCutOff func()
@@ -190,24 +242,62 @@ func (l *listener) listen() error {
 	}
 	if l.gate != nil {
 		l.ln = ln
-		l.srv = proxy.NewServer(l.gate, proxy.ServerOptions{
+		opts := proxy.ServerOptions{
 			HeaderTimeout: l.cfg.ReadHeaderTimeout,
 			IdleTimeout:   l.cfg.IdleTimeout,
 			MaxConns:      l.cfg.MaxConns,
 			Logger:        l.log,
 			NoIOURing:     !l.cfg.IOURing,
-		})
+			H2C:           l.cfg.ProxyH2C,
+		}
+		if l.tls != nil {
+			opts.TLS = l.tls.TLSConfig() // HTTP/2 by ALPN; certificates re-read on SIGHUP
+		}
+		l.srv = proxy.NewServer(l.gate, opts)
 		return nil
 	}
-	l.ln = newConnLimit(ln, l.cfg.MaxConns, healthReserve)
-	l.srv = &http.Server{
+	cl := newConnLimit(ln, l.cfg.MaxConns, healthReserve)
+	l.ln, l.conns = cl, cl.Counter
+	hs := &http.Server{
 		Handler:           overflowHandler(l.handler, l.health),
 		ReadHeaderTimeout: l.cfg.ReadHeaderTimeout,
 		ReadTimeout:       l.cfg.ReadHeaderTimeout + l.cfg.BodyTimeout,
 		IdleTimeout:       l.cfg.IdleTimeout,
 		ConnContext:       connContext,
+		// A failed handshake (no client certificate, an unknown CA) is
+		// the client's problem, logged at debug by the handler's logger
+		// rather than on net/http's own log.
+		ErrorLog: slog.NewLogLogger(l.logger().Handler(), slog.LevelDebug),
 	}
+	if l.tls != nil {
+		// HTTP/2 by ALPN (the Source offers h2 and http/1.1).
+		hs.TLSConfig = l.tls.TLSConfig()
+		l.ln = tls.NewListener(l.ln, hs.TLSConfig)
+	}
+	l.srv = hs
 	return nil
+}
+
+// logger is the listener's logger, or one that discards.
+func (l *listener) logger() *slog.Logger {
+	if l.log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l.log
+}
+
+// connCount is the listener's open connections, for the
+// fencegate_connections gauge.
+func (l *listener) connCount() (proxy.ConnCount, bool) {
+	switch srv := l.srv.(type) {
+	case *proxy.Server:
+		return proxy.ConnCount{Listener: l.name, Active: srv.ActiveConnections}, true
+	default:
+		if l.conns != nil {
+			return proxy.ConnCount{Listener: l.name, Active: l.conns.Active}, true
+		}
+	}
+	return proxy.ConnCount{}, false
 }
 
 func (l *listener) serve() error {
@@ -365,6 +455,20 @@ func loadRules(cfg config.Config) ([]proxy.Rule, error) {
 	return rules, nil
 }
 
+// reloadRules re-reads FENCEGATE_RULES_FILE into gate (SIGHUP): rules that
+// do not load leave the ones in force, and the error names the file.
+func reloadRules(cfg config.Config, gate *proxy.Gate, log *slog.Logger) error {
+	rules, err := loadRules(cfg)
+	if err != nil {
+		return err
+	}
+	if err := gate.SetRules(rules); err != nil {
+		return err
+	}
+	log.Info("write gate rules reloaded", "file", cfg.RulesFile, "rules", len(rules))
+	return nil
+}
+
 // newGate builds the write gate from the configuration and its parsed rules;
 // holds, when the store has the capability, keeps barrier holds across
 // restarts; logs, the logger's output, gathers the audit lines of each of
@@ -373,6 +477,9 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 	upstream, err := url.Parse(cfg.Upstream)
 	if err != nil {
 		return nil, fmt.Errorf("FENCEGATE_UPSTREAM: %w", err)
+	}
+	if sock, err := config.UpstreamSocket(cfg.Upstream); err == nil {
+		upstream = &url.URL{Scheme: "unix", Path: sock}
 	}
 	resourceHeader := cfg.ResourceHeaderOn(len(rules))
 	log.Info("write gate", "upstream", upstream.Redacted(), "rules", len(rules), "resource_header", resourceHeader)
@@ -405,10 +512,12 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		Holds:           holds,
 		UpstreamTimeout: cfg.UpstreamTimeout,
 		UpstreamConns:   cfg.UpstreamConns,
+		UpstreamHTTP2:   cfg.UpstreamHTTP2,
+		NoWriteReuse:    !cfg.UpstreamReuseWrites,
 		MeterProvider:   tel.meterProvider,
 		TracerProvider:  tel.tracerProvider,
 		ServerName:      cfg.ProxyAddr,
-		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample},
+		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample, Access: cfg.AccessLog},
 		LogBatch:        batch,
 	})
 }

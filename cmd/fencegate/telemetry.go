@@ -104,6 +104,10 @@ func newTelemetry(ctx context.Context, environ []string, log *slog.Logger) (*tel
 		// Explicit, so names stay fencegate_gate_writes_total and
 		// fencegate_store_duration_seconds whatever the exporter's default.
 		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes),
+		// No otel_scope_name, otel_scope_version, ... labels on every
+		// series: every instrument is fencegate's own (or the HTTP
+		// conventions'), so they would only multiply the label sets.
+		otelprom.WithoutScopeInfo(),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("prometheus exporter: %w", err)

@@ -113,11 +113,21 @@ func TestMetricsThroughTheBinary(t *testing.T) {
 		{"http_server_request_duration_seconds_count", []string{`http_route="/v1/leases/{resource}/acquire"`, `http_response_status_code="200"`}, -1},
 		{"http_server_request_duration_seconds_count", []string{`http_route="/jobs/{id}"`, `http_response_status_code="409"`}, 1},
 		{"go_goroutines", nil, -1},
+		{"fencegate_connections", []string{`listener="api"`}, -1},
+		{"fencegate_connections", []string{`listener="gate"`}, -1},
+		{"fencegate_gate_writes_in_flight", nil, 0},
 	} {
 		got := sample(text, c.name, c.labels...)
 		if got < 0 || (c.want >= 0 && got != c.want) {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
+	}
+	// No instrumentation-scope labels on every series.
+	if strings.Contains(text, "otel_scope_") {
+		t.Errorf("/metrics carries otel_scope_* labels")
+	}
+	if api := sample(text, "fencegate_connections", `listener="api"`); api < 1 {
+		t.Errorf("fencegate_connections{listener=\"api\"} = %v during a scrape on it, want at least 1", api)
 	}
 	// Resource names never become labels.
 	if strings.Contains(text, "job:1") || strings.Contains(text, "/jobs/1") {

@@ -17,14 +17,18 @@ that was already on its way is refused by the gate (409 stale-token), which
 is what actually fences it.
 
 Usage:
-    worker.py [--api URL] [--gate URL] [--resource R] [--owner O]
-              [--ttl SECONDS] [--interval SECONDS] [--steps N]
+    worker.py [--api URL] [--gate URL] [--resource job:ID] [--path /jobs/{id}]
+              [--owner O] [--ttl SECONDS] [--interval SECONDS] [--steps N]
 
-FENCEGATE_API_URL and FENCEGATE_API_TOKEN are read from the environment.
-Each write is PUT <gate>/work/<resource>; the gate must take the resource
-from the Fencing-Resource header (its default without route rules). The
-worker prints one JSON line per event on stdout. Exit status: 0 done,
-75 not acquired within the wait, 76 lease lost, 1 other errors.
+FENCEGATE_API_URL and FENCEGATE_API_TOKEN are read from the environment,
+and GATE_URL (as the shell example does) for the default of --gate.
+Each write is PUT <gate><path>, where {id} in --path is the resource's part
+after its first ':' (job:43 writes /jobs/43): the gate of the README's quick
+start (rule "PUT,PATCH,DELETE /jobs/{id} fence job:{id}") fences it on the
+resource itself. Fencing-Resource is sent too, for a gate without rules.
+The worker prints one JSON line per event on stdout; a refused write prints
+the problem's code. Exit status: 0 done, 75 not acquired within the wait,
+76 lease lost, 1 other errors.
 """
 
 import argparse
@@ -186,9 +190,24 @@ class Lease:
                                                "finished": finished})["released"]
 
 
-def write(gate, lease, body):
-    """PUTs body through the gate with the lease's fencing headers."""
-    url = "%s/work/%s" % (gate.rstrip("/"), lease.resource)
+def expand_path(template, resource):
+    """Fills {id} with the resource's part after its first ':'."""
+    _, sep, ident = resource.partition(":")
+    return template.replace("{id}", urllib.parse.quote(ident if sep else resource, safe=""))
+
+
+def problem_code(raw):
+    """The code of a problem+json answer, or "" when it is not one."""
+    try:
+        return json.loads(raw).get("code", "")
+    except (ValueError, AttributeError):
+        return ""
+
+
+def write(gate, path, lease, body):
+    """PUTs body through the gate with the lease's fencing headers; returns
+    the status and, for a refusal, the problem's code."""
+    url = gate.rstrip("/") + expand_path(path, lease.resource)
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="PUT")
     req.add_header("Content-Type", "application/json")
     req.add_header("Fencing-Token", str(lease.token))
@@ -196,17 +215,17 @@ def write(gate, lease, body):
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             resp.read()
-            return resp.status
+            return resp.status, ""
     except urllib.error.HTTPError as e:
-        e.read()
-        return e.code
+        return e.code, problem_code(e.read())
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--api", default=os.environ.get("FENCEGATE_API_URL", "http://127.0.0.1:7070"))
-    p.add_argument("--gate", default="http://127.0.0.1:8080")
+    p.add_argument("--gate", default=os.environ.get("GATE_URL", "http://127.0.0.1:8080"))
     p.add_argument("--resource", default="job:demo")
+    p.add_argument("--path", default="/jobs/{id}", help="path of the writes; {id} is the resource after its first ':'")
     p.add_argument("--owner", default="%s:%d" % (socket.gethostname(), os.getpid()))
     p.add_argument("--ttl", type=int, default=30, help="lease TTL in whole seconds")
     p.add_argument("--wait", type=int, default=60, help="seconds to wait for the lease (at most 60)")
@@ -229,17 +248,17 @@ def main():
             lease.lose("local deadline passed")
             return EXIT_LOST
         try:
-            status = write(args.gate, lease, {"owner": lease.owner, "token": lease.token, "step": step})
+            status, code = write(args.gate, args.path, lease, {"owner": lease.owner, "token": lease.token, "step": step})
         except OSError as e:  # no answer: the write may or may not be applied; PUT is idempotent
             emit(event="retry", owner=lease.owner, step=step, error=str(e))
             time.sleep(args.interval)
             continue
         if status == 409:
-            emit(event="refused", by="gate", owner=lease.owner, token=lease.token, step=step)
+            emit(event="refused", by="gate", owner=lease.owner, token=lease.token, step=step, status=status, code=code)
             lease.lose("write refused by the gate")
             return EXIT_LOST
         if status // 100 != 2:
-            emit(event="error", owner=lease.owner, status=status, step=step)
+            emit(event="error", owner=lease.owner, status=status, code=code, step=step)
             lease.release(False)
             return 1
         emit(event="write", owner=lease.owner, token=lease.token, step=step)

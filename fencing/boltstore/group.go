@@ -3,6 +3,7 @@ package boltstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +54,11 @@ import (
 // rerun a refused call alone instead of just answering it. A failing
 // commit (the flush itself) fails the whole group: every call in it gets
 // ErrAmbiguous, as it would alone, since the write may have reached the
-// disk.
+// disk. An operation that panics (a bug) fails like a storage failure, and
+// its caller then panics with the same value, as it would have without
+// group commit; a panic in bbolt's commit answers the group's calls with
+// ErrAmbiguous and panics in the leader. Either way the transaction is
+// ended and the lead passed on: the store keeps serving.
 //
 // A caller whose context ends while its call is still queued takes it back
 // (nothing done, the context's error); once a group has taken it, the
@@ -79,6 +84,9 @@ type call struct {
 
 	// Set by the group that ran the call, read by its caller after wake.
 	err error
+	// panicked is what the operation panicked with, if it did: its caller
+	// panics with it, as it would have without group commit.
+	panicked any
 	// wake receives one signal: the call was answered, or (lead) its
 	// caller must run the next group.
 	wake chan struct{}
@@ -128,6 +136,9 @@ func (s *Store) do(ctx context.Context, c *call) error {
 		c.state = callTaken
 		g.mu.Unlock()
 		s.lead([]*call{c})
+		if c.panicked != nil {
+			panic(c.panicked)
+		}
 		return c.err
 	}
 	c.wake = make(chan struct{}, 1)
@@ -153,6 +164,9 @@ func (s *Store) do(ctx context.Context, c *call) error {
 		g.mu.Unlock()
 		s.lead(group)
 	}
+	if c.panicked != nil {
+		panic(c.panicked)
+	}
 	return c.err
 }
 
@@ -160,7 +174,9 @@ func (s *Store) do(ctx context.Context, c *call) error {
 func (g *committer) remove(c *call) {
 	for i, q := range g.queue {
 		if q == c {
-			g.queue = append(g.queue[:i], g.queue[i+1:]...)
+			n := copy(g.queue[i:], g.queue[i+1:])
+			g.queue[i+n] = nil
+			g.queue = g.queue[:i+n]
 			return
 		}
 	}
@@ -188,7 +204,14 @@ func (g *committer) take() []*call {
 // lead runs group, answers its calls, and hands the lead on to the first
 // queued call, if any.
 func (s *Store) lead(group []*call) {
+	// Deferred, so that a panic in the group still answers its calls and
+	// passes the lead on: the store goes on serving.
+	defer s.handOff(group)
 	s.commitGroup(group)
+}
+
+// handOff answers the calls of a finished group and wakes the next leader.
+func (s *Store) handOff(group []*call) {
 	g := &s.group
 	g.mu.Lock()
 	var next *call
@@ -216,6 +239,17 @@ func (s *Store) lead(group []*call) {
 // file).
 func (s *Store) commitGroup(group []*call) {
 	live := group
+	defer func() {
+		if p := recover(); p != nil {
+			// Not in an operation (runCall answers those): in bbolt's
+			// commit. The calls still running may have been committed.
+			err := fmt.Errorf("%w: store file %s: internal error committing: %v", fencing.ErrAmbiguous, s.path, p)
+			for _, c := range live {
+				c.err = err
+			}
+			panic(p)
+		}
+	}()
 	for len(live) > 0 {
 		failed := s.tryGroup(live)
 		if failed < 0 {
@@ -240,6 +274,9 @@ func (s *Store) tryGroup(live []*call) int {
 		}
 		return -1
 	}
+	// Ends tx if a panic leaves it open (after Commit or Rollback it is a
+	// no-op), so that bbolt's writer lock is not held forever.
+	defer tx.Rollback()
 	txid := tx.ID()
 	var (
 		touched []string // resources this transaction put in the mark cache
@@ -325,7 +362,15 @@ type ran struct {
 // runCall runs c in tx: loads the record, applies the operation, and saves
 // the record when the operation changed it. A storage failure comes back
 // as *storageError; a refusal as itself.
-func (s *Store) runCall(tx *bolt.Tx, c *call) (ran, bool, error) {
+func (s *Store) runCall(tx *bolt.Tx, c *call) (_ ran, _ bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			// A bug in the operation: it fails alone (its caller panics
+			// with p, see do), the group goes on without it.
+			c.panicked = p
+			err = &storageError{fmt.Errorf("panic: %v", p)}
+		}
+	}()
 	now := s.clock.Now()
 	r, err := s.load(tx, c.resource, now)
 	if err != nil {

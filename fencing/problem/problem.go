@@ -152,12 +152,25 @@ func (p *Error) Body() []byte {
 	m["status"] = p.Status
 	m["detail"] = p.Detail
 	m["code"] = p.Code
-	b, err := json.Marshal(m)
+	b, err := marshal(m)
 	if err != nil { // an extension member that does not marshal
-		b, _ = json.Marshal(map[string]any{"type": TypePrefix + p.Code, "title": Title(p.Status),
+		b, _ = marshal(map[string]any{"type": TypePrefix + p.Code, "title": Title(p.Status),
 			"status": p.Status, "detail": p.Detail, "code": p.Code})
 	}
-	return append(b, '\n')
+	return b
+}
+
+// marshal encodes v on one line ending in a newline, without escaping <, >
+// and & (a detail such as "Bearer <token>" reads as written: problem
+// bodies are JSON, never HTML).
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // TooManyConnections is the answer of a server to a connection beyond its

@@ -139,3 +139,15 @@ func TestLeaseHeldRetryAfterUsesStoreClock(t *testing.T) {
 		t.Fatalf("Retry-After %q, want 90 (by the store's clock)", got)
 	}
 }
+
+// TestBodyDoesNotEscapeHTML: a detail that names "Bearer <token>" reads as
+// written, not as \u003ctoken\u003e.
+func TestBodyDoesNotEscapeHTML(t *testing.T) {
+	body := string(New(401, "unauthorized", "send Authorization: Bearer <token> & retry").Body())
+	if !strings.Contains(body, "Bearer <token> & retry") || strings.Contains(body, `\u003c`) {
+		t.Errorf("body %s escapes HTML characters", body)
+	}
+	if !strings.HasSuffix(body, "}\n") || strings.Count(body, "\n") != 1 {
+		t.Errorf("body %q is not one line ending in a newline", body)
+	}
+}

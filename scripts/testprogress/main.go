@@ -3,7 +3,8 @@
 // build errors) pass through unchanged, every top-level test that ends is
 // shown on one line with its package and duration, and a failing test's
 // whole output is shown when it fails. It exits 0; the test result is go
-// test's exit status (scripts/test.sh runs it under pipefail).
+// test's exit status (scripts/test.sh runs it under pipefail). Each package
+// is also announced as its test binary starts.
 //
 //	go test -json ./... | go run ./scripts/testprogress
 package main
@@ -54,6 +55,10 @@ func run(in io.Reader, out io.Writer) error {
 		switch {
 		case e.Action == "build-output":
 			fmt.Fprint(w, e.Output)
+		case e.Test == "" && e.Action == "start":
+			// A package's test binary was built and starts: progress while
+			// the slow packages still compile.
+			fmt.Fprintf(w, "    START %s\n", e.Package)
 		case e.Test == "" && e.Action == "output":
 			// Package-level: the closing ok/FAIL lines, panics, TestMain.
 			fmt.Fprint(w, e.Output)

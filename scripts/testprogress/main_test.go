@@ -25,6 +25,7 @@ func TestSkip(t *testing.T) { t.Skip("not here") }`)
 		"SKIP example.com/demo TestSkip",
 		"why it failed",
 		"FAIL\texample.com/demo", // go test's closing line for the package
+		"START example.com/demo", // the package announced as it starts
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)

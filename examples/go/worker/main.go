@@ -8,16 +8,20 @@
 //
 // Usage:
 //
-//	worker [-api URL] [-gate URL] [-resource R] [-owner O] [-ttl 30s] [-interval 1s] [-steps N]
+//	worker [-api URL] [-gate URL] [-resource job:ID] [-path /jobs/{id}] [-owner O] [-ttl 30s] [-interval 1s] [-steps N]
 //
 // The API URL defaults to $FENCEGATE_API_URL, else http://127.0.0.1:7070;
-// $FENCEGATE_API_TOKEN is sent when set. The gate must take the resource
-// from the Fencing-Resource header (the default when it has no route rules).
-// Each write is PUT <gate>/work/<resource> with a JSON body. The worker
-// prints one JSON line per event on stdout: lead, write, refused, stop,
-// step-down, done. With -steps N it releases the lease as finished after
-// step N-1 and exits; otherwise it runs until SIGINT or SIGTERM, then
-// releases the lease and exits 0.
+// $FENCEGATE_API_TOKEN is sent when set. The gate URL defaults to
+// $GATE_URL, else http://127.0.0.1:8080. Each write is PUT <gate><path>
+// with a JSON body, where {id} in -path is the resource's part after its
+// first ':' (job:44 writes /jobs/44): the gate of the README's quick start
+// (rule "PUT,PATCH,DELETE /jobs/{id} fence job:{id}") fences it on the
+// resource itself. The session's transport also sends Fencing-Resource, for
+// a gate without rules. The worker prints one JSON line per event on
+// stdout: lead, write, refused (with the problem's code), stop, step-down,
+// done. With -steps N it releases the lease as finished after step N-1 and
+// exits 0; otherwise it runs until SIGINT or SIGTERM, then releases the
+// lease and exits 0.
 package main
 
 import (
@@ -29,8 +33,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -69,6 +75,11 @@ func (e *events) emit(fields map[string]any) {
 // errFenced: the gate refused a write; the lease is gone.
 var errFenced = errors.New("write refused by the gate")
 
+// errRejected: the gate answered a write with a client error other than a
+// fencing refusal (a path no rule fences, a malformed request): running
+// another term would not help, so the worker stops and exits 1.
+var errRejected = errors.New("write rejected by the gate")
+
 // errFinished ends the campaign once every step is written.
 var errFinished = errors.New("finished")
 
@@ -79,8 +90,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		apiURL = "http://127.0.0.1:7070"
 	}
 	api := fs.String("api", apiURL, "lease API base URL")
-	gate := fs.String("gate", "http://127.0.0.1:8080", "write gate base URL")
+	gateURL := os.Getenv("GATE_URL") // as the shell example reads it
+	if gateURL == "" {
+		gateURL = "http://127.0.0.1:8080"
+	}
+	gate := fs.String("gate", gateURL, "write gate base URL (default $GATE_URL, else http://127.0.0.1:8080)")
 	resource := fs.String("resource", "job:demo", "resource to lead")
+	path := fs.String("path", "/jobs/{id}", "path of the writes; {id} is the resource after its first ':'")
 	owner := fs.String("owner", leaseapi.DefaultOwner(), "owner name")
 	ttl := fs.Duration("ttl", 30*time.Second, "lease TTL (whole seconds)")
 	interval := fs.Duration("interval", time.Second, "pause between writes")
@@ -108,15 +124,28 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		},
 	}
 	err := leaseapi.Campaign(ctx, client, *resource, election, func(ctx context.Context, s *leaseapi.Session) error {
-		err := lead(ctx, client, s, *gate, *interval, *steps, ev)
+		target := *gate + expandPath(*path, s.Resource())
+		err := lead(ctx, client, s, target, *interval, *steps, ev)
 		if errors.Is(err, errFinished) {
-			if _, rerr := s.Release(ctx, true); rerr != nil {
+			// Release with a context of its own: ctx is the term's, and
+			// Release ends the term, which cancels ctx before the call
+			// is made (the release would then never reach the server,
+			// and the campaign would run another term, forever).
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer rcancel()
+			if _, rerr := s.Release(rctx, true); rerr != nil {
 				return rerr
 			}
 			cancel(errFinished)
 		}
+		if errors.Is(err, errRejected) {
+			cancel(err)
+		}
 		return err
 	})
+	if cause := context.Cause(ctx); errors.Is(cause, errRejected) {
+		return cause
+	}
 	if errors.Is(context.Cause(ctx), errFinished) {
 		ev.emit(map[string]any{"event": "done", "owner": *owner})
 		return nil
@@ -130,7 +159,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 // lead does the work while s holds the lease, and returns when ctx is
 // cancelled (lease lost, or the worker is stopping), when the gate refuses
 // a write, or with errFinished after the last step.
-func lead(ctx context.Context, client *leaseapi.Client, s *leaseapi.Session, gate string, interval time.Duration, steps int, ev *events) error {
+func lead(ctx context.Context, client *leaseapi.Client, s *leaseapi.Session, target string, interval time.Duration, steps int, ev *events) error {
 	tok := s.Token()
 	ev.emit(map[string]any{"event": "lead", "owner": s.Owner(), "token": tok})
 	defer ev.emit(map[string]any{"event": "stop", "owner": s.Owner(), "token": tok})
@@ -147,7 +176,6 @@ func lead(ctx context.Context, client *leaseapi.Client, s *leaseapi.Session, gat
 	}
 
 	hc := &http.Client{Transport: s.Transport(nil), Timeout: 10 * time.Second}
-	target := gate + "/work/" + s.Resource()
 	for step := p.Next; steps == 0 || step < steps; step++ {
 		body, _ := json.Marshal(map[string]any{"owner": s.Owner(), "token": tok, "step": step})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPut, target, bytes.NewReader(body))
@@ -165,14 +193,18 @@ func lead(ctx context.Context, client *leaseapi.Client, s *leaseapi.Session, gat
 		case err != nil:
 			return err
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
+		answer, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
 		if resp.StatusCode == http.StatusConflict {
-			ev.emit(map[string]any{"event": "refused", "by": "gate", "owner": s.Owner(), "token": tok, "step": step})
+			ev.emit(map[string]any{"event": "refused", "by": "gate", "owner": s.Owner(), "token": tok, "step": step, "status": resp.StatusCode, "code": problemCode(answer)})
 			return errFenced
 		}
 		if resp.StatusCode/100 != 2 {
-			return fmt.Errorf("write %d: %s", step, resp.Status)
+			ev.emit(map[string]any{"event": "error", "owner": s.Owner(), "token": tok, "step": step, "status": resp.StatusCode, "code": problemCode(answer)})
+			if resp.StatusCode/100 == 4 {
+				return fmt.Errorf("%w: step %d: %s %s", errRejected, step, resp.Status, problemCode(answer))
+			}
+			return fmt.Errorf("write %d: %s %s", step, resp.Status, problemCode(answer))
 		}
 		ev.emit(map[string]any{"event": "write", "owner": s.Owner(), "token": tok, "step": step})
 		if _, err := s.Checkpoint(ctx, progress{Next: step + 1}); err != nil {
@@ -188,4 +220,25 @@ func lead(ctx context.Context, client *leaseapi.Client, s *leaseapi.Session, gat
 		}
 	}
 	return errFinished
+}
+
+// expandPath fills {id} in a path template with the resource's part after
+// its first ':' (the whole resource when it has none).
+func expandPath(tmpl, resource string) string {
+	_, id, ok := strings.Cut(resource, ":")
+	if !ok {
+		id = resource
+	}
+	return strings.ReplaceAll(tmpl, "{id}", url.PathEscape(id))
+}
+
+// problemCode is the code of an application/problem+json answer ("" when
+// the answer is not one): what a refused write prints, so the reason is
+// plain (stale-token, resource-required, ...).
+func problemCode(body []byte) string {
+	var p struct {
+		Code string `json:"code"`
+	}
+	_ = json.Unmarshal(body, &p)
+	return p.Code
 }

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fencegate/fencegate/config"
+	"github.com/fencegate/fencegate/leaseapi/access"
+)
+
+func newAccessCmd(c *cli) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "access",
+		Short: "Tools for the lease API's access file (FENCEGATE_ACCESS_FILE)",
+		Long: `Tools for the lease API's access file (FENCEGATE_ACCESS_FILE): who may do
+what, by resource prefix (see docs/access.md). 'fencegate check' validates
+the file.`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError(cmd, "access needs a command: hash or token")
+			}
+			return usageError(cmd, "unknown access command %q", args[0])
+		},
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "hash [TOKEN]",
+		Short: "Print the token_sha256 of a bearer token (read from stdin when not given)",
+		Long: `Print the hex SHA-256 of a bearer token, for a client's token_sha256 in the
+access file; the file never holds the token itself. Without an argument
+the token is read from the first line of stdin, which keeps it out of the
+process list and the shell history:
+
+  fencegate access hash < /run/secrets/pool-a-token`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			tok := ""
+			if len(args) == 1 {
+				tok = args[0]
+			} else {
+				line, err := bufio.NewReader(io.LimitReader(c.stdin, 64<<10)).ReadString('\n')
+				if err != nil && !errors.Is(err, io.EOF) {
+					return err
+				}
+				tok = strings.TrimRight(line, "\r\n")
+			}
+			if tok == "" {
+				return usageError(cmd, "no token: give it as the argument or on stdin")
+			}
+			if err := checkTokenChars(tok); err != nil {
+				return usageError(cmd, "%v", err)
+			}
+			_, err := fmt.Fprintln(c.stdout, access.HashToken(tok))
+			return err
+		},
+	}, &cobra.Command{
+		Use:   "token",
+		Short: "Make a new random bearer token and print it with its token_sha256",
+		Long: `Make a new random bearer token (256 bits, URL-safe base64) and print it on
+the first line and its token_sha256 on the second: give the token to the
+client, the hash to the access file.`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			b := make([]byte, 32)
+			_, _ = rand.Read(b) // never fails (crypto/rand)
+			tok := base64.RawURLEncoding.EncodeToString(b)
+			_, err := fmt.Fprintf(c.stdout, "%s\n%s\n", tok, access.HashToken(tok))
+			return err
+		},
+	})
+	return cmd
+}
+
+// checkTokenChars refuses a token no client could send in an
+// Authorization header, as FENCEGATE_API_TOKEN does.
+func checkTokenChars(tok string) error {
+	for _, r := range tok {
+		if r <= ' ' || r > '~' {
+			return errors.New("the token holds a space, a control character or a non-ASCII character: no client could send it")
+		}
+	}
+	return nil
+}
+
+// loadAccess reads FENCEGATE_ACCESS_FILE, or returns nil when it is unset.
+// Clients known by a certificate on a listener without mutual TLS can
+// never be recognised: a warning says so.
+func loadAccess(cfg config.Config, log *slog.Logger) (*access.File, error) {
+	if cfg.AccessFile == "" {
+		return nil, nil
+	}
+	f, err := access.Load(cfg.AccessFile)
+	if err != nil {
+		return nil, fmt.Errorf("FENCEGATE_ACCESS_FILE: %w", err)
+	}
+	if log != nil {
+		warnCertClients(cfg, f.Policy(), log)
+	}
+	return f, nil
+}
+
+func warnCertClients(cfg config.Config, p *access.Policy, log *slog.Logger) {
+	if p.HasCertClients() && cfg.APITLSClientCA == "" {
+		log.Warn("the access file names clients by certificate, but the lease API does not ask for client certificates (FENCEGATE_API_TLS_CLIENT_CA is unset): those clients cannot authenticate")
+	}
+}

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+)
+
+// reloads is what SIGHUP re-reads: a list of named reload functions, run
+// in the order they were added. A function that fails keeps what it had in
+// force (each one's contract) and is logged with its name; the others
+// still run. SIGHUP never stops the process.
+//
+// To make one more file reloadable, add it where it is first loaded:
+//
+//	reg.add("FENCEGATE_RULES_FILE "+cfg.RulesFile, func() error { ... })
+type reloads struct {
+	log   *slog.Logger
+	mu    sync.Mutex // serialises reload runs and additions
+	items []reloadItem
+}
+
+type reloadItem struct {
+	name   string // what is reloaded, with its file: the log line names it
+	reload func() error
+}
+
+// add registers reload under name (such as "FENCEGATE_API_TLS_CERT
+// /etc/tls/api.crt").
+func (r *reloads) add(name string, reload func() error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.items = append(r.items, reloadItem{name, reload})
+}
+
+// reload runs every registered function once and returns how many failed.
+func (r *reloads) reload(ctx context.Context) (failed int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.log.InfoContext(ctx, "SIGHUP: reloading", "items", len(r.items))
+	for _, it := range r.items {
+		if err := it.reload(); err != nil {
+			failed++
+			r.log.ErrorContext(ctx, "reload refused: the configuration in force stays", "what", it.name, "error", err.Error())
+			continue
+		}
+		r.log.InfoContext(ctx, "reloaded", "what", it.name)
+	}
+	return failed
+}
+
+// notifyReload subscribes ch to the reload signal; tests replace it.
+var notifyReload = func(ch chan<- os.Signal) func() {
+	signal.Notify(ch, syscall.SIGHUP)
+	return func() { signal.Stop(ch) }
+}
+
+// run reloads r at each signal on ch until ctx ends or stop is called.
+// The caller subscribes ch (notifyReload) as early as it can, so a SIGHUP
+// during start-up waits in ch instead of taking the default action
+// (ending the process).
+func (r *reloads) run(ctx context.Context, ch <-chan os.Signal) (stop func()) {
+	done := make(chan struct{})
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ch:
+				r.reload(ctx)
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}

@@ -1,0 +1,248 @@
+package deploy
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	"github.com/fencegate/fencegate/config"
+)
+
+// measuredRSS is the gate's highest measured RSS (1,000 client connections,
+// docs/performance.md): the sidecar's memory request must cover it.
+var measuredRSS = resource.MustParse("53Mi")
+
+// render builds a kustomization as kubectl apply -k would.
+func render(t *testing.T, dir string) []byte {
+	t.Helper()
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	m, err := k.Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	out, err := m.AsYaml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestKubernetesOverlays renders every overlay and checks what a user
+// deploys: strictly valid objects, a fencegate sidecar fencegate accepts
+// the configuration of, probes, drain, lock-down, the API token and store
+// from Secrets, a real image tag, resources above the measured RSS, and
+// more than one replica only with the shared barrier on a shared store.
+func TestKubernetesOverlays(t *testing.T) {
+	for _, overlay := range []string{"single", "replicated"} {
+		t.Run(overlay, func(t *testing.T) {
+			dir := "kubernetes/overlays/" + overlay
+			deps, secrets, cms, svcs := k8sObjects(t, dir, render(t, dir))
+			checkSidecarDeployment(t, dir, deps, secrets, cms, svcs)
+		})
+	}
+	// The base alone is one replica, whatever the overlays do.
+	deps, _, _, _ := k8sObjects(t, "kubernetes/base", render(t, "kubernetes/base"))
+	if len(deps) != 1 || deps[0].Spec.Replicas == nil || *deps[0].Spec.Replicas != 1 {
+		t.Errorf("the base must run one replica (the local barrier orders one gate's writes only)")
+	}
+}
+
+func checkSidecarDeployment(t *testing.T, where string, deps []appsv1.Deployment, secrets []corev1.Secret, cms []corev1.ConfigMap, svcs []corev1.Service) {
+	t.Helper()
+	var dep *appsv1.Deployment
+	var fg *corev1.Container
+	for i := range deps {
+		for j := range deps[i].Spec.Template.Spec.InitContainers {
+			if deps[i].Spec.Template.Spec.InitContainers[j].Name == "fencegate" {
+				dep, fg = &deps[i], &deps[i].Spec.Template.Spec.InitContainers[j]
+			}
+		}
+	}
+	if fg == nil {
+		t.Fatal("no Deployment with a fencegate init container: a native sidecar is an init container")
+	}
+	if fg.RestartPolicy == nil || *fg.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Fatal("the fencegate init container lacks restartPolicy: Always, so it is not a sidecar")
+	}
+	pod := dep.Spec.Template.Spec
+	sel := dep.Spec.Selector.MatchLabels
+	var svc *corev1.Service
+	for i := range svcs {
+		if len(svcs[i].Spec.Selector) > 0 && matches(svcs[i].Spec.Selector, dep.Spec.Template.Labels) {
+			svc = &svcs[i]
+		}
+	}
+	if len(sel) == 0 || !matches(sel, dep.Spec.Template.Labels) || svc == nil {
+		t.Errorf("selector %v does not match the pod labels %v, or no Service selects them", sel, dep.Spec.Template.Labels)
+	}
+
+	// The environment, with Secret references resolved, is one fencegate
+	// accepts.
+	env := map[string]string{}
+	for _, e := range fg.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.SecretKeyRef != nil:
+			ref := e.ValueFrom.SecretKeyRef
+			v, ok := "", false
+			for _, s := range secrets {
+				if s.Name == ref.Name {
+					if b, found := s.Data[ref.Key]; found {
+						v, ok = string(b), true
+					} else {
+						v, ok = s.StringData[ref.Key]
+					}
+				}
+			}
+			if !ok {
+				t.Fatalf("%s: Secret %s has no key %s", e.Name, ref.Name, ref.Key)
+			}
+			env[e.Name] = v
+		default:
+			t.Fatalf("%s: unsupported valueFrom", e.Name)
+		}
+	}
+	for _, name := range []string{"FENCEGATE_STORE", "FENCEGATE_API_TOKEN"} {
+		if ref := envFrom(fg, name); ref == nil || ref.SecretKeyRef == nil {
+			t.Errorf("%s does not come from a Secret", name)
+		}
+	}
+	var rulesText string
+	if path := env["FENCEGATE_RULES_FILE"]; path != "" {
+		rulesText = mountedConfigMapFile(t, pod, fg, cms, path)
+	}
+	cfg := loadConfig(t, where, env, rulesText)
+
+	// More than one replica only with the shared barrier on a shared store.
+	replicas := int32(1)
+	if dep.Spec.Replicas != nil {
+		replicas = *dep.Spec.Replicas
+	}
+	spec, err := config.ParseStore(cfg.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if replicas > 1 && (cfg.Barrier != config.BarrierShared || spec.Kind == config.StoreFile || spec.Kind == config.StoreMemory) {
+		t.Errorf("%d replicas with FENCEGATE_BARRIER=%s on %s: writes through different gates could reach the service out of token order",
+			replicas, cfg.Barrier, config.RedactURL(cfg.Store))
+	}
+	if spec.Kind == config.StoreFile {
+		dir := cfg.Store[strings.Index(cfg.Store, ":")+1:]
+		if i := strings.LastIndex(dir, "/"); i > 0 {
+			dir = dir[:i]
+		}
+		if !slices.ContainsFunc(fg.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == dir && !m.ReadOnly }) {
+			t.Errorf("the file store %s is not on a writable volume (the root file system is read-only)", cfg.Store)
+		}
+	}
+
+	// A real image: not :latest, not a registry the project does not publish to.
+	if strings.HasSuffix(fg.Image, ":latest") || !strings.Contains(fg.Image, ":") || strings.HasPrefix(fg.Image, "ghcr.io/fencegate/") {
+		t.Errorf("image %q: want an image you build and tag (no :latest, no unpublished registry)", fg.Image)
+	}
+	// Memory from the measured RSS.
+	req, lim := fg.Resources.Requests[corev1.ResourceMemory], fg.Resources.Limits[corev1.ResourceMemory]
+	if req.Cmp(measuredRSS) < 0 || lim.Cmp(req) <= 0 {
+		t.Errorf("memory request %s / limit %s: want a request of at least the measured %s and a limit above it", req.String(), lim.String(), measuredRSS.String())
+	}
+
+	// Probes ask the lease API's port: livez for liveness, readyz for
+	// readiness and start-up.
+	_, apiPort, _ := strings.Cut(cfg.APIAddr, ":")
+	for name, want := range map[string]struct {
+		p    *corev1.Probe
+		path string
+	}{
+		"liveness": {fg.LivenessProbe, "/livez"}, "readiness": {fg.ReadinessProbe, "/readyz"}, "startup": {fg.StartupProbe, "/readyz"},
+	} {
+		if want.p == nil || want.p.HTTPGet == nil {
+			t.Errorf("no HTTP %s probe", name)
+			continue
+		}
+		if want.p.HTTPGet.Path != want.path || fmt.Sprint(resolvePort(fg, want.p.HTTPGet.Port.String())) != apiPort {
+			t.Errorf("%s probe asks %s on port %s; want %s on the lease API port %s", name, want.p.HTTPGet.Path, want.p.HTTPGet.Port.String(), want.path, apiPort)
+		}
+	}
+	// The pod's grace period covers fencegate's drain.
+	if pod.TerminationGracePeriodSeconds == nil {
+		t.Fatal("no terminationGracePeriodSeconds (the default 30s is implicit)")
+	}
+	grace := time.Duration(*pod.TerminationGracePeriodSeconds) * time.Second
+	if budget := drainBudget(t, env); grace <= budget {
+		t.Errorf("terminationGracePeriodSeconds %v is not above the drain (%v)", grace, budget)
+	}
+	if sc := fg.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("the fencegate container is not locked down (read-only root, no privilege escalation)")
+	}
+	if pod.SecurityContext == nil || pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot {
+		t.Error("the pod does not require non-root")
+	}
+
+	// The scrape the annotations set up is the one the alerts select.
+	ann := dep.Spec.Template.Annotations
+	if ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/port"] != apiPort || ann["prometheus.io/path"] != "/metrics" {
+		t.Errorf("scrape annotations %v do not point at /metrics on the lease API port %s", ann, apiPort)
+	}
+	checkAlertsSelect(t, dep.Spec.Template.Labels)
+}
+
+// matches reports whether labels has every pair of sel.
+func matches(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return len(sel) > 0
+}
+
+// upSelector finds the label matchers of up{...} in an alert expression.
+var upSelector = regexp.MustCompile(`\bup\{([^}]*)\}`)
+
+// checkAlertsSelect: every up{...} of the alert rules selects series by
+// labels the manifests' pods carry, as Prometheus's annotation-based pod
+// scrape copies them (labelmap: dots, slashes and dashes become '_').
+func checkAlertsSelect(t *testing.T, podLabels map[string]string) {
+	t.Helper()
+	var rules struct {
+		Groups []struct {
+			Rules []struct{ Alert, Expr string }
+		}
+	}
+	if err := decodeYAMLStrictless("prometheus/fencegate-alerts.yml", &rules); err != nil {
+		t.Fatal(err)
+	}
+	scraped := map[string]string{}
+	for k, v := range podLabels {
+		scraped[strings.NewReplacer(".", "_", "/", "_", "-", "_").Replace(k)] = v
+	}
+	found := false
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			for _, m := range upSelector.FindAllStringSubmatch(r.Expr, -1) {
+				found = true
+				for _, matcher := range strings.Split(m[1], ",") {
+					name, value, ok := strings.Cut(strings.TrimSpace(matcher), "=")
+					value = strings.Trim(value, `"`)
+					if !ok || strings.ContainsAny(name, "!~") || strings.HasPrefix(value, "~") || scraped[name] != value {
+						t.Errorf("alert %s selects up{%s}, which the manifests' scrape (pod labels %v) does not produce", r.Alert, m[1], podLabels)
+					}
+				}
+			}
+		}
+	}
+	if !found {
+		t.Error("no alert watches up{...} for the manifests' targets")
+	}
+}

@@ -1,0 +1,152 @@
+package leaseapi_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/leaseapi"
+	"github.com/fencegate/fencegate/leaseapi/access"
+)
+
+// accessDoc: two worker pools bound to their names and prefixes, and a
+// reader of everything.
+var accessDoc = fmt.Sprintf(`clients:
+  - name: pool-a
+    token_sha256: %s
+    allow: [{prefix: "job:a:", ops: [acquire, renew, release, checkpoint, read]}]
+    bind_owner: true
+  - name: pool-b
+    token_sha256: %s
+    allow: [{prefix: "job:b:", ops: [acquire, renew, release, checkpoint, read]}]
+    bind_owner: true
+  - name: reader
+    token_sha256: %s
+    allow: [{prefix: "", ops: [read]}]
+`, access.HashToken("tok-a"), access.HashToken("tok-b"), access.HashToken("tok-r"))
+
+func newAccessEnv(t *testing.T) *env {
+	t.Helper()
+	p, err := access.Parse([]byte(accessDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newEnv(t, storeKinds[0], func(o *leaseapi.Options) { o.Access = access.Static(p) })
+}
+
+func bearerOf(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
+
+func TestAccessPoolsCannotTouchEachOther(t *testing.T) {
+	e := newAccessEnv(t)
+	const js = "application/json"
+	a := e.req("POST", "/v1/leases/job:a:1/acquire", js, `{"owner":"pool-a/w1"}`, bearerOf("tok-a")...)
+	if a.status != 200 {
+		t.Fatalf("pool-a acquires its own: %d %s", a.status, a.raw)
+	}
+	tokA := a.num("token")
+	body := func(owner string) string { return fmt.Sprintf(`{"owner":%q,"token":%d}`, owner, tokA) }
+	// pool-b, knowing pool-a's owner and token, can do nothing to it.
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/leases/job:a:1/acquire", `{"owner":"pool-b/w1"}`},
+		{"POST", "/v1/leases/job:a:1/renew", body("pool-a/w1")},
+		{"POST", "/v1/leases/job:a:1/release", body("pool-a/w1")},
+		{"PUT", "/v1/leases/job:a:1/checkpoint", `{"owner":"pool-a/w1","token":` + fmt.Sprint(tokA) + `,"state":1}`},
+		{"GET", "/v1/leases/job:a:1", ""},
+		{"GET", "/v1/leases/job:a:1/checkpoint", ""},
+		// Its own prefix, but another's owner (bind_owner).
+		{"POST", "/v1/leases/job:b:1/acquire", `{"owner":"pool-a/w1"}`},
+		{"POST", "/v1/leases/job:b:1/acquire", `{"owner":"pool-bx"}`},
+	} {
+		ct := ""
+		if c.body != "" {
+			ct = js
+		}
+		got := e.req(c.method, c.path, ct, c.body, bearerOf("tok-b")...)
+		if got.status != 403 || got.str("code") != "forbidden" || strings.Contains(string(got.raw), "pool-a/w1\"") && c.method == "GET" {
+			t.Errorf("pool-b %s %s: %d %s; want 403 forbidden", c.method, c.path, got.status, got.raw)
+		}
+		if strings.Contains(string(got.raw), fmt.Sprint(tokA)) {
+			t.Errorf("pool-b %s %s: the answer reveals pool-a's token: %s", c.method, c.path, got.raw)
+		}
+	}
+	// Nothing was done: pool-a's lease is live with its token, no checkpoint.
+	st := e.req("GET", "/v1/leases/job:a:1", "", "", bearerOf("tok-r")...)
+	if st.status != 200 || st.obj("lease") == nil || st.obj("checkpoint") != nil {
+		t.Fatalf("status after pool-b's tries: %s", st.raw)
+	}
+	if got := e.req("GET", "/v1/leases/job:b:1", "", "", bearerOf("tok-r")...); got.obj("lease") != nil {
+		t.Fatalf("a forbidden acquire took job:b:1: %s", got.raw)
+	}
+	// pool-a renews and releases its own.
+	if got := e.req("POST", "/v1/leases/job:a:1/renew", js, body("pool-a/w1"), bearerOf("tok-a")...); got.status != 200 {
+		t.Fatalf("pool-a renew: %d %s", got.status, got.raw)
+	}
+	// The reader may read but not act.
+	if got := e.req("POST", "/v1/leases/job:a:1/release", js, body("pool-a/w1"), bearerOf("tok-r")...); got.status != 403 {
+		t.Fatalf("reader release: %d %s", got.status, got.raw)
+	}
+}
+
+func TestAccessListsAreFiltered(t *testing.T) {
+	e := newAccessEnv(t)
+	const js = "application/json"
+	for _, c := range []struct{ tok, res, owner string }{
+		{"tok-a", "job:a:1", "pool-a"}, {"tok-a", "job:a:2", "pool-a/x"}, {"tok-b", "job:b:1", "pool-b"},
+	} {
+		if got := e.req("POST", "/v1/leases/"+c.res+"/acquire", js, `{"owner":"`+c.owner+`"}`, bearerOf(c.tok)...); got.status != 200 {
+			t.Fatalf("acquire %s: %d %s", c.res, got.status, got.raw)
+		}
+	}
+	list := func(tok, query string) string {
+		got := e.req("GET", "/v1/leases"+query, "", "", bearerOf(tok)...)
+		if got.status != 200 {
+			t.Fatalf("list %s as %s: %d %s", query, tok, got.status, got.raw)
+		}
+		var names []string
+		for _, l := range got.body["leases"].([]any) {
+			names = append(names, l.(map[string]any)["resource"].(string))
+		}
+		return strings.Join(names, ",")
+	}
+	for _, c := range []struct{ tok, query, want string }{
+		{"tok-a", "", "job:a:1,job:a:2"},
+		{"tok-a", "?prefix=job:", "job:a:1,job:a:2"},
+		{"tok-a", "?prefix=jo", "job:a:1,job:a:2"},
+		{"tok-a", "?prefix=job:a:2", "job:a:2"},
+		{"tok-a", "?prefix=job:b:", ""},
+		{"tok-a", "?limit=1", "job:a:1"},
+		{"tok-b", "", "job:b:1"},
+		{"tok-r", "", "job:a:1,job:a:2,job:b:1"},
+	} {
+		if got := list(c.tok, c.query); got != c.want {
+			t.Errorf("list%s as %s: %q, want %q", c.query, c.tok, got, c.want)
+		}
+	}
+}
+
+func TestAccessUnknownCredentialsAndRateLimit(t *testing.T) {
+	e := newAccessEnv(t)
+	now := time.Unix(1000, 0)
+	leaseapi.SetLimiter(e.api, access.NewLimiter(4, 10*time.Second, func() time.Time { return now }))
+	for _, hdr := range [][]string{nil, bearerOf("tok-x"), bearerOf("tok-ab"), {"Authorization", "Basic dG9rLWE="}} {
+		got := e.req("GET", "/v1/leases/job:a:1", "", "", hdr...)
+		if got.status != 401 || got.str("code") != "unauthorized" {
+			t.Fatalf("credentials %v: %d %s", hdr, got.status, got.raw)
+		}
+	}
+	// The burst of 4 is spent: the address is refused before its
+	// credentials are looked at.
+	got := e.req("GET", "/v1/leases/job:a:1", "", "", bearerOf("tok-a")...)
+	if got.status != 429 || got.header.Get("Retry-After") != "10" {
+		t.Fatalf("after 4 failures, even a good token: %d Retry-After %q %s; want 429, 10", got.status, got.header.Get("Retry-After"), got.raw)
+	}
+	// Health and metrics stay open.
+	if got := e.req("GET", "/livez", "", ""); got.status != 200 {
+		t.Fatalf("livez: %d", got.status)
+	}
+	now = now.Add(10 * time.Second)
+	if got := e.req("GET", "/v1/leases/job:a:1", "", "", bearerOf("tok-a")...); got.status != 200 {
+		t.Fatalf("after the refill: %d %s", got.status, got.raw)
+	}
+}

@@ -1,0 +1,184 @@
+package leaseapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/fencing/reqid"
+	"github.com/fencegate/fencegate/leaseapi/access"
+)
+
+// MetricRefusals counts the lease API's refusals (every problem answer of a
+// /v1 call, from 401 unauthorized to 409 lease-held) by client and code.
+const MetricRefusals = "fencegate.api.refusals"
+
+// noClient is the client label of a refusal before a client was known
+// (401, 429) or without an access file.
+const noClient = "-"
+
+// clientNote carries the name of the access client a request was
+// authenticated as, filled in by authenticate; ServeHTTP puts one in every
+// request's context so that middleware around the routes (an access log)
+// can read the name once the request is served.
+type clientNote struct {
+	mu     sync.Mutex
+	name   string
+	client *access.Client
+}
+
+type clientNoteKey struct{}
+
+// ClientName is the name of the access client (FENCEGATE_ACCESS_FILE) that
+// made the request of ctx, once it was authenticated, or "" (no access
+// file, not yet or not authenticated).
+func ClientName(ctx context.Context) string {
+	if n, ok := ctx.Value(clientNoteKey{}).(*clientNote); ok {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.name
+	}
+	return ""
+}
+
+// WithClientNote returns ctx ready to receive the client's name, for a
+// handler around the Server that reads ClientName after serving.
+// ServeHTTP adds one when ctx has none.
+func WithClientNote(ctx context.Context) context.Context {
+	if _, ok := ctx.Value(clientNoteKey{}).(*clientNote); ok {
+		return ctx
+	}
+	return context.WithValue(ctx, clientNoteKey{}, &clientNote{})
+}
+
+// client is the access client of r, nil without an access file.
+func client(r *http.Request) *access.Client {
+	if n, ok := r.Context().Value(clientNoteKey{}).(*clientNote); ok {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.client
+	}
+	return nil
+}
+
+func setClient(r *http.Request, c *access.Client) {
+	if n, ok := r.Context().Value(clientNoteKey{}).(*clientNote); ok {
+		n.mu.Lock()
+		n.name, n.client = c.Name, c
+		n.mu.Unlock()
+	}
+}
+
+// authenticate checks the credentials of every /v1 call, before routing
+// within /v1, so unauthenticated callers learn nothing about its paths.
+//
+// With an access file: a bearer token, when the request has one, must be
+// a client's (compared by hash, in constant time); without one, a verified
+// client certificate's URI or DNS SAN must name a client. Otherwise, with
+// AuthToken: the token must be it. Missing or unknown credentials are 401
+// unauthorized; an address whose failures are spent gets 429
+// too-many-requests with Retry-After before its credentials are looked at.
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	if !s.authOn && s.access == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		addr := remoteHost(r)
+		if wait, blocked := s.limiter.Blocked(addr); blocked {
+			secs := int((wait + time.Second - 1) / time.Second)
+			s.refuse(w, r, &problem.Error{Status: http.StatusTooManyRequests, Code: "too-many-requests",
+				Detail:  "too many failed authentications from this address; retry later",
+				Headers: http.Header{"Retry-After": {strconv.Itoa(secs)}}})
+			return
+		}
+		tok, hasTok := bearer(r.Header.Get("Authorization"))
+		ok := false
+		switch {
+		case s.access != nil:
+			var c *access.Client
+			p := s.access.Policy()
+			if hasTok {
+				c, ok = p.ByToken(tok)
+			} else if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+				c, ok = p.ByCertificate(r.TLS.VerifiedChains[0][0])
+			}
+			if ok {
+				setClient(r, c)
+			}
+		case hasTok:
+			sum := sha256.Sum256([]byte(tok))
+			ok = subtle.ConstantTimeCompare(sum[:], s.authSum[:]) == 1
+		}
+		if !ok {
+			s.limiter.Fail(addr)
+			detail, www := "this API requires an Authorization: Bearer <token> header", `Bearer realm="fencegate"`
+			if hasTok {
+				detail, www = "the bearer token is not valid", `Bearer realm="fencegate", error="invalid_token"`
+			} else if s.access != nil {
+				detail = "this API requires an Authorization: Bearer <token> header or a client certificate it knows"
+			}
+			s.refuse(w, r, &problem.Error{Status: http.StatusUnauthorized, Code: "unauthorized", Detail: detail,
+				Headers: http.Header{"Www-Authenticate": {www}}})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// remoteHost is the client's address without its port.
+func remoteHost(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// refuse writes an authentication or permission refusal, logs it with the
+// client's name or address, and counts it.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, p *problem.Error) {
+	s.logRefusal(r, p)
+	s.countRefusal(r, p.Code)
+	problem.Write(w, r, nil, p)
+}
+
+// forbidden is the 403 of a known client outside its permissions. It says
+// nothing of the resource beyond what the client sent.
+func forbidden(c *access.Client, what string) *problem.Error {
+	return problem.New(http.StatusForbidden, "forbidden", "client "+c.Name+" may not "+what)
+}
+
+func (s *Server) logRefusal(r *http.Request, p *problem.Error) {
+	attrs := []slog.Attr{
+		slog.String("request_id", reqid.From(r)), slog.Int("status", p.Status), slog.String("code", p.Code),
+		slog.String("method", r.Method), slog.String("path", r.URL.Path),
+	}
+	if name := ClientName(r.Context()); name != "" {
+		attrs = append(attrs, slog.String("client", name))
+	} else {
+		attrs = append(attrs, slog.String("client_addr", remoteHost(r)))
+	}
+	s.log.LogAttrs(r.Context(), slog.LevelWarn, "lease API refusal", attrs...)
+}
+
+// countRefusal adds one to MetricRefusals.
+func (s *Server) countRefusal(r *http.Request, code string) {
+	if s.refusals == nil {
+		return
+	}
+	name := ClientName(r.Context())
+	if name == "" {
+		name = noClient
+	}
+	s.refusals.Add(r.Context(), 1, metric.WithAttributes(attribute.String("client", name), attribute.String("code", code)))
+}

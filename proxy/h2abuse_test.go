@@ -1,0 +1,236 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/fencegate/fencegate/fencing"
+)
+
+// h2env is a gate serving h2c (with its event loops, as the binary serves
+// a cleartext listener) in front of a recording upstream.
+func h2env(t *testing.T) (*env, string) {
+	t.Helper()
+	e := newEnv(t, testRules)
+	s := serveGateWith(t, e.gate, ServerOptions{H2C: true})
+	return e, s.Listener.Addr().String()
+}
+
+// h2client speaks HTTP/2 with prior knowledge (h2c) to addr.
+func h2client() *http.Client {
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: tr, Timeout: 20 * time.Second}
+}
+
+// rawH2 is a raw HTTP/2 connection, framed by x/net/http2's Framer.
+type rawH2 struct {
+	c   net.Conn
+	f   *http2.Framer
+	enc *hpack.Encoder
+	buf bytes.Buffer
+}
+
+func dialH2(t *testing.T, addr string) *rawH2 {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	h := &rawH2{c: c, f: http2.NewFramer(c, c)}
+	h.enc = hpack.NewEncoder(&h.buf)
+	if err := h.f.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// block is the HPACK block of a request's header fields.
+func (h *rawH2) block(method, path string, extra ...string) []byte {
+	h.buf.Reset()
+	kv := append([]string{":method", method, ":scheme", "http", ":authority", "gate", ":path", path}, extra...)
+	for i := 0; i+1 < len(kv); i += 2 {
+		_ = h.enc.WriteField(hpack.HeaderField{Name: kv[i], Value: kv[i+1]})
+	}
+	return bytes.Clone(h.buf.Bytes())
+}
+
+// drain reads frames until the connection ends or d passes, and reports
+// whether the server closed it (GOAWAY or EOF) and the settings it sent.
+func (h *rawH2) drain(d time.Duration) (closed bool, settings map[http2.SettingID]uint32) {
+	settings = map[http2.SettingID]uint32{}
+	_ = h.c.SetReadDeadline(time.Now().Add(d))
+	for {
+		fr, err := h.f.ReadFrame()
+		if err != nil {
+			var ne net.Error
+			return !(errors.As(err, &ne) && ne.Timeout()), settings
+		}
+		switch fr := fr.(type) {
+		case *http2.GoAwayFrame:
+			return true, settings
+		case *http2.SettingsFrame:
+			_ = fr.ForeachSetting(func(s http2.Setting) error { settings[s.ID] = s.Val; return nil })
+		}
+	}
+}
+
+// stillServes proves the gate serves a fresh client after an abuse.
+func stillServes(t *testing.T, e *env, addr string) {
+	t.Helper()
+	resp, err := h2client().Get("http://" + addr + "/health-of-gate")
+	if err != nil {
+		t.Fatalf("after the abuse, a fresh client is not served: %v", err)
+	}
+	resp.Body.Close()
+}
+
+// TestH2CStreamsAreJudgedLikeHTTP1: each HTTP/2 stream is judged, admitted
+// and forwarded as an HTTP/1.1 request: a live token's write reaches the
+// upstream, a stale one, a missing one and a non-canonical path do not.
+func TestH2CStreamsAreJudgedLikeHTTP1(t *testing.T) {
+	e, addr := h2env(t)
+	old := e.acquire("job:1", "a", time.Second)
+	e.clock.Advance(2 * time.Second)
+	live := e.acquire("job:1", "b", time.Minute)
+	c := h2client()
+	do := func(method, path, token, body string) *http.Response {
+		req, _ := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+		if token != "" {
+			req.Header.Set(HeaderToken, token)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Fatalf("%s %s answered over HTTP/%d", method, path, resp.ProtoMajor)
+		}
+		return resp
+	}
+	if r := do("PUT", "/jobs/1", tok(live.Token), "live"); r.StatusCode != 200 {
+		t.Fatalf("live write: %d", r.StatusCode)
+	}
+	for _, w := range []struct {
+		path, token string
+		status      int
+	}{{"/jobs/1", tok(old.Token), 409}, {"/jobs/1", "", 428}, {"/jobs/%2e%2e/1", tok(live.Token), 400}} {
+		if r := do("PUT", w.path, w.token, "refused"); r.StatusCode != w.status {
+			t.Fatalf("PUT %s token %q: %d, want %d", w.path, w.token, r.StatusCode, w.status)
+		}
+	}
+	got := e.up.requests()
+	if len(got) != 1 || got[0].Body != "live" || got[0].Token != tok(live.Token) {
+		t.Fatalf("upstream got %+v", got)
+	}
+}
+
+// TestH2CIsOffByDefault: without H2C, a cleartext client's HTTP/2 preface
+// gets no HTTP/2 and nothing reaches the upstream.
+func TestH2CIsOffByDefault(t *testing.T) {
+	e := newEnv(t, testRules)
+	if resp, err := h2client().Get(e.gateSrv.URL + "/x"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("h2c served without H2C: %s", resp.Proto)
+	}
+	if n := e.up.count(); n != 0 {
+		t.Fatalf("upstream got %d requests", n)
+	}
+}
+
+// TestHTTP2Abuse sends HTTP/2's own attacks with raw frames at an h2c
+// gate: each is bounded (the connection refused or closed), no stream of
+// it reaches the upstream (every write carries a stale token, or never
+// completes its headers), and the gate goes on serving others.
+func TestHTTP2Abuse(t *testing.T) {
+	e, addr := h2env(t)
+	stale := e.acquire("job:1", "a", time.Second)
+	e.clock.Advance(2 * time.Second)
+	live := e.acquire("job:1", "b", time.Minute)
+	if _, err := e.store.Admit(context.Background(), fencing.AdmitRequest{Resource: "job:1", Token: live.Token}); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("concurrent streams capped", func(t *testing.T) {
+		h := dialH2(t, addr)
+		_, settings := h.drain(200 * time.Millisecond)
+		if n, ok := settings[http2.SettingMaxConcurrentStreams]; !ok || n > DefaultMaxConcurrentStreams {
+			t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS %d (sent %v), want at most %d", n, ok, DefaultMaxConcurrentStreams)
+		}
+	})
+	t.Run("rapid reset", func(t *testing.T) {
+		h := dialH2(t, addr)
+		block := h.block("PUT", "/jobs/1", "fencing-token", tok(stale.Token), "content-length", "1")
+		for i := uint32(0); i < 20000; i++ {
+			id := 1 + 2*i
+			if h.f.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}) != nil ||
+				h.f.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
+				break // the gate closed the connection
+			}
+		}
+		h.drain(2 * time.Second)
+	})
+	t.Run("CONTINUATION flood", func(t *testing.T) {
+		h := dialH2(t, addr)
+		if err := h.f.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: h.block("PUT", "/jobs/1", "fencing-token", tok(live.Token))}); err != nil {
+			t.Fatal(err)
+		}
+		filler := h.block("GET", "/", "x-filler", strings.Repeat("a", 4000))
+		sent := 0
+		for ; sent < 100000; sent++ {
+			if h.f.WriteContinuation(1, false, filler) != nil {
+				break
+			}
+		}
+		if closed, _ := h.drain(5 * time.Second); !closed {
+			t.Fatalf("the connection stays open after %d CONTINUATION frames", sent)
+		}
+	})
+	t.Run("PING flood", func(t *testing.T) {
+		h := dialH2(t, addr)
+		var data [8]byte
+		for i := 0; i < 200000; i++ {
+			if h.f.WritePing(false, data) != nil {
+				break // the gate closed it: bounded
+			}
+		}
+		h.drain(time.Second)
+	})
+	t.Run("SETTINGS flood", func(t *testing.T) {
+		h := dialH2(t, addr)
+		for i := 0; i < 50000; i++ {
+			if h.f.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: uint32(i)}) != nil {
+				break
+			}
+		}
+		h.drain(time.Second)
+	})
+	t.Run("header list too large", func(t *testing.T) {
+		h := dialH2(t, addr)
+		big := h.block("PUT", "/jobs/1", "fencing-token", tok(live.Token), "x-big", strings.Repeat("b", 15000))
+		if err := h.f.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: big, EndHeaders: true, EndStream: true}); err != nil {
+			t.Fatal(err)
+		}
+		h.drain(2 * time.Second)
+	})
+	if got := e.up.requests(); len(got) != 0 {
+		t.Fatalf("the upstream got %d requests from the abuse: %+v", len(got), got[0])
+	}
+	stillServes(t, e, addr)
+}

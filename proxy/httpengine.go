@@ -1,0 +1,299 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/fencing/reqid"
+)
+
+// The general engine: the gate as a net/http handler, behind net/http's
+// server (HTTP/1.1, HTTP/2 by ALPN or prior knowledge, TLS) and forwarding
+// through httputil.ReverseProxy over net/http's transport (see policy.go).
+// It serves every request the event loops do not: all of them on a TLS
+// listener, off Linux, or with the loops off; elsewhere the connections
+// the loops hand over (a streamed body, an upgrade, Expect, HTTP/1.0, a
+// head the loops do not read).
+
+// ServeHTTP decides, fences and forwards one request (see decide for the
+// contract). Any engine's refusal, admission and forwarding rules apply
+// unchanged; a gRPC call's refusals are gRPC answers (see grpc.go).
+func (g *Gate) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	w := &answerWriter{ResponseWriter: rw}
+	x := &exchange{w: w, r: r, ctx: context.Background(), start: time.Now(), grpc: isGRPC(r)}
+	x.id = reqid.Choose([]byte(r.Header.Get(reqid.Header)))
+	w.id = x.id
+	x.method = r.Method
+	d := g.judge(x, Incoming{Method: r.Method, Target: r.RequestURI, Host: r.Host, Header: r.Header})
+	defer g.end(x)
+	switch g.verdict(x, d) {
+	case passForward, passUpgrade:
+		g.forwardHTTP(x, nil)
+	case passFence:
+		if t, ok := g.admitWrite(x, d); ok {
+			g.forwardHTTP(x, t)
+		}
+	}
+}
+
+// exchangeKey finds a request's exchange in its context.
+type exchangeKey struct{}
+
+// forwardHTTP sends x's request to the upstream and relays the answer. t
+// is the write's place at the barrier (nil for an unfenced request): it is
+// left when the upstream's response headers arrive, or held for the grace
+// period when the outcome is unknown.
+func (g *Gate) forwardHTTP(x *exchange, t flight) {
+	defer x.releaseBody()
+	x.flight = t
+	r := x.r
+	if x.buffered == nil && r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
+		g.setBodyDeadline(x) // from the start of the forwarding, after the barrier
+		// Its first piece is read before anything is sent: a body that is
+		// malformed or stalls from its start is refused unforwarded.
+		first, err := readFirst(r.Body)
+		if err != nil {
+			p := bodyProblem(err, false, false)
+			if t != nil {
+				t.Leave()
+				g.count(x, p.Code)
+			}
+			g.writeProblem(x, p)
+			return
+		}
+		x.body = &bodyReader{r: io.MultiReader(bytes.NewReader(first), r.Body), left: int(r.ContentLength)}
+	}
+	ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), exchangeKey{}, x), g.upstreamTO)
+	defer cancel()
+	if g.beforeSend != nil {
+		g.beforeSend()
+	}
+	p := g.pooled
+	if !g.mayReuse(r) {
+		p = g.fresh
+	}
+	p.ServeHTTP(x.w, r.WithContext(ctx))
+}
+
+// readFirst reads the first piece of a streamed body (io.EOF: an empty
+// one is no error).
+func readFirst(body io.Reader) ([]byte, error) {
+	buf := make([]byte, 4<<10)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 || err == io.EOF {
+			return buf[:n], nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+// newReverseProxy is the general engine's forwarder over transport t.
+func (g *Gate) newReverseProxy(t http.RoundTripper) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite:        g.rewrite,
+		Transport:      t,
+		ModifyResponse: g.answered,
+		ErrorHandler:   g.proxyError,
+		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		BufferPool:     relayBuffers{},
+	}
+}
+
+// rewrite makes the upstream's request from the client's (see
+// upstreamHeaders for what it carries): the path as judged, byte for byte,
+// under the upstream's base path; the upstream's Host (a unix: upstream
+// keeps the client's); the hop-by-hop fields and those the client's
+// Connection names gone, except the fencing headers; the forwarding
+// headers and the request id the gate's own. ReverseProxy has already
+// removed the hop-by-hop fields, kept "TE: trailers", and the client's
+// X-Forwarded-* fields.
+func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
+	x := pr.In.Context().Value(exchangeKey{}).(*exchange)
+	in, out := pr.In, pr.Out
+	target := string(upstreamTarget(g.upstreamBase, g.upstream.RawQuery, []byte(in.RequestURI)))
+	path, query, hasQuery := strings.Cut(target, "?")
+	host := g.urlHost
+	if strings.HasPrefix(path, "//") {
+		// The origin-form would read as an authority: send the
+		// absolute-form, naming the upstream itself.
+		path = "//" + host + path
+	}
+	out.URL = &url.URL{Scheme: g.urlScheme, Host: host, Opaque: path, RawQuery: query, ForceQuery: hasQuery && query == ""}
+	if g.dialer.network == "unix" {
+		out.Host = in.Host
+	} else {
+		out.Host = g.upstream.Host
+	}
+	h := out.Header
+	for _, k := range [...]string{HeaderToken, HeaderResource, HeaderDestinationToken} {
+		if v, ok := in.Header[k]; ok {
+			h[k] = v // even when the client's Connection names them
+		}
+	}
+	for _, k := range replacedHeaders {
+		h.Del(k)
+	}
+	for _, k := range [...]string{"User-Agent", "Content-Type"} {
+		if v := h[k]; len(v) > 1 {
+			h[k] = v[len(v)-1:] // the last, as the loops' parser keeps
+		}
+	}
+	if h.Get("Content-Type") == "" {
+		delete(h, "Content-Type") // an empty one says nothing, and the loops drop it
+	}
+	if ap, err := netip.ParseAddrPort(in.RemoteAddr); err == nil {
+		h["X-Forwarded-For"] = []string{ap.Addr().Unmap().String()}
+	}
+	h["X-Forwarded-Host"] = []string{in.Host}
+	if in.TLS != nil {
+		h["X-Forwarded-Proto"] = []string{"https"}
+	} else {
+		h["X-Forwarded-Proto"] = []string{"http"}
+	}
+	h[reqid.Header] = []string{x.id}
+	switch {
+	case x.buffered != nil:
+		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(*x.buffered)), int64(len(*x.buffered))
+	case x.body != nil:
+		out.Body = io.NopCloser(x.body)
+	}
+	out.GetBody = nil // never resent
+	out.Trailer = nil // trailers arrive after the decision: never forwarded
+}
+
+// answered runs when the upstream's response head arrives: a fenced
+// write's place at the barrier is left (the next token may go while the
+// body is relayed), and the upstream's request id gives way to the gate's.
+func (g *Gate) answered(resp *http.Response) error {
+	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	if x.flight != nil {
+		x.flight.Leave()
+		x.flight = nil
+		x.audit.answered(resp.StatusCode)
+		g.count(x, CodeAdmitted)
+	}
+	resp.Header.Del(reqid.Header) // the gate's is already set
+	return nil
+}
+
+// proxyError answers a request whose forwarding failed (upstreamFailed).
+func (g *Gate) proxyError(_ http.ResponseWriter, r *http.Request, err error) {
+	x := r.Context().Value(exchangeKey{}).(*exchange)
+	t := x.flight
+	x.flight = nil
+	g.upstreamFailed(x, t, err)
+}
+
+// answerWriter is the client's response writer on the general engine: it
+// remembers the status sent (for telemetry), and adds no Date or
+// Content-Type the upstream did not send.
+type answerWriter struct {
+	http.ResponseWriter
+	id     string // the request id, on every answer
+	status int
+}
+
+func (w *answerWriter) WriteHeader(code int) {
+	w.Header().Set(reqid.Header, w.id) // also after an interim answer, which clears the map
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.status = code
+		h := w.Header()
+		for _, k := range [...]string{"Date", "Content-Type"} {
+			if _, ok := h[k]; !ok {
+				h[k] = nil // present: net/http adds none
+			}
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *answerWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController (deadlines, flushes, the hijack of
+// an upgrade) reach the server's writer.
+func (w *answerWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// writeProblemHTTP sends p as x's answer on the general engine.
+func (g *Gate) writeProblemHTTP(x *exchange, p *problem.Error) {
+	if x.w.status != 0 {
+		return // the upstream's answer has begun: cut off, nothing to add
+	}
+	if x.grpc {
+		writeGRPCProblem(x.w, p)
+		return
+	}
+	h := x.w.Header()
+	for k, vs := range p.Headers {
+		if k == "Connection" && x.r.ProtoMajor >= 2 {
+			continue // HTTP/2 has no Connection field; the stream ends anyway
+		}
+		for _, v := range vs {
+			h.Add(k, v)
+		}
+	}
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Type", problem.ContentType)
+	body := p.Body()
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	x.w.WriteHeader(p.Status)
+	_, _ = x.w.Write(body)
+}
+
+// delUpgrade drops the request's Upgrade header (an h2c offer on a read).
+func (x *exchange) delUpgrade() {
+	if x.c != nil {
+		x.c.Request.Header.Del("Upgrade")
+	} else {
+		x.r.Header.Del("Upgrade")
+	}
+}
+
+// upgrade reports whether the request asks for a protocol upgrade.
+func (x *exchange) upgrade() bool {
+	if x.c != nil {
+		return len(x.c.Request.Header.Peek("Upgrade")) > 0
+	}
+	return x.r.Header.Get("Upgrade") != ""
+}
+
+// remoteAddr is the client's address.
+func (x *exchange) remoteAddr() net.Addr {
+	if x.c != nil {
+		return x.c.RemoteAddr()
+	}
+	if ap, err := netip.ParseAddrPort(x.r.RemoteAddr); err == nil {
+		return net.TCPAddrFromAddrPort(ap)
+	}
+	return &net.UnixAddr{Name: x.r.RemoteAddr, Net: "unix"}
+}
+
+// relayBuffers recycles the buffers ReverseProxy copies bodies through.
+type relayBuffers struct{}
+
+func (relayBuffers) Get() []byte  { return *(relayBufferPool.Get().(*[]byte)) }
+func (relayBuffers) Put(b []byte) { relayBufferPool.Put(&b) }
+
+// unixHost is the URL host of requests to a unix: upstream (the request's
+// Host header is the client's; this only names the pool's key).
+const unixHost = "unix-socket"
+
+var _ net.Conn = problemConn{}
