@@ -137,7 +137,8 @@ func TestPostgresEndToEnd(t *testing.T) {
 			t.Fatalf("B's write after the restarts: %d", st)
 		}
 		st, status, _ := call(t, "GET", gate1.url("api", "/v1/leases/job:7"), nil, "")
-		if st != 200 || fmt.Sprint(status["issued_token"]) != tokB || fmt.Sprint(status["high_water_token"]) != tokB || status["lease"] == nil {
+		num := func(v any) string { f, _ := v.(float64); return strconv.FormatInt(int64(f), 10) }
+		if st != 200 || num(status["issued_token"]) != tokB || num(status["high_water_token"]) != tokB || status["lease"] == nil {
 			t.Fatalf("status after the restarts: %d %v", st, status)
 		}
 		st, held, _ := call(t, "POST", gate1.url("api", "/v1/leases/job:7/acquire"), nil, `{"owner":"worker-c"}`)

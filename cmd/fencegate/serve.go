@@ -365,7 +365,7 @@ func openStore(ctx context.Context, cfg config.Config, environ []string, log *sl
 	switch spec.Kind {
 	case config.StoreMemory:
 		log.Warn("memory store: leases, tokens and high-water marks are forgotten when fencegate stops; tokens issued before a restart will be issued again. Use it for tests and demos only.")
-		return memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, ClockTokens: true, Retention: cfg.Retention}), nil
+		return memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Retention: cfg.Retention}), nil
 	case config.StoreFile:
 		s, err := boltstore.Open(spec.Path, boltstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Logger: log, Retention: cfg.Retention})
 		if err != nil {
