@@ -89,7 +89,7 @@ say "building fencegate and the driver"
 go build -o "$tmp/fencegate" ./cmd/fencegate
 go build -o "$tmp/soak" ./scripts/soak
 retention_env=()
-if "$tmp/fencegate" env 2>/dev/null | grep -q FENCEGATE_RETENTION; then
+if "$tmp/fencegate" env 2>/dev/null | grep FENCEGATE_RETENTION >/dev/null; then # not -q: under pipefail an early exit would fail the pipe
 	retention_env=("FENCEGATE_RETENTION=$RETENTION")
 else
 	say "this fencegate has no FENCEGATE_RETENTION: the size after the retention is not measured"

@@ -44,31 +44,36 @@ func TestPostgresEndToEnd(t *testing.T) {
 			st, m, _ := call(t, method, gate1.url("api", path), nil, body)
 			return st, m
 		}
+		// Tokens follow the database's clock in µs.
 		st, a := api("POST", "/v1/leases/job:42/acquire", `{"owner":"worker-a","ttl_seconds":30}`)
-		if st != 200 || token(t, a) != 1 {
+		ta := token(t, a)
+		if st != 200 || ta < time.Now().Add(-time.Minute).UnixMicro() {
 			t.Fatalf("acquire: %d %v", st, a)
+		}
+		withTok := func(body string) string {
+			return strings.Replace(body, `"token":1`, `"token":`+strconv.FormatInt(ta, 10), 1)
 		}
 		if st, m := api("POST", "/v1/leases/job:42/acquire", `{"owner":"worker-b"}`); st != 409 || m["code"] != "lease-held" || m["holder"] != "worker-a" {
 			t.Fatalf("second owner: %d %v", st, m)
 		}
-		if st, m := api("POST", "/v1/leases/job:42/renew", `{"owner":"worker-a","token":1}`); st != 200 {
+		if st, m := api("POST", "/v1/leases/job:42/renew", withTok(`{"owner":"worker-a","token":1}`)); st != 200 {
 			t.Fatalf("renew: %d %v", st, m)
 		}
-		if st, m := api("PUT", "/v1/leases/job:42/checkpoint", `{"owner":"worker-a","token":1,"state":{"done":17}}`); st != 200 {
+		if st, m := api("PUT", "/v1/leases/job:42/checkpoint", withTok(`{"owner":"worker-a","token":1,"state":{"done":17}}`)); st != 200 {
 			t.Fatalf("checkpoint: %d %v", st, m)
 		}
 		if st, m := api("GET", "/v1/leases?prefix=job:", ""); st != 200 || len(m["leases"].([]any)) != 1 {
 			t.Fatalf("list: %d %v", st, m)
 		}
-		if st, m := api("POST", "/v1/leases/job:42/release", `{"owner":"worker-a","token":1}`); st != 200 || m["released"] != true {
+		if st, m := api("POST", "/v1/leases/job:42/release", withTok(`{"owner":"worker-a","token":1}`)); st != 200 || m["released"] != true {
 			t.Fatalf("release: %d %v", st, m)
 		}
-		if st, m := api("POST", "/v1/leases/job:42/release", `{"owner":"worker-a","token":1}`); st != 200 || m["released"] != false {
+		if st, m := api("POST", "/v1/leases/job:42/release", withTok(`{"owner":"worker-a","token":1}`)); st != 200 || m["released"] != false {
 			t.Fatalf("release again: %d %v", st, m)
 		}
-		// worker-b, through the other process, gets token 2 and the state.
+		// worker-b, through the other process, gets a newer token and the state.
 		st, b, _ := call(t, "POST", gate2.url("api", "/v1/leases/job:42/acquire"), nil, `{"owner":"worker-b"}`)
-		if st != 200 || token(t, b) != 2 {
+		if st != 200 || token(t, b) <= ta {
 			t.Fatalf("worker-b acquire: %d %v", st, b)
 		}
 		st, cp, _ := call(t, "GET", gate2.url("api", "/v1/leases/job:42/checkpoint"), nil, "")
@@ -90,7 +95,7 @@ func TestPostgresEndToEnd(t *testing.T) {
 		}
 		time.Sleep(1200 * time.Millisecond) // A pauses past its TTL (the database's clock)
 		st, b, _ := call(t, "POST", gate2.url("api", "/v1/leases/job:7/acquire"), nil, `{"owner":"worker-b","ttl_seconds":60}`)
-		if st != 200 || token(t, b) != token(t, a)+1 {
+		if st != 200 || token(t, b) <= token(t, a) {
 			t.Fatalf("B acquire: %d %v", st, b)
 		}
 		tokB = strconv.FormatInt(token(t, b), 10)
@@ -132,7 +137,8 @@ func TestPostgresEndToEnd(t *testing.T) {
 			t.Fatalf("B's write after the restarts: %d", st)
 		}
 		st, status, _ := call(t, "GET", gate1.url("api", "/v1/leases/job:7"), nil, "")
-		if st != 200 || fmt.Sprint(status["issued_token"]) != tokB || fmt.Sprint(status["high_water_token"]) != tokB || status["lease"] == nil {
+		num := func(v any) string { f, _ := v.(float64); return strconv.FormatInt(int64(f), 10) }
+		if st != 200 || num(status["issued_token"]) != tokB || num(status["high_water_token"]) != tokB || status["lease"] == nil {
 			t.Fatalf("status after the restarts: %d %v", st, status)
 		}
 		st, held, _ := call(t, "POST", gate1.url("api", "/v1/leases/job:7/acquire"), nil, `{"owner":"worker-c"}`)

@@ -367,7 +367,7 @@ func openStore(ctx context.Context, cfg config.Config, environ []string, log *sl
 	switch spec.Kind {
 	case config.StoreMemory:
 		log.Warn("memory store: leases, tokens and high-water marks are forgotten when fencegate stops; tokens issued before a restart will be issued again. Use it for tests and demos only.")
-		return memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, ClockTokens: true, Retention: cfg.Retention}), nil
+		return memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Retention: cfg.Retention}), nil
 	case config.StoreFile:
 		s, err := boltstore.Open(spec.Path, boltstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Logger: log, Retention: cfg.Retention})
 		if err != nil {
@@ -395,6 +395,9 @@ func openStore(ctx context.Context, cfg config.Config, environ []string, log *sl
 		})
 		if err != nil {
 			return nil, fmt.Errorf("opening the valkey store %s: %w", spec.Redacted(), err)
+		}
+		if cfg.Retention > 0 {
+			log.Warn("FENCEGATE_RETENTION is not applied on the valkey store yet: its records are kept", "retention", cfg.Retention)
 		}
 		log.Info("store open", "store", spec.Redacted())
 		return s, nil
