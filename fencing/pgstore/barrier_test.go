@@ -199,7 +199,17 @@ func TestAdmitRegisterOrdersRaises(t *testing.T) {
 		b := newHolder(t, gates[0], res, "b") // issued; a's writes still pass until b's first
 		var wg sync.WaitGroup
 		stop := make(chan struct{})
-		for i := 0; i < 12; i++ {
+		// The writers at the old mark stop before the test can end: a
+		// failure below must not leave them calling t.Error after it.
+		halted := false
+		halt := func() {
+			if !halted {
+				halted = true
+				close(stop)
+				wg.Wait()
+			}
+		}
+		for i := 0; i < 6; i++ {
 			wg.Add(1)
 			go func(s *Store) {
 				defer wg.Done()
@@ -221,9 +231,12 @@ func TestAdmitRegisterOrdersRaises(t *testing.T) {
 			}(gates[i%len(gates)])
 		}
 		time.Sleep(50 * time.Millisecond)
-		eb, lower := registerEntry(t, gates[1], res, "new", b, time.Minute)
-		close(stop)
-		wg.Wait()
+		var eb fencing.BarrierEntry
+		var lower bool
+		func() {
+			defer halt()
+			eb, lower = registerEntry(t, gates[1], res, "new", b, time.Minute)
+		}()
 		if !lower {
 			t.Fatal("the raising write saw no entry of the writes admitted at the old mark")
 		}
