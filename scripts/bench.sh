@@ -182,6 +182,21 @@ start_nginx nginx "    upstream app {
         }
     }"
 wait_http "http://127.0.0.1:$NGX/" "${pids[-1]}"
+# The second yardstick, when installed: HAProxy as a plain keep-alive
+# reverse proxy to the same upstream (Debian's 2.6; one thread per CPU).
+HAP=""
+if has haproxy || [ -x /usr/sbin/haproxy ]; then
+	HAP=$(free_port)
+	mkdir -p "$tmp/haproxy"
+	printf '%s\n' "global" "    maxconn 8192" "defaults" "    mode http" "    timeout connect 5s" \
+		"    timeout client 60s" "    timeout server 60s" "    option http-keep-alive" "    http-reuse always" \
+		"frontend gate" "    bind 127.0.0.1:$HAP" "    default_backend app" "backend app" \
+		"    server up 127.0.0.1:$UP maxconn 1024" >"$tmp/haproxy/haproxy.cfg"
+	"$(command -v haproxy || echo /usr/sbin/haproxy)" -db -f "$tmp/haproxy/haproxy.cfg" >"$tmp/haproxy/log" 2>&1 &
+	pids+=($!)
+	hap_pid=$!
+	wait_http "http://127.0.0.1:$HAP/" "$hap_pid"
+fi
 
 # --- Valkey ----------------------------------------------------------------
 valkey_url=""
@@ -275,6 +290,10 @@ EOF
 }
 targets=(direct nginx)
 declare -A target_port=([direct]=$UP [nginx]=$NGX)
+if [ -n "$HAP" ]; then
+	targets+=(haproxy)
+	target_port[haproxy]=$HAP
+fi
 first=""
 for store in $gates; do
 	write_script "gate-$store" "$tmp/tokens-$store.lua"
@@ -286,6 +305,7 @@ done
 # upstream ignores them).
 write_script direct "$tmp/tokens-$first.lua"
 cp "$tmp/wrk-direct.lua" "$tmp/wrk-nginx.lua"
+[ -z "$HAP" ] || cp "$tmp/wrk-direct.lua" "$tmp/wrk-haproxy.lua"
 
 # proxy_pids TARGET: the processes of TARGET's proxy (nginx's master and
 # workers, or the gate); none for direct.
@@ -297,6 +317,7 @@ proxy_pids() {
 		m=$(cat "$tmp/nginx/nginx.pid")
 		echo "$m" $(pgrep -P "$m")
 		;;
+	haproxy) echo "$hap_pid" ;;
 	gate-*) echo "${gate_pid[${1#gate-}]}" ;;
 	esac
 }
@@ -353,14 +374,16 @@ function median(a, n,   i, j, t) {
 { rps[$2, $1] = $3; p50[$2, $1] = $4; p99[$2, $1] = $5; bad[$2] += $6 + $7; cpu[$2, $1] = $8; idle[$2, $1] = $9; if ($1 > rounds) rounds = $1 }
 END {
 	n = split(targets, T, " ")
-	printf "  %-31s %10s %9s %9s %10s %14s %10s %14s %8s %9s %6s\n", "target", "req/s", "p50 µs", "p99 µs", "÷ nginx", "(range)", "÷ direct", "(range)", "errors", "CPU µs", "idle"
+	hap = (("haproxy", 1) in rps)
+	printf "  %-31s %10s %9s %9s %10s %14s %10s %14s %10s %14s %8s %9s %6s\n", "target", "req/s", "p50 µs", "p99 µs", "÷ nginx", "(range)", "÷ haproxy", "(range)", "÷ direct", "(range)", "errors", "CPU µs", "idle"
 	for (k = 1; k <= n; k++) {
 		t = T[k]
-		for (r = 1; r <= rounds; r++) { a[r] = rps[t, r]; b[r] = p50[t, r]; c[r] = p99[t, r]; x[r] = rps[t, r] / rps["nginx", r]; y[r] = rps[t, r] / rps["direct", r]; u[r] = cpu[t, r]; v[r] = idle[t, r] }
+		for (r = 1; r <= rounds; r++) { a[r] = rps[t, r]; b[r] = p50[t, r]; c[r] = p99[t, r]; x[r] = rps[t, r] / rps["nginx", r]; y[r] = rps[t, r] / rps["direct", r]; z[r] = hap ? rps[t, r] / rps["haproxy", r] : 0; u[r] = cpu[t, r]; v[r] = idle[t, r] }
 		m = median(a, rounds); m50 = median(b, rounds); m99 = median(c, rounds)
-		lo = hi = x[1]; dlo = dhi = y[1]
-		for (r = 2; r <= rounds; r++) { if (x[r] < lo) lo = x[r]; if (x[r] > hi) hi = x[r]; if (y[r] < dlo) dlo = y[r]; if (y[r] > dhi) dhi = y[r] }
-		printf "  %-31s %10.0f %9.0f %9.0f %10.2f %14s %10.2f %14s %8d %9s %5.0f%%\n", t, m, m50, m99, median(x, rounds), sprintf("%.2f–%.2f", lo, hi), median(y, rounds), sprintf("%.2f–%.2f", dlo, dhi), bad[t], t == "direct" ? "–" : sprintf("%.1f", median(u, rounds)), median(v, rounds)
+		lo = hi = x[1]; dlo = dhi = y[1]; hlo = hhi = z[1]
+		for (r = 2; r <= rounds; r++) { if (x[r] < lo) lo = x[r]; if (x[r] > hi) hi = x[r]; if (y[r] < dlo) dlo = y[r]; if (y[r] > dhi) dhi = y[r]; if (z[r] < hlo) hlo = z[r]; if (z[r] > hhi) hhi = z[r] }
+		hm = hap ? median(z, rounds) : 0
+		printf "  %-31s %10.0f %9.0f %9.0f %10.2f %14s %10s %14s %10.2f %14s %8d %9s %5.0f%%\n", t, m, m50, m99, median(x, rounds), sprintf("%.2f–%.2f", lo, hi), hap ? sprintf("%.2f", hm) : "–", hap ? sprintf("%.2f–%.2f", hlo, hhi) : "–", median(y, rounds), sprintf("%.2f–%.2f", dlo, dhi), bad[t], t == "direct" ? "–" : sprintf("%.1f", median(u, rounds)), median(v, rounds)
 	}
 }' "$tmp/results"
 echo
@@ -385,7 +408,7 @@ say "memory: $MANY connections"
 echo "$MANY connections (RSS sampled during the run; peak = VmHWM over the process's life):"
 printf "  %-31s %10s %9s %9s %12s %12s %11s %8s\n" target req/s "p50 µs" "p99 µs" "RSS MiB" "peak MiB" goroutines errors
 kib() { awk -v k="$1" '/^'"$1"':/ {print $2}' "/proc/$2/status"; }
-for t in nginx "${targets[@]:2}"; do
+for t in "${targets[@]:1}"; do
 	store=${t#gate-}
 	run "$t" "$MANY" "$THREADS" >"$tmp/many" &
 	wpid=$!
@@ -393,13 +416,13 @@ for t in nginx "${targets[@]:2}"; do
 	rss=0
 	gor="–"
 	sleep "$(awk -v d="${DURATION%s}" 'BEGIN{print d/2}')"
-	if [ "$t" != nginx ]; then
+	if [ "$t" != nginx ] && [ "$t" != haproxy ]; then
 		rss=$(kib VmRSS "${gate_pid[$store]}")
 		gor=$(curl -fs "http://127.0.0.1:${gate_api[$store]}/metrics" | awk '/^go_goroutines /{print $2}' || true)
 	fi
 	wait "$wpid"
 	read -r rps p50 p99 st se _ <"$tmp/many"
-	if [ "$t" = nginx ]; then
+	if [ "$t" = nginx ] || [ "$t" = haproxy ]; then
 		printf "  %-31s %10.0f %9.0f %9.0f %12s %12s %11s %8d\n" "$t" "$rps" "$p50" "$p99" – – – $((st + se))
 	else
 		hwm=$(kib VmHWM "${gate_pid[$store]}")
@@ -409,5 +432,5 @@ for t in nginx "${targets[@]:2}"; do
 done
 echo
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "errors = non-2xx answers + socket errors (should be 0). Target (DESIGN §8): gate ≥ 1.0× nginx,"
+echo "errors = non-2xx answers + socket errors (should be 0). Target: gate ≥ 1.0× nginx and HAProxy,"
 echo "added p50 ≤ nginx's + one store round trip, ≤ 64 MiB RSS at 1,000 connections."
