@@ -65,9 +65,6 @@ const loopAheadRead = 8 << 10
 // this late.
 const loopTick = 20 * time.Millisecond
 
-// upstreamIdleFor is how long an idle upstream connection is kept.
-const upstreamIdleFor = time.Minute
-
 // loopEngine is the event loops of one Server.
 type loopEngine struct {
 	s        *Server
@@ -488,7 +485,7 @@ func (l *eventLoop) sweep() {
 			l.step(c.expire)
 		}
 	}
-	for len(l.idle) > 0 && l.now.Sub(l.idle[0].idleSince) > upstreamIdleFor {
+	for len(l.idle) > 0 && l.now.Sub(l.idle[0].idleSince) > upstreamIdle {
 		l.idle[0].close()
 	}
 	if len(l.waiting) > 0 && l.e.upConns.Load() < l.e.maxUp {
@@ -602,7 +599,7 @@ func (l *eventLoop) dial(c *loopConn) {
 // dialFD connects to addr and returns the connection's descriptor, in
 // non-blocking mode, owned by the caller.
 func dialFD(ctx context.Context, addr string) (int, error) {
-	nc, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", addr)
+	nc, err := (&net.Dialer{Timeout: upstreamDialTimeout}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return -1, err
 	}
