@@ -63,8 +63,14 @@ func cannedProblem(p []byte) ([]byte, bool) {
 	if !bytes.HasPrefix(p, []byte(prefix)) {
 		return nil, false
 	}
-	line, rest, ok := bytes.Cut(p[len(prefix):], []byte(cannedHeaders))
-	if !ok || bytes.ContainsAny(line, "\r\n") || len(line) < 4 || line[3] != ' ' {
+	// The header block must follow the status line at once: look at the
+	// first line only, not through a response's whole buffer.
+	end := bytes.IndexByte(p, '\r')
+	if end < 0 || !bytes.HasPrefix(p[end:], []byte(cannedHeaders)) {
+		return nil, false
+	}
+	line, rest := p[len(prefix):end], p[end+len(cannedHeaders):]
+	if bytes.IndexByte(line, '\n') >= 0 || len(line) < 4 || line[3] != ' ' {
 		return nil, false
 	}
 	status, err := strconv.Atoi(string(line[:3]))

@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -25,16 +24,7 @@ import (
 // not parse is refused with a log line naming it while the rules in force
 // stay and the process goes on.
 func TestGateMutualTLSUnixUpstreamAndReload(t *testing.T) {
-	dir, err := os.MkdirTemp("", "fg-unix")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "svc.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sock, ln := listenUnix(t, "svc.sock")
 	var mu sync.Mutex
 	var seen []string
 	svc := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -23,6 +23,24 @@ import (
 	"github.com/fencegate/fencegate/internal/certs/certstest"
 )
 
+// listenUnix listens on a Unix socket named name in a fresh directory of
+// the system's temporary one (short: a socket path has a length limit),
+// removed when the test ends.
+func listenUnix(t *testing.T, name string) (string, net.Listener) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "fg-sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, name)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sock, ln
+}
+
 // rawCodec carries gRPC messages as raw bytes: the test service needs no
 // generated code.
 type rawCodec struct{}
@@ -111,16 +129,7 @@ var jobsDesc = grpc.ServiceDesc{
 // fencing-code stale-token, a missing one FailedPrecondition, and the
 // service never sees either; a read RPC under a pass rule needs no token.
 func TestGRPCServiceBehindTheGate(t *testing.T) {
-	dir, err := os.MkdirTemp("", "fg-grpc") // short: a socket path has a length limit
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "jobs.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sock, ln := listenUnix(t, "jobs.sock")
 	svc := &jobsService{}
 	gs := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}))
 	gs.RegisterService(&jobsDesc, svc)
