@@ -15,8 +15,9 @@
 #     after the retention (when the binary knows FENCEGATE_RETENTION: the
 #     gate runs with -r, and the script waits up to -w for the records to
 #     go): Valkey used_memory and keys, PostgreSQL's relation sizes and
-#     rows, the file's size on disk (bbolt never shrinks its file: freed
-#     pages are reused, so the file size stays at its peak);
+#     rows, the file store's pages in use and records (`soak boltsize`,
+#     on a copy: bbolt never shrinks its file, freed pages are reused, so
+#     the file's own size stays at its peak);
 #   - bytes per resource at the peak: (peak - before) / N;
 #   - p50/p99 of acquire and of the fenced write (admission + forwarding)
 #     over the first W resources (a store of about W records) and the last
@@ -140,7 +141,7 @@ size() {
 			WHERE n.nspname = 'fencegate' AND c.relkind IN ('r', 'm')" | tr '\n' ' '
 		psql_q "SELECT count(*) FROM fencegate.resources" 2>/dev/null || echo "?"
 		;;
-	file) echo "$(stat -c %s "$tmp/file.db" 2>/dev/null || echo 0) ?" ;;
+	file) "$tmp/soak" boltsize -file "$tmp/file.db" 2>/dev/null || echo "0 ?" ;;
 	esac
 }
 # removed: records the gate's store removed by retention so far (its metric).
@@ -176,7 +177,7 @@ for store in $STORES; do
 	pids+=($gpid)
 	wait_for "the gate on $store" 30 curl -fs "http://127.0.0.1:$API/readyz"
 	read -r b0 r0 < <(size "$store")
-	case $store in valkey) unit=keys ;; postgres) unit=rows ;; *) unit="(records not counted)" ;; esac
+	case $store in valkey) unit=keys ;; postgres) unit=rows ;; *) unit="records" ;; esac
 	say "$store: $N resources"
 	"$tmp/soak" run -api "http://127.0.0.1:$API" -gate "http://127.0.0.1:$GP" -n "$N" -conns "$CONNS" \
 		-window "$WIN" -run "$store" >"$tmp/run-$store" || { cat "$tmp/run-$store"; say "$store: the run failed"; exit 1; }
@@ -202,6 +203,7 @@ for store in $STORES; do
 	echo "$store:"
 	sed 's/^/  /' "$tmp/run-$store"
 	echo "  size before: $b0 bytes, $r0 $unit; peak: $b1 bytes, $r1 $unit; after the retention: $after"
+	[ "$store" = file ] && echo "  (file: bytes of the pages in use; the file itself is $(stat -c %s "$tmp/file.db") bytes and never shrinks)"
 	echo "  bytes per resource at the peak: $(awk -v a="$b0" -v b="$b1" -v n="$N" 'BEGIN{printf "%.0f", (b - a) / n}')"
 	echo "  gate RSS: $rss_peak MiB at the peak, $rss_end MiB at the end, $hwm MiB highest"
 	echo
