@@ -128,6 +128,14 @@ start_postgres() {
 	STORE_URL="postgres:///postgres?host=$tmp/pg&port=$PGP&user=postgres&sslmode=disable"
 }
 psql_q() { as_pg "$PGBIN/psql" -h "$tmp/pg" -p "$PGP" -U postgres -Atq -c "$1"; }
+# pg_live: the bytes of live rows and index entries in fencegate's tables
+# (pgstattuple), which a VACUUM'd table and its indexes come back to; their
+# files keep the pages they had, free for the next rows.
+pg_live() {
+	psql_q "CREATE EXTENSION IF NOT EXISTS pgstattuple" >/dev/null 2>&1 || { echo "?"; return; }
+	psql_q "SELECT coalesce(sum((pgstattuple(c.oid)).tuple_len), 0) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'fencegate' AND c.relkind IN ('r', 'i')" 2>/dev/null || echo "?"
+}
 
 # size STORE: "bytes records" as the store reports them.
 size() {
@@ -147,6 +155,12 @@ size() {
 # removed: records the gate's store removed by retention so far (its metric).
 removed() {
 	curl -fs "http://127.0.0.1:$API/metrics" | awk '/^fencegate_store_retention_removed_total/ {s += $NF} END {print s + 0}'
+}
+# seconds DURATION: a Go-style duration of whole s, m or h in seconds.
+seconds() {
+	case $1 in
+	*h) echo $((${1%h} * 3600)) ;; *m) echo $((${1%m} * 60)) ;; *s) echo "${1%s}" ;; *) echo "$1" ;;
+	esac
 }
 rss() { awk -v k="$1:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$2/status"; }
 
@@ -177,6 +191,7 @@ for store in $STORES; do
 	pids+=($gpid)
 	wait_for "the gate on $store" 30 curl -fs "http://127.0.0.1:$API/readyz"
 	read -r b0 r0 < <(size "$store")
+	[ "$store" = postgres ] && live0=$(pg_live)
 	case $store in valkey) unit=keys ;; postgres) unit=rows ;; *) unit="records" ;; esac
 	say "$store: $N resources"
 	"$tmp/soak" run -api "http://127.0.0.1:$API" -gate "http://127.0.0.1:$GP" -n "$N" -conns "$CONNS" \
@@ -188,15 +203,20 @@ for store in $STORES; do
 		# Wait for the records to go, by the store's count where it has
 		# one, else for the retention and a minute of sweeping.
 		deadline=$((SECONDS + RWAIT))
-		sleep "${RETENTION%s}"
+		sleep "$(seconds "$RETENTION")"
 		while [ "$SECONDS" -lt "$deadline" ]; do
 			read -r b2 r2 < <(size "$store")
 			if [ "$r2" != "?" ] && [ "$r2" -le "$((r0 + 10))" ]; then break; fi
 			if [ "$r2" = "?" ] && [ "$(removed)" -ge "$N" ]; then break; fi
 			sleep 2
 		done
+		took=$((SECONDS - deadline + RWAIT))
+		# PostgreSQL keeps a deleted row's space until a VACUUM, which
+		# autovacuum runs in its own time: run it now, as it would.
+		[ "$store" = postgres ] && psql_q "VACUUM" >/dev/null 2>&1
 		read -r b2 r2 < <(size "$store")
-		after="$b2 bytes, $r2 $unit, $(removed) records removed by the retention (its metric), $((SECONDS - deadline + RWAIT)) s after the run"
+		after="$b2 bytes, $r2 $unit, $(removed) records removed by the retention (its metric), $took s after the run"
+		[ "$store" = postgres ] && after+="; live bytes (pgstattuple) $live0 before, $(pg_live) after"
 	fi
 	rss_end=$(rss VmRSS "$gpid")
 	hwm=$(rss VmHWM "$gpid")
