@@ -220,6 +220,8 @@ for store in $STORES; do
 		read -r b2 r2 < <(size "$store")
 		after="$b2 bytes, $r2 $unit, $(removed) records removed by the retention (its metric), $took s after the run"
 		[ "$store" = postgres ] && after+="; live bytes (pgstattuple) $live0 before, $(pg_live) after"
+		# Valkey removes expired keys itself: its own count of them.
+		[ "$store" = valkey ] && after+="; the server expired $("$VALKEY_CLI" -p "$VK" info stats | tr -d '\r' | sed -n 's/^expired_keys://p') keys"
 	fi
 	rss_end="$(rss VmRSS "$gpid") ($(rss RssAnon "$gpid") anonymous)"
 	hwm=$(rss VmHWM "$gpid")
