@@ -26,7 +26,8 @@
 # With LEASES_BASELINE set to a git revision (such as main), it also builds
 # fencegate at that revision (git archive, no worktree) and measures its file
 # store beside the current one, as store "file-base", in the same rounds,
-# and reports file@1 ÷ file-base@1 for throughput and p50 at one connection.
+# and reports file@1 ÷ file-base@1 for throughput and p50 at one connection,
+# and file@N ÷ file-base@N.
 #
 # Environment: LEASES_DURATION (3s per measurement), LEASES_ROUNDS (7),
 # LEASES_CONNS (16), LEASES_WARMUP (2s; 0 skips it),
@@ -170,6 +171,7 @@ ratio(f"file@{n} / file@1", ("file", n), ("file", 1))
 ratio(f"file@{n} / memory@{n}", ("file", n), ("memory", n))
 ratio(f"file-base@{n} / file-base@1", ("file-base", n), ("file-base", 1))
 ratio("file@1 / file-base@1 (throughput at one connection, current over baseline)", ("file", 1), ("file-base", 1))
+ratio(f"file@{n} / file-base@{n} (throughput at {n} connections, current over baseline)", ("file", n), ("file-base", n))
 ratio("file@1 p50 / file-base@1 p50 (latency at one connection; below 1 is faster)", ("file", 1), ("file-base", 1), "p50_us")
 ratio(f"postgres@{n} / postgres@1", ("postgres", n), ("postgres", 1))
 EOF
