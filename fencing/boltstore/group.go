@@ -110,6 +110,8 @@ type committer struct {
 	running bool // a group runs, or a woken leader is about to take the queue
 
 	groups, calls atomic.Uint64 // committed groups and the calls in them
+	// observe, if set, sees each committed group (ObserveCommits).
+	observe atomic.Pointer[func(writes int, took time.Duration)]
 }
 
 // CommitStats counts the store's group commits since Open.
@@ -124,6 +126,21 @@ type CommitStats struct {
 // writes they carried. Safe for concurrent use.
 func (s *Store) CommitStats() CommitStats {
 	return CommitStats{Groups: s.group.groups.Load(), Calls: s.group.calls.Load()}
+}
+
+// ObserveCommits makes f see every group commit from now on: the number
+// of writes it carried (as CommitStats counts them) and how long its transaction took, from its
+// start to the return of its commit (the flushes included). A nil f stops
+// it. f runs on the committing goroutine before the group's callers are
+// answered, once per commit (not per write): it must be quick and must not
+// call the store. The metrics decorator (fencing/storemetrics) feeds its
+// commit histograms with it.
+func (s *Store) ObserveCommits(f func(writes int, took time.Duration)) {
+	if f == nil {
+		s.group.observe.Store(nil)
+		return
+	}
+	s.group.observe.Store(&f)
 }
 
 // do runs c in a group and returns its error, or ctx's error when ctx
@@ -266,6 +283,7 @@ func (s *Store) commitGroup(group []*call) {
 // index of a call whose storage work failed: that call has its answer, the
 // transaction was rolled back, and the others must run again.
 func (s *Store) tryGroup(live []*call) int {
+	began := time.Now()
 	tx, err := s.db.Begin(true)
 	if err != nil {
 		err = s.classify(err, false)
@@ -347,6 +365,9 @@ func (s *Store) tryGroup(live []*call) int {
 	settle(true)
 	s.group.groups.Add(1)
 	s.group.calls.Add(uint64(len(live)))
+	if f := s.group.observe.Load(); f != nil {
+		(*f)(len(live), time.Since(began))
+	}
 	if raised {
 		s.committed(next)
 	}

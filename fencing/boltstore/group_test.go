@@ -401,3 +401,77 @@ func TestGroupCommitCloseUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d writes done before Close", len(done))
 }
+
+// TestObserveCommits: the observer sees each committed group once, with
+// the calls it carried (a failed call's rolled-back attempt is not a
+// commit), as CommitStats counts them; a refusal alone commits nothing;
+// after ObserveCommits(nil) it sees nothing more.
+func TestObserveCommits(t *testing.T) {
+	g := newGroupRig(t, "g:boom")
+	ctx := context.Background()
+	type seen struct {
+		writes int
+		took   time.Duration
+	}
+	var (
+		mu  sync.Mutex
+		got []seen
+	)
+	g.st.ObserveCommits(func(writes int, took time.Duration) {
+		mu.Lock()
+		got = append(got, seen{writes, took})
+		mu.Unlock()
+	})
+	first := g.hold(t)
+	const n = 5
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := g.st.Acquire(ctx, fencing.AcquireRequest{Resource: fmt.Sprintf("o:%d", i), Owner: "w", TTL: time.Hour}); err != nil {
+				t.Errorf("Acquire o:%d: %v", i, err)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if _, err := g.st.Acquire(ctx, fencing.AcquireRequest{Resource: "g:boom", Owner: "w", TTL: time.Hour}); !errors.Is(err, fencing.ErrUnavailable) {
+			t.Errorf("Acquire g:boom: %v, want ErrUnavailable", err)
+		}
+	}()
+	g.waitQueued(n + 1)
+	close(g.release)
+	wg.Wait()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// Refused alone: nothing to write, no commit.
+	if _, err := g.st.Renew(ctx, fencing.RenewRequest{Resource: "o:none", Owner: "w", Token: 1}); !errors.Is(err, fencing.ErrLeaseLost) {
+		t.Fatalf("Renew of a resource nobody holds: %v, want ErrLeaseLost", err)
+	}
+	mu.Lock()
+	observed := append([]seen(nil), got...)
+	mu.Unlock()
+	if len(observed) != 2 || observed[0].writes != 1 || observed[1].writes != n {
+		t.Fatalf("observed commits %+v, want 2: 1 write, then the %d that remained of the group once g:boom failed", observed, n)
+	}
+	for _, o := range observed {
+		if o.took <= 0 {
+			t.Fatalf("observed commit %+v: no duration", o)
+		}
+	}
+	if cs := g.st.CommitStats(); cs.Groups != 2 || cs.Calls != 1+n {
+		t.Fatalf("CommitStats %+v, want what the observer saw: 2 groups, %d calls", cs, 1+n)
+	}
+	g.st.ObserveCommits(nil)
+	if _, err := g.st.Acquire(ctx, fencing.AcquireRequest{Resource: "o:after", Owner: "w", TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 {
+		t.Fatalf("observer called after ObserveCommits(nil): %+v", got)
+	}
+}

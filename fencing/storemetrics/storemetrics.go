@@ -170,6 +170,9 @@ func Wrap(s fencing.Store, mp metric.MeterProvider, tp trace.TracerProvider) *St
 	if r, ok := s.(fencing.Retainer); ok {
 		observeRetention(mp, r)
 	}
+	if c, ok := s.(CommitObserver); ok {
+		observeCommits(mp, c)
+	}
 	// The no-op provider's spans record nothing and are never exported, and
 	// starting one only wraps the caller's context: skipping it changes
 	// nothing but the cost.
