@@ -106,12 +106,21 @@ type hostileEnv struct {
 	up       *wireLog
 	rules    []Rule
 	header   bool
+	// dial opens a client connection to the gate (TCP unless a test sets
+	// another transport).
+	dial func() (net.Conn, error)
 }
 
 // newHostileEnv serves the gate; plainIO makes its event loops (where it
 // has them) read and write one system call at a time instead of batching
 // through io_uring.
 func newHostileEnv(t *testing.T, header, plainIO bool) *hostileEnv {
+	t.Helper()
+	return newHostileEnvWith(t, header, ServerOptions{HeaderTimeout: time.Second, NoIOURing: plainIO})
+}
+
+// newHostileEnvWith serves the gate with opts.
+func newHostileEnvWith(t *testing.T, header bool, opts ServerOptions) *hostileEnv {
 	t.Helper()
 	clock := newFakeClock()
 	ctx := context.Background()
@@ -149,8 +158,9 @@ func newHostileEnv(t *testing.T, header, plainIO bool) *hostileEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gateSrv := serveGateWith(t, g, ServerOptions{HeaderTimeout: time.Second, NoIOURing: plainIO})
+	gateSrv := serveGateWith(t, g, opts)
 	e.gateAddr = gateSrv.Listener.Addr().String()
+	e.dial = func() (net.Conn, error) { return net.Dial("tcp", e.gateAddr) }
 	return e
 }
 
@@ -159,7 +169,7 @@ func newHostileEnv(t *testing.T, header, plainIO bool) *hostileEnv {
 // status, and its problem code if it is a problem ("400 path-not-canonical").
 func (e *hostileEnv) send(t *testing.T, raw string, want int) []string {
 	t.Helper()
-	conn, err := net.Dial("tcp", e.gateAddr)
+	conn, err := e.dial()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,12 +340,19 @@ func (e *hostileEnv) resourceOf(r *Rule, method string, segs []string) string {
 	return r.resource(vars)
 }
 
-// TestHostileClients sends request shapes an attacker (or a careless
-// client) would try, as raw bytes on a real connection, and checks the
-// upstream's own log: nothing reaches it that the gate did not admit on
-// the resource the upstream acts on (see check), and each shape gets the
-// answer the contract gives it (DESIGN §4).
-func TestHostileClients(t *testing.T) {
+// hostileCase is one request shape of the hostile suite.
+type hostileCase struct {
+	name      string
+	header    bool     // Fencing-Resource fallback on (rules exist: off by default)
+	raw       string   // bytes sent on one connection
+	want      []string // the responses, in order: status and problem code
+	forwarded int      // requests the upstream must receive
+}
+
+// hostileCases are the request shapes an attacker (or a careless client)
+// would try, with the answers the contract gives them (DESIGN §4) on a
+// cleartext HTTP/1.1 connection. Every transport runs them.
+func hostileCases() []hostileCase {
 	const (
 		stale     = "Fencing-Token: 1\r\n" // expired on job:1 and file:X; live on scratch, file:X-scratch
 		fresh     = "Fencing-Token: 2\r\n" // the successor's on job:1 and file:X
@@ -350,13 +367,7 @@ func TestHostileClients(t *testing.T) {
 		return line + "\r\nHost: gate\r\n" + strings.Join(hdrs, "") + "Content-Length: " + strconv.Itoa(len(b)) + "\r\n\r\n" + b
 	}
 	smuggled := req("PUT /jobs/1 HTTP/1.1", stale, asScr, cl0)
-	cases := []struct {
-		name      string
-		header    bool     // Fencing-Resource fallback on (rules exist: off by default)
-		raw       string   // bytes sent on one connection
-		want      []string // the responses, in order: status and problem code
-		forwarded int      // requests the upstream must receive
-	}{
+	return []hostileCase{
 		// Encoded traversal past a pass rule, and past fence rules.
 		{"encoded slash under pass", false, req("POST /public/..%2Fjobs%2F1 HTTP/1.1", cl0), []string{"400 path-not-canonical"}, 0},
 		{"mixed-case encoded slash", false, req("POST /public/..%2fjobs%2f1 HTTP/1.1", cl0), []string{"400 path-not-canonical"}, 0},
@@ -479,7 +490,14 @@ func TestHostileClients(t *testing.T) {
 		{"pipelined after a refused write", false, body("POST /public/..%2Fjobs%2F1 HTTP/1.1", smuggled) + req("PUT /jobs/1 HTTP/1.1", stale, cl0), []string{"400 path-not-canonical", "409 stale-token"}, 0},
 		{"pipelined after a stale write", false, body("PUT /jobs/1 HTTP/1.1", smuggled, stale) + req("PUT /jobs/1 HTTP/1.1", fresh, cl0), []string{"409 stale-token", "200"}, 1},
 	}
-	for _, c := range cases {
+}
+
+// TestHostileClients sends the hostile shapes as raw bytes on a real
+// cleartext connection, and checks the upstream's own log: nothing reaches
+// it that the gate did not admit on the resource the upstream acts on (see
+// check), and each shape gets the answer the contract gives it.
+func TestHostileClients(t *testing.T) {
+	for _, c := range hostileCases() {
 		for _, plainIO := range []bool{false, true} {
 			name := c.name
 			if plainIO {
@@ -488,20 +506,39 @@ func TestHostileClients(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				e := newHostileEnv(t, c.header, plainIO)
-				got := e.send(t, c.raw, len(c.want))
-				if !slices.Equal(got, c.want) {
-					t.Errorf("statuses %v, want %v", got, c.want)
-				}
-				if n := len(e.up.requests()); n != c.forwarded {
-					t.Errorf("upstream got %d requests, want %d: %+v", n, c.forwarded, e.up.requests())
-				}
-				e.check(t)
-				for _, s := range e.up.requests() {
-					if !safeMethod(s.Method) && !strings.HasPrefix(c.raw, s.Method+" "+s.Target+" ") && !strings.Contains(c.raw, "\n"+s.Method+" "+s.Target+" ") {
-						t.Errorf("upstream got target %q, which the client did not send byte for byte", s.Target)
-					}
-				}
+				e.judge(t, c.raw, c.want, c.forwarded)
 			})
+		}
+	}
+}
+
+// judge sends raw on a fresh connection and checks the answers (want), the
+// number of requests the upstream received (forwarded), and, from the
+// upstream's record, that each was one the gate may forward, with the
+// target the client sent byte for byte.
+func (e *hostileEnv) judge(t *testing.T, raw string, want []string, forwarded int) {
+	t.Helper()
+	got := e.send(t, raw, len(want))
+	if !slices.Equal(got, want) {
+		t.Errorf("statuses %v, want %v", got, want)
+	}
+	e.judgeUpstream(t, forwarded, func(method, target string) bool {
+		return strings.HasPrefix(raw, method+" "+target+" ") || strings.Contains(raw, "\n"+method+" "+target+" ")
+	})
+}
+
+// judgeUpstream checks the upstream's record: forwarded requests, each one
+// the gate may forward (check), every write's target one the client sent
+// (sent reports whether it did).
+func (e *hostileEnv) judgeUpstream(t *testing.T, forwarded int, sent func(method, target string) bool) {
+	t.Helper()
+	if n := len(e.up.requests()); n != forwarded {
+		t.Errorf("upstream got %d requests, want %d: %+v", n, forwarded, e.up.requests())
+	}
+	e.check(t)
+	for _, s := range e.up.requests() {
+		if !safeMethod(s.Method) && !sent(s.Method, s.Target) {
+			t.Errorf("upstream got target %q, which the client did not send byte for byte", s.Target)
 		}
 	}
 }
