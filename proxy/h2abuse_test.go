@@ -47,6 +47,14 @@ func dialH2(t *testing.T, addr string) *rawH2 {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newRawH2(t, c)
+}
+
+// newRawH2 starts HTTP/2 on c (cleartext, or TLS after ALPN h2): the
+// client preface and an empty SETTINGS frame. c is closed when the test
+// ends.
+func newRawH2(t *testing.T, c net.Conn) *rawH2 {
+	t.Helper()
 	t.Cleanup(func() { c.Close() })
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
 		t.Fatal(err)

@@ -2,11 +2,18 @@ package proxy
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/fencegate/fencegate/fencing/problem"
 	"github.com/fencegate/fencegate/internal/certs/certstest"
 )
 
@@ -110,4 +117,197 @@ func TestHostileClientsTLS(t *testing.T) {
 			e.judge(t, c.raw, want, c.forwarded)
 		})
 	}
+}
+
+// h2Shape is a hostile shape as an HTTP/2 request: its request line and
+// header fields become the pseudo-header and header fields of one stream
+// (names in lower case, as HTTP/2 requires), its body one DATA frame.
+type h2Shape struct {
+	method, path, authority string
+	fields                  []string // name, value pairs
+	body                    string
+}
+
+// h2Connection are the fields HTTP/2 forbids (RFC 9113 §8.2.2): a shape
+// carrying one is about HTTP/1.1's framing.
+var h2Connection = []string{"connection", "upgrade", "keep-alive", "proxy-connection", "transfer-encoding", "te"}
+
+// asH2 is the shape of raw as one HTTP/2 request, when raw is one
+// HTTP/1.1 request whose meaning does not hang on HTTP/1.1's framing: CRLF
+// line ends, a request line of three parts with an origin-form target,
+// header fields of token names without folds, one Host, no field HTTP/2
+// forbids, and exactly Content-Length bytes of body (nothing pipelined).
+func asH2(raw string) (h2Shape, bool) {
+	head, body, ok := strings.Cut(raw, "\r\n\r\n")
+	if !ok || strings.Contains(strings.ReplaceAll(head, "\r\n", ""), "\n") {
+		return h2Shape{}, false
+	}
+	lines := strings.Split(head, "\r\n")
+	parts := strings.Split(lines[0], " ")
+	if len(parts) != 3 || parts[2] != "HTTP/1.1" || !strings.HasPrefix(parts[1], "/") || !validToken(parts[0]) {
+		return h2Shape{}, false
+	}
+	s := h2Shape{method: parts[0], path: parts[1], body: body}
+	hosts, length := 0, -1
+	for _, l := range lines[1:] {
+		name, value, ok := strings.Cut(l, ":")
+		if !ok || !validToken(name) {
+			return h2Shape{}, false
+		}
+		name, value = strings.ToLower(name), strings.Trim(value, " \t")
+		switch {
+		case slices.Contains(h2Connection, name):
+			return h2Shape{}, false
+		case name == "host":
+			hosts++
+			s.authority = value
+			continue
+		case name == "content-length":
+			n, err := strconv.Atoi(value)
+			if err != nil || length >= 0 {
+				return h2Shape{}, false
+			}
+			length = n
+		}
+		s.fields = append(s.fields, name, value)
+	}
+	if hosts != 1 || len(body) != max(length, 0) {
+		return h2Shape{}, false
+	}
+	return s, true
+}
+
+// validToken reports whether s is an RFC 9110 token.
+func validToken(s string) bool {
+	return s != "" && !strings.ContainsFunc(s, func(r rune) bool {
+		return r > 0x7e || r <= ' ' || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r)
+	})
+}
+
+// tlsH2Answers are the shapes whose answer over HTTP/2 differs from the
+// one over HTTP/1.1, and why: net/http's HTTP/2 server refuses them at the
+// HTTP/2 layer, before the gate sees a request, where its HTTP/1.1 server
+// answers 400 or 431. Nothing is forwarded either way.
+var tlsH2Answers = map[string][]string{
+	// A field value with NUL, CR or LF, or a :path with NUL, makes the
+	// stream malformed (RFC 9113 §8.2.1): the stream is reset.
+	"NUL in path":         {"RST_STREAM PROTOCOL_ERROR"},
+	"NUL in a header":     {"RST_STREAM PROTOCOL_ERROR"},
+	"bare CR in a header": {"RST_STREAM PROTOCOL_ERROR"},
+	// A content-length that is not digits makes it malformed too.
+	"signed Content-Length": {"RST_STREAM PROTOCOL_ERROR"},
+	// A field longer than the header list the server allows does not
+	// decode: the connection ends (HPACK's state is lost with it).
+	"head past 8 KiB": {"GOAWAY COMPRESSION_ERROR"},
+}
+
+// TestHostileClientsH2TLS runs the hostile shapes that mean the same in
+// HTTP/2 (asH2) as raw HTTP/2 streams over TLS (ALPN h2), each on a
+// connection of its own, judged from the upstream's record like the
+// HTTP/1.1 ones. The shapes about HTTP/1.1's framing (smuggling,
+// malformed lines and fields, upgrades, pipelining) have HTTP/2
+// counterparts of their own in TestHTTP2Abuse.
+func TestHostileClientsH2TLS(t *testing.T) {
+	h := newTLSHostile(t)
+	cases := hostileCases()
+	for name := range tlsH2Answers {
+		if !slices.ContainsFunc(cases, func(c hostileCase) bool { return c.name == name }) {
+			t.Errorf("tlsH2Answers names %q, which is no hostile shape", name)
+		}
+	}
+	ran := 0
+	for _, c := range cases {
+		s, ok := asH2(c.raw)
+		if !ok {
+			continue
+		}
+		ran++
+		want := c.want
+		if w, ok := tlsH2Answers[c.name]; ok {
+			want = w
+		}
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := h.env(t, c.header, "h2")
+			conn, err := e.dial()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := sendH2(t, newRawH2(t, conn), s)
+			if !slices.Equal(got, want) {
+				t.Errorf("answer %v, want %v", got, want)
+			}
+			e.judgeUpstream(t, c.forwarded, func(method, target string) bool {
+				return method == s.method && target == s.path
+			})
+		})
+	}
+	t.Logf("%d of %d shapes mean the same in HTTP/2", ran, len(cases))
+}
+
+// sendH2 sends s as stream 1 and reads its answer: the status and problem
+// code, or the stream's or connection's end when the server refuses it at
+// the HTTP/2 layer ("RST_STREAM PROTOCOL_ERROR", "GOAWAY ...").
+func sendH2(t *testing.T, h *rawH2, s h2Shape) []string {
+	t.Helper()
+	h.buf.Reset()
+	kv := append([]string{":method", s.method, ":scheme", "https", ":authority", s.authority, ":path", s.path}, s.fields...)
+	for i := 0; i+1 < len(kv); i += 2 {
+		_ = h.enc.WriteField(hpack.HeaderField{Name: kv[i], Value: kv[i+1]})
+	}
+	if err := h.f.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: h.buf.Bytes(), EndHeaders: true, EndStream: s.body == ""}); err != nil {
+		t.Fatal(err)
+	}
+	if s.body != "" {
+		if err := h.f.WriteData(1, true, []byte(s.body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.f.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	var status, ctype string
+	var body []byte
+	_ = h.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		fr, err := h.f.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading the answer: %v", err)
+		}
+		switch fr := fr.(type) {
+		case *http2.SettingsFrame:
+			if !fr.IsAck() {
+				_ = h.f.WriteSettingsAck()
+			}
+		case *http2.MetaHeadersFrame:
+			if fr.StreamID == 1 && status == "" {
+				status = fr.PseudoValue("status")
+				for _, f := range fr.RegularFields() {
+					if f.Name == "content-type" {
+						ctype = f.Value
+					}
+				}
+			}
+			if fr.StreamEnded() {
+				return h2Answer(status, ctype, body)
+			}
+		case *http2.DataFrame:
+			body = append(body, fr.Data()...)
+			if fr.StreamEnded() {
+				return h2Answer(status, ctype, body)
+			}
+		case *http2.RSTStreamFrame:
+			return []string{"RST_STREAM " + fr.ErrCode.String()}
+		case *http2.GoAwayFrame:
+			return []string{"GOAWAY " + fr.ErrCode.String()}
+		}
+	}
+}
+
+// h2Answer is an answer as send reports it: the status, and the problem
+// code when it is a problem.
+func h2Answer(status, ctype string, body []byte) []string {
+	var prob struct{ Code string }
+	if ctype == problem.ContentType && json.Unmarshal(body, &prob) == nil {
+		status += " " + prob.Code
+	}
+	return []string{status}
 }
