@@ -3,7 +3,9 @@ package proxy
 import (
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -311,3 +313,35 @@ func h2Answer(status, ctype string, body []byte) []string {
 	}
 	return []string{status}
 }
+
+// way is HTTP/2 by ALPN on the gate's TLS listener.
+func (h tlsHostile) way() h2way {
+	cfg := h.client.Clone()
+	cfg.NextProtos = []string{"h2"}
+	return h2way{
+		opts:   ServerOptions{TLS: h.server},
+		scheme: "https",
+		dial: func(addr string) (net.Conn, error) {
+			c, err := tls.Dial("tcp", addr, cfg)
+			if err == nil && c.ConnectionState().NegotiatedProtocol != "h2" {
+				c.Close()
+				return nil, fmt.Errorf("ALPN chose %q, not h2", c.ConnectionState().NegotiatedProtocol)
+			}
+			return c, err
+		},
+		client: func() *http.Client {
+			tr := &http.Transport{TLSClientConfig: h.client.Clone(), Protocols: new(http.Protocols)}
+			tr.Protocols.SetHTTP2(true)
+			return &http.Client{Transport: tr, Timeout: 20 * time.Second}
+		},
+	}
+}
+
+// TestH2TLSStreamsAreJudgedLikeHTTP1 is TestH2CStreamsAreJudgedLikeHTTP1
+// over TLS: HTTP/2 by ALPN.
+func TestH2TLSStreamsAreJudgedLikeHTTP1(t *testing.T) {
+	testH2StreamsJudged(t, newTLSHostile(t).way())
+}
+
+// TestHTTP2AbuseTLS is TestHTTP2Abuse over TLS: HTTP/2 by ALPN.
+func TestHTTP2AbuseTLS(t *testing.T) { testHTTP2Abuse(t, newTLSHostile(t).way()) }
