@@ -15,8 +15,9 @@
 #     after the retention (when the binary knows FENCEGATE_RETENTION: the
 #     gate runs with -r, and the script waits up to -w for the records to
 #     go): Valkey used_memory and keys, PostgreSQL's relation sizes and
-#     rows, the file's size on disk (bbolt never shrinks its file: freed
-#     pages are reused, so the file size stays at its peak);
+#     rows, the file store's pages in use and records (`soak boltsize`,
+#     on a copy: bbolt never shrinks its file, freed pages are reused, so
+#     the file's own size stays at its peak);
 #   - bytes per resource at the peak: (peak - before) / N;
 #   - p50/p99 of acquire and of the fenced write (admission + forwarding)
 #     over the first W resources (a store of about W records) and the last
@@ -127,6 +128,14 @@ start_postgres() {
 	STORE_URL="postgres:///postgres?host=$tmp/pg&port=$PGP&user=postgres&sslmode=disable"
 }
 psql_q() { as_pg "$PGBIN/psql" -h "$tmp/pg" -p "$PGP" -U postgres -Atq -c "$1"; }
+# pg_live: the bytes of live rows and index entries in fencegate's tables
+# (pgstattuple), which a VACUUM'd table and its indexes come back to; their
+# files keep the pages they had, free for the next rows.
+pg_live() {
+	psql_q "CREATE EXTENSION IF NOT EXISTS pgstattuple" >/dev/null 2>&1 || { echo "?"; return; }
+	psql_q "SELECT coalesce(sum((pgstattuple(c.oid)).tuple_len), 0) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'fencegate' AND c.relkind IN ('r', 'i')" 2>/dev/null || echo "?"
+}
 
 # size STORE: "bytes records" as the store reports them.
 size() {
@@ -140,12 +149,18 @@ size() {
 			WHERE n.nspname = 'fencegate' AND c.relkind IN ('r', 'm')" | tr '\n' ' '
 		psql_q "SELECT count(*) FROM fencegate.resources" 2>/dev/null || echo "?"
 		;;
-	file) echo "$(stat -c %s "$tmp/file.db" 2>/dev/null || echo 0) ?" ;;
+	file) "$tmp/soak" boltsize -file "$tmp/file.db" 2>/dev/null || echo "0 ?" ;;
 	esac
 }
 # removed: records the gate's store removed by retention so far (its metric).
 removed() {
 	curl -fs "http://127.0.0.1:$API/metrics" | awk '/^fencegate_store_retention_removed_total/ {s += $NF} END {print s + 0}'
+}
+# seconds DURATION: a Go-style duration of whole s, m or h in seconds.
+seconds() {
+	case $1 in
+	*h) echo $((${1%h} * 3600)) ;; *m) echo $((${1%m} * 60)) ;; *s) echo "${1%s}" ;; *) echo "$1" ;;
+	esac
 }
 rss() { awk -v k="$1:" '$1 == k {printf "%.1f", $2 / 1024}' "/proc/$2/status"; }
 
@@ -176,7 +191,8 @@ for store in $STORES; do
 	pids+=($gpid)
 	wait_for "the gate on $store" 30 curl -fs "http://127.0.0.1:$API/readyz"
 	read -r b0 r0 < <(size "$store")
-	case $store in valkey) unit=keys ;; postgres) unit=rows ;; *) unit="(records not counted)" ;; esac
+	[ "$store" = postgres ] && live0=$(pg_live)
+	case $store in valkey) unit=keys ;; postgres) unit=rows ;; *) unit="records" ;; esac
 	say "$store: $N resources"
 	"$tmp/soak" run -api "http://127.0.0.1:$API" -gate "http://127.0.0.1:$GP" -n "$N" -conns "$CONNS" \
 		-window "$WIN" -run "$store" >"$tmp/run-$store" || { cat "$tmp/run-$store"; say "$store: the run failed"; exit 1; }
@@ -187,21 +203,27 @@ for store in $STORES; do
 		# Wait for the records to go, by the store's count where it has
 		# one, else for the retention and a minute of sweeping.
 		deadline=$((SECONDS + RWAIT))
-		sleep "${RETENTION%s}"
+		sleep "$(seconds "$RETENTION")"
 		while [ "$SECONDS" -lt "$deadline" ]; do
 			read -r b2 r2 < <(size "$store")
 			if [ "$r2" != "?" ] && [ "$r2" -le "$((r0 + 10))" ]; then break; fi
 			if [ "$r2" = "?" ] && [ "$(removed)" -ge "$N" ]; then break; fi
 			sleep 2
 		done
+		took=$((SECONDS - deadline + RWAIT))
+		# PostgreSQL keeps a deleted row's space until a VACUUM, which
+		# autovacuum runs in its own time: run it now, as it would.
+		[ "$store" = postgres ] && psql_q "VACUUM" >/dev/null 2>&1
 		read -r b2 r2 < <(size "$store")
-		after="$b2 bytes, $r2 $unit, $(removed) records removed by the retention (its metric), $((SECONDS - deadline + RWAIT)) s after the run"
+		after="$b2 bytes, $r2 $unit, $(removed) records removed by the retention (its metric), $took s after the run"
+		[ "$store" = postgres ] && after+="; live bytes (pgstattuple) $live0 before, $(pg_live) after"
 	fi
 	rss_end=$(rss VmRSS "$gpid")
 	hwm=$(rss VmHWM "$gpid")
 	echo "$store:"
 	sed 's/^/  /' "$tmp/run-$store"
 	echo "  size before: $b0 bytes, $r0 $unit; peak: $b1 bytes, $r1 $unit; after the retention: $after"
+	[ "$store" = file ] && echo "  (file: bytes of the pages in use; the file itself is $(stat -c %s "$tmp/file.db") bytes and never shrinks)"
 	echo "  bytes per resource at the peak: $(awk -v a="$b0" -v b="$b1" -v n="$N" 'BEGIN{printf "%.0f", (b - a) / n}')"
 	echo "  gate RSS: $rss_peak MiB at the peak, $rss_end MiB at the end, $hwm MiB highest"
 	echo

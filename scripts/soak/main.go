@@ -4,6 +4,7 @@
 //
 //	soak upstream -listen 127.0.0.1:PORT
 //	soak run -api URL -gate URL -n N [-conns C] [-window W] [-run ID]
+//	soak boltsize -file PATH
 //
 // upstream answers 204 to every request until it is stopped (the service
 // behind the gate; it keeps nothing). run takes resources soak:<ID>:<i> for
@@ -41,7 +42,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: soak upstream|run [flags]")
+		fmt.Fprintln(os.Stderr, "usage: soak upstream|run|boltsize [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -50,8 +51,10 @@ func main() {
 		err = upstream(os.Args[2:])
 	case "run":
 		err = run(os.Args[2:])
+	case "boltsize":
+		err = boltSize(os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q (upstream or run)", os.Args[1])
+		err = fmt.Errorf("unknown command %q (upstream, run or boltsize)", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
