@@ -128,6 +128,9 @@ type h2Shape struct {
 	method, path, authority string
 	fields                  []string // name, value pairs
 	body                    string
+	// withhold declares the body but sends none of it: the answer is read
+	// first (a gate that waits for the body would never give one).
+	withhold bool
 }
 
 // h2Connection are the fields HTTP/2 forbids (RFC 9113 §8.2.2): a shape
@@ -187,17 +190,22 @@ func validToken(s string) bool {
 }
 
 // tlsH2Answers are the shapes whose answer over HTTP/2 differs from the
-// one over HTTP/1.1, and why: net/http's HTTP/2 server refuses them at the
-// HTTP/2 layer, before the gate sees a request, where its HTTP/1.1 server
-// answers 400 or 431. Nothing is forwarded either way.
+// one over HTTP/1.1, each with the answers it may get (any one), and why:
+// net/http's HTTP/2 server refuses them at the HTTP/2 layer, before the
+// gate sees a request, where its HTTP/1.1 server answers 400 or 431.
+// Nothing is forwarded either way.
 var tlsH2Answers = map[string][]string{
 	// A field value with NUL, CR or LF, or a :path with NUL, makes the
 	// stream malformed (RFC 9113 §8.2.1): the stream is reset.
 	"NUL in path":         {"RST_STREAM PROTOCOL_ERROR"},
 	"NUL in a header":     {"RST_STREAM PROTOCOL_ERROR"},
 	"bare CR in a header": {"RST_STREAM PROTOCOL_ERROR"},
-	// A content-length that is not digits makes it malformed too.
-	"signed Content-Length": {"RST_STREAM PROTOCOL_ERROR"},
+	// A content-length that is not digits makes it malformed too, but
+	// net/http reads it as 0 and runs the handler at once: the gate
+	// refuses it (contentLengthProblem) or the DATA frame resets the
+	// stream first, whichever comes first (TestH2ContentLengthNotANumber
+	// takes the race out).
+	"signed Content-Length": {"400 invalid-request", "RST_STREAM PROTOCOL_ERROR"},
 	// A field longer than the header list the server allows does not
 	// decode: the connection ends (HPACK's state is lost with it).
 	"head past 8 KiB": {"GOAWAY COMPRESSION_ERROR"},
@@ -224,6 +232,9 @@ func TestHostileClientsH2TLS(t *testing.T) {
 			continue
 		}
 		ran++
+		if len(c.want) != 1 {
+			t.Fatalf("%s: one request, %d answers", c.name, len(c.want))
+		}
 		want := c.want
 		if w, ok := tlsH2Answers[c.name]; ok {
 			want = w
@@ -235,9 +246,8 @@ func TestHostileClientsH2TLS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := sendH2(t, newRawH2(t, conn), s)
-			if !slices.Equal(got, want) {
-				t.Errorf("answer %v, want %v", got, want)
+			if got := sendH2(t, newRawH2(t, conn), s); !slices.Contains(want, got) {
+				t.Errorf("answer %q, want one of %q", got, want)
 			}
 			e.judgeUpstream(t, c.forwarded, func(method, target string) bool {
 				return method == s.method && target == s.path
@@ -250,7 +260,7 @@ func TestHostileClientsH2TLS(t *testing.T) {
 // sendH2 sends s as stream 1 and reads its answer: the status and problem
 // code, or the stream's or connection's end when the server refuses it at
 // the HTTP/2 layer ("RST_STREAM PROTOCOL_ERROR", "GOAWAY ...").
-func sendH2(t *testing.T, h *rawH2, s h2Shape) []string {
+func sendH2(t *testing.T, h *rawH2, s h2Shape) string {
 	t.Helper()
 	h.buf.Reset()
 	kv := append([]string{":method", s.method, ":scheme", "https", ":authority", s.authority, ":path", s.path}, s.fields...)
@@ -260,7 +270,7 @@ func sendH2(t *testing.T, h *rawH2, s h2Shape) []string {
 	if err := h.f.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: h.buf.Bytes(), EndHeaders: true, EndStream: s.body == ""}); err != nil {
 		t.Fatal(err)
 	}
-	if s.body != "" {
+	if s.body != "" && !s.withhold {
 		if err := h.f.WriteData(1, true, []byte(s.body)); err != nil {
 			t.Fatal(err)
 		}
@@ -297,21 +307,21 @@ func sendH2(t *testing.T, h *rawH2, s h2Shape) []string {
 				return h2Answer(status, ctype, body)
 			}
 		case *http2.RSTStreamFrame:
-			return []string{"RST_STREAM " + fr.ErrCode.String()}
+			return "RST_STREAM " + fr.ErrCode.String()
 		case *http2.GoAwayFrame:
-			return []string{"GOAWAY " + fr.ErrCode.String()}
+			return "GOAWAY " + fr.ErrCode.String()
 		}
 	}
 }
 
 // h2Answer is an answer as send reports it: the status, and the problem
 // code when it is a problem.
-func h2Answer(status, ctype string, body []byte) []string {
+func h2Answer(status, ctype string, body []byte) string {
 	var prob struct{ Code string }
 	if ctype == problem.ContentType && json.Unmarshal(body, &prob) == nil {
 		status += " " + prob.Code
 	}
-	return []string{status}
+	return status
 }
 
 // way is HTTP/2 by ALPN on the gate's TLS listener.
@@ -345,3 +355,30 @@ func TestH2TLSStreamsAreJudgedLikeHTTP1(t *testing.T) {
 
 // TestHTTP2AbuseTLS is TestHTTP2Abuse over TLS: HTTP/2 by ALPN.
 func TestHTTP2AbuseTLS(t *testing.T) { testHTTP2Abuse(t, newTLSHostile(t).way()) }
+
+// TestH2ContentLengthNotANumber: net/http's HTTP/2 server reads a
+// content-length that is not a number as 0 and starts the handler before
+// the body arrives (resetting the stream when DATA comes): the gate must
+// not take that for a request without a body. A write so sent, even with
+// a live token, never reaches the upstream. The body is withheld, so the
+// gate answers before any DATA can reset the stream: without the check,
+// the write is forwarded at once, body-less, every time.
+func TestH2ContentLengthNotANumber(t *testing.T) {
+	h := newTLSHostile(t)
+	for _, cl := range []string{"+5", "5 ", "0x5", "5, 5", "-1", ""} {
+		t.Run(strconv.Quote(cl), func(t *testing.T) {
+			t.Parallel()
+			e := h.env(t, false, "h2")
+			conn, err := e.dial()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := sendH2(t, newRawH2(t, conn), h2Shape{method: "PUT", path: "/jobs/1", authority: "gate",
+				fields: []string{"fencing-token", "2", "content-length", cl}, body: "hello", withhold: true})
+			if got != "400 invalid-request" {
+				t.Errorf("answer %q, want 400 invalid-request", got)
+			}
+			e.judgeUpstream(t, 0, func(string, string) bool { return true })
+		})
+	}
+}
