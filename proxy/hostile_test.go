@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -111,16 +113,58 @@ type hostileEnv struct {
 	dial func() (net.Conn, error)
 }
 
-// newHostileEnv serves the gate; plainIO makes its event loops (where it
-// has them) read and write one system call at a time instead of batching
-// through io_uring.
-func newHostileEnv(t *testing.T, header, plainIO bool) *hostileEnv {
-	t.Helper()
-	return newHostileEnvWith(t, header, ServerOptions{HeaderTimeout: time.Second, NoIOURing: plainIO})
+// hostileWay is what the gate speaks on either side in a hostile run.
+type hostileWay struct {
+	server ServerOptions // the listener's (TLS, engines)
+	// upstream is how the gate reaches the upstream: HTTP/1.1 over TCP
+	// (""), HTTP/2 with prior knowledge ("h2c"), or HTTP/1.1 over a Unix
+	// socket ("unix").
+	upstream string
 }
 
-// newHostileEnvWith serves the gate with opts.
-func newHostileEnvWith(t *testing.T, header bool, opts ServerOptions) *hostileEnv {
+// serveUpstream serves h as the upstream the way w says, until the test
+// ends: its URL, and whether the gate speaks HTTP/2 to it.
+func (w hostileWay) serveUpstream(t *testing.T, h http.Handler) (*url.URL, bool) {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	t.Cleanup(srv.Close)
+	switch w.upstream {
+	case "":
+	case "h2c":
+		srv.Config.Protocols = new(http.Protocols)
+		srv.Config.Protocols.SetHTTP1(true)
+		srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	case "unix":
+		dir, err := os.MkdirTemp("", "fg") // short: a socket path has at most 107 bytes
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		ln, err := net.Listen("unix", filepath.Join(dir, "up.sock"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Listener.Close()
+		srv.Listener = ln
+		srv.Start()
+		u, err := url.Parse("unix:" + ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u, false
+	default:
+		t.Fatalf("no upstream way %q", w.upstream)
+	}
+	srv.Start()
+	u, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u, w.upstream == "h2c"
+}
+
+// newHostileEnvOn serves the gate the way w says.
+func newHostileEnvOn(t *testing.T, header bool, w hostileWay) *hostileEnv {
 	t.Helper()
 	clock := newFakeClock()
 	ctx := context.Background()
@@ -147,18 +191,17 @@ func newHostileEnvWith(t *testing.T, header bool, opts ServerOptions) *hostileEn
 	acquire("file:X-scratch", "stale")
 
 	e := &hostileEnv{store: st, up: &wireLog{}, header: header}
-	upSrv := httptest.NewServer(e.up)
-	t.Cleanup(upSrv.Close)
-	e.upstream, _ = url.Parse(upSrv.URL)
+	upstream, h2 := w.serveUpstream(t, e.up)
+	e.upstream = upstream
 	var err error
 	if e.rules, err = ParseRules(hostileRules); err != nil {
 		t.Fatal(err)
 	}
-	g, err := New(Options{Upstream: e.upstream, Store: st, Rules: e.rules, ResourceHeader: header})
+	g, err := New(Options{Upstream: e.upstream, UpstreamHTTP2: h2, Store: st, Rules: e.rules, ResourceHeader: header})
 	if err != nil {
 		t.Fatal(err)
 	}
-	gateSrv := serveGateWith(t, g, opts)
+	gateSrv := serveGateWith(t, g, w.server)
 	e.gateAddr = gateSrv.Listener.Addr().String()
 	e.dial = func() (net.Conn, error) { return net.Dial("tcp", e.gateAddr) }
 	return e
@@ -495,18 +538,35 @@ func hostileCases() []hostileCase {
 // TestHostileClients sends the hostile shapes as raw bytes on a real
 // cleartext connection, and checks the upstream's own log: nothing reaches
 // it that the gate did not admit on the resource the upstream acts on (see
-// check), and each shape gets the answer the contract gives it.
+// check), and each shape gets the answer the contract gives it. It runs
+// them on the event loops (batching through io_uring where the kernel has
+// it, and not), on the general engine alone (as off Linux), and on the
+// general engine in front of an HTTP/2 (h2c) and a Unix-socket upstream;
+// TLS in hostile_tls_test.go.
 func TestHostileClients(t *testing.T) {
+	head := time.Second
+	ways := []struct {
+		name string
+		hostileWay
+	}{
+		{"", hostileWay{server: ServerOptions{HeaderTimeout: head}}},
+		{" (plain I/O)", hostileWay{server: ServerOptions{HeaderTimeout: head, NoIOURing: true}}},
+		{" (general engine)", hostileWay{server: ServerOptions{HeaderTimeout: head, NoEventLoops: true}}},
+		{" (h2c upstream)", hostileWay{server: ServerOptions{HeaderTimeout: head}, upstream: "h2c"}},
+		{" (unix upstream)", hostileWay{server: ServerOptions{HeaderTimeout: head}, upstream: "unix"}},
+	}
 	for _, c := range hostileCases() {
-		for _, plainIO := range []bool{false, true} {
-			name := c.name
-			if plainIO {
-				name += " (plain I/O)"
+		for _, w := range ways {
+			want, forwarded := c.want, c.forwarded
+			if w.upstream == "h2c" && c.name == "websocket where a rule allows it" {
+				// HTTP/2 has no Upgrade (and the gate no extended
+				// CONNECT): a WebSocket cannot reach an HTTP/2 upstream.
+				want, forwarded = []string{"502 upstream-unavailable"}, 0
 			}
-			t.Run(name, func(t *testing.T) {
+			t.Run(c.name+w.name, func(t *testing.T) {
 				t.Parallel()
-				e := newHostileEnv(t, c.header, plainIO)
-				e.judge(t, c.raw, c.want, c.forwarded)
+				e := newHostileEnvOn(t, c.header, w.hostileWay)
+				e.judge(t, c.raw, want, forwarded)
 			})
 		}
 	}
