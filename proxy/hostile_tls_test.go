@@ -44,7 +44,7 @@ func (h tlsHostile) env(t *testing.T, header bool, protos ...string) *hostileEnv
 		c, err := tls.Dial("tcp", e.gateAddr, cfg)
 		if err == nil && len(protos) > 0 && c.ConnectionState().NegotiatedProtocol != protos[0] {
 			c.Close()
-			t.Fatalf("ALPN chose %q, want %q", c.ConnectionState().NegotiatedProtocol, protos[0])
+			return nil, fmt.Errorf("ALPN chose %q, not %q", c.ConnectionState().NegotiatedProtocol, protos[0])
 		}
 		return c, err
 	}
