@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -17,12 +18,32 @@ import (
 	"github.com/fencegate/fencegate/fencing"
 )
 
-// h2env is a gate serving h2c (with its event loops, as the binary serves
-// a cleartext listener) in front of a recording upstream.
-func h2env(t *testing.T) (*env, string) {
+// h2way is how a test reaches a gate over HTTP/2: with prior knowledge in
+// cleartext (h2c), or over TLS by ALPN (hostile_tls_test.go).
+type h2way struct {
+	opts   ServerOptions                       // what the gate's server needs for it
+	scheme string                              // of the client's URLs and :scheme
+	dial   func(addr string) (net.Conn, error) // a connection ready for the client preface
+	client func() *http.Client                 // a client speaking HTTP/2 only
+}
+
+// h2cWay is HTTP/2 with prior knowledge on a cleartext listener (with its
+// event loops, as the binary serves one).
+func h2cWay() h2way {
+	return h2way{
+		opts:   ServerOptions{H2C: true},
+		scheme: "http",
+		dial:   func(addr string) (net.Conn, error) { return net.Dial("tcp", addr) },
+		client: h2client,
+	}
+}
+
+// h2env is a gate reached by w in front of a recording upstream, and its
+// address.
+func h2env(t *testing.T, w h2way) (*env, string) {
 	t.Helper()
 	e := newEnv(t, testRules)
-	s := serveGateWith(t, e.gate, ServerOptions{H2C: true})
+	s := serveGateWith(t, e.gate, w.opts)
 	return e, s.Listener.Addr().String()
 }
 
@@ -39,14 +60,27 @@ type rawH2 struct {
 	f   *http2.Framer
 	enc *hpack.Encoder
 	buf bytes.Buffer
+	// scheme is the :scheme of block's requests (default http).
+	scheme string
 }
 
-func dialH2(t *testing.T, addr string) *rawH2 {
+// dialH2 opens a raw HTTP/2 connection to addr by w.
+func (w h2way) dialH2(t *testing.T, addr string) *rawH2 {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
+	c, err := w.dial(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
+	h := newRawH2(t, c)
+	h.scheme = w.scheme
+	return h
+}
+
+// newRawH2 starts HTTP/2 on c (cleartext, or TLS after ALPN h2): the
+// client preface and an empty SETTINGS frame. c is closed when the test
+// ends.
+func newRawH2(t *testing.T, c net.Conn) *rawH2 {
+	t.Helper()
 	t.Cleanup(func() { c.Close() })
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
 		t.Fatal(err)
@@ -62,7 +96,7 @@ func dialH2(t *testing.T, addr string) *rawH2 {
 // block is the HPACK block of a request's header fields.
 func (h *rawH2) block(method, path string, extra ...string) []byte {
 	h.buf.Reset()
-	kv := append([]string{":method", method, ":scheme", "http", ":authority", "gate", ":path", path}, extra...)
+	kv := append([]string{":method", method, ":scheme", cmp.Or(h.scheme, "http"), ":authority", "gate", ":path", path}, extra...)
 	for i := 0; i+1 < len(kv); i += 2 {
 		_ = h.enc.WriteField(hpack.HeaderField{Name: kv[i], Value: kv[i+1]})
 	}
@@ -90,9 +124,9 @@ func (h *rawH2) drain(d time.Duration) (closed bool, settings map[http2.SettingI
 }
 
 // stillServes proves the gate serves a fresh client after an abuse.
-func stillServes(t *testing.T, e *env, addr string) {
+func stillServes(t *testing.T, w h2way, addr string) {
 	t.Helper()
-	resp, err := h2client().Get("http://" + addr + "/health-of-gate")
+	resp, err := w.client().Get(w.scheme + "://" + addr + "/health-of-gate")
 	if err != nil {
 		t.Fatalf("after the abuse, a fresh client is not served: %v", err)
 	}
@@ -102,14 +136,17 @@ func stillServes(t *testing.T, e *env, addr string) {
 // TestH2CStreamsAreJudgedLikeHTTP1: each HTTP/2 stream is judged, admitted
 // and forwarded as an HTTP/1.1 request: a live token's write reaches the
 // upstream, a stale one, a missing one and a non-canonical path do not.
-func TestH2CStreamsAreJudgedLikeHTTP1(t *testing.T) {
-	e, addr := h2env(t)
+// Over h2c here; over TLS in TestH2TLSStreamsAreJudgedLikeHTTP1.
+func TestH2CStreamsAreJudgedLikeHTTP1(t *testing.T) { testH2StreamsJudged(t, h2cWay()) }
+
+func testH2StreamsJudged(t *testing.T, w h2way) {
+	e, addr := h2env(t, w)
 	old := e.acquire("job:1", "a", time.Second)
 	e.clock.Advance(2 * time.Second)
 	live := e.acquire("job:1", "b", time.Minute)
-	c := h2client()
+	c := w.client()
 	do := func(method, path, token, body string) *http.Response {
-		req, _ := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+		req, _ := http.NewRequest(method, w.scheme+"://"+addr+path, strings.NewReader(body))
 		if token != "" {
 			req.Header.Set(HeaderToken, token)
 		}
@@ -157,9 +194,12 @@ func TestH2CIsOffByDefault(t *testing.T) {
 // TestHTTP2Abuse sends HTTP/2's own attacks with raw frames at an h2c
 // gate: each is bounded (the connection refused or closed), no stream of
 // it reaches the upstream (every write carries a stale token, or never
-// completes its headers), and the gate goes on serving others.
-func TestHTTP2Abuse(t *testing.T) {
-	e, addr := h2env(t)
+// completes its headers), and the gate goes on serving others. Over TLS
+// (ALPN h2) in TestHTTP2AbuseTLS.
+func TestHTTP2Abuse(t *testing.T) { testHTTP2Abuse(t, h2cWay()) }
+
+func testHTTP2Abuse(t *testing.T, w h2way) {
+	e, addr := h2env(t, w)
 	stale := e.acquire("job:1", "a", time.Second)
 	e.clock.Advance(2 * time.Second)
 	live := e.acquire("job:1", "b", time.Minute)
@@ -168,14 +208,14 @@ func TestHTTP2Abuse(t *testing.T) {
 	}
 
 	t.Run("concurrent streams capped", func(t *testing.T) {
-		h := dialH2(t, addr)
+		h := w.dialH2(t, addr)
 		_, settings := h.drain(200 * time.Millisecond)
 		if n, ok := settings[http2.SettingMaxConcurrentStreams]; !ok || n > DefaultMaxConcurrentStreams {
 			t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS %d (sent %v), want at most %d", n, ok, DefaultMaxConcurrentStreams)
 		}
 	})
 	t.Run("rapid reset", func(t *testing.T) {
-		h := dialH2(t, addr)
+		h := w.dialH2(t, addr)
 		block := h.block("PUT", "/jobs/1", "fencing-token", tok(stale.Token), "content-length", "1")
 		for i := uint32(0); i < 20000; i++ {
 			id := 1 + 2*i
@@ -187,7 +227,7 @@ func TestHTTP2Abuse(t *testing.T) {
 		h.drain(2 * time.Second)
 	})
 	t.Run("CONTINUATION flood", func(t *testing.T) {
-		h := dialH2(t, addr)
+		h := w.dialH2(t, addr)
 		if err := h.f.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: h.block("PUT", "/jobs/1", "fencing-token", tok(live.Token))}); err != nil {
 			t.Fatal(err)
 		}
@@ -203,7 +243,7 @@ func TestHTTP2Abuse(t *testing.T) {
 		}
 	})
 	t.Run("PING flood", func(t *testing.T) {
-		h := dialH2(t, addr)
+		h := w.dialH2(t, addr)
 		var data [8]byte
 		for i := 0; i < 200000; i++ {
 			if h.f.WritePing(false, data) != nil {
@@ -213,7 +253,7 @@ func TestHTTP2Abuse(t *testing.T) {
 		h.drain(time.Second)
 	})
 	t.Run("SETTINGS flood", func(t *testing.T) {
-		h := dialH2(t, addr)
+		h := w.dialH2(t, addr)
 		for i := 0; i < 50000; i++ {
 			if h.f.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: uint32(i)}) != nil {
 				break
@@ -222,7 +262,7 @@ func TestHTTP2Abuse(t *testing.T) {
 		h.drain(time.Second)
 	})
 	t.Run("header list too large", func(t *testing.T) {
-		h := dialH2(t, addr)
+		h := w.dialH2(t, addr)
 		big := h.block("PUT", "/jobs/1", "fencing-token", tok(live.Token), "x-big", strings.Repeat("b", 15000))
 		if err := h.f.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: big, EndHeaders: true, EndStream: true}); err != nil {
 			t.Fatal(err)
@@ -232,5 +272,5 @@ func TestHTTP2Abuse(t *testing.T) {
 	if got := e.up.requests(); len(got) != 0 {
 		t.Fatalf("the upstream got %d requests from the abuse: %+v", len(got), got[0])
 	}
-	stillServes(t, e, addr)
+	stillServes(t, w, addr)
 }

@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -106,12 +108,63 @@ type hostileEnv struct {
 	up       *wireLog
 	rules    []Rule
 	header   bool
+	// dial opens a client connection to the gate (TCP unless a test sets
+	// another transport).
+	dial func() (net.Conn, error)
 }
 
-// newHostileEnv serves the gate; plainIO makes its event loops (where it
-// has them) read and write one system call at a time instead of batching
-// through io_uring.
-func newHostileEnv(t *testing.T, header, plainIO bool) *hostileEnv {
+// hostileWay is what the gate speaks on either side in a hostile run.
+type hostileWay struct {
+	server ServerOptions // the listener's (TLS, engines)
+	// upstream is how the gate reaches the upstream: HTTP/1.1 over TCP
+	// (""), HTTP/2 with prior knowledge ("h2c"), or HTTP/1.1 over a Unix
+	// socket ("unix").
+	upstream string
+}
+
+// serveUpstream serves h as the upstream the way w says, until the test
+// ends: its URL, and whether the gate speaks HTTP/2 to it.
+func (w hostileWay) serveUpstream(t *testing.T, h http.Handler) (*url.URL, bool) {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	t.Cleanup(srv.Close)
+	switch w.upstream {
+	case "":
+	case "h2c":
+		srv.Config.Protocols = new(http.Protocols)
+		srv.Config.Protocols.SetHTTP1(true)
+		srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	case "unix":
+		dir, err := os.MkdirTemp("", "fg") // short: a socket path has at most 107 bytes
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		ln, err := net.Listen("unix", filepath.Join(dir, "up.sock"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Listener.Close()
+		srv.Listener = ln
+		srv.Start()
+		u, err := url.Parse("unix:" + ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u, false
+	default:
+		t.Fatalf("no upstream way %q", w.upstream)
+	}
+	srv.Start()
+	u, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u, w.upstream == "h2c"
+}
+
+// newHostileEnvOn serves the gate the way w says.
+func newHostileEnvOn(t *testing.T, header bool, w hostileWay) *hostileEnv {
 	t.Helper()
 	clock := newFakeClock()
 	ctx := context.Background()
@@ -138,19 +191,19 @@ func newHostileEnv(t *testing.T, header, plainIO bool) *hostileEnv {
 	acquire("file:X-scratch", "stale")
 
 	e := &hostileEnv{store: st, up: &wireLog{}, header: header}
-	upSrv := httptest.NewServer(e.up)
-	t.Cleanup(upSrv.Close)
-	e.upstream, _ = url.Parse(upSrv.URL)
+	upstream, h2 := w.serveUpstream(t, e.up)
+	e.upstream = upstream
 	var err error
 	if e.rules, err = ParseRules(hostileRules); err != nil {
 		t.Fatal(err)
 	}
-	g, err := New(Options{Upstream: e.upstream, Store: st, Rules: e.rules, ResourceHeader: header})
+	g, err := New(Options{Upstream: e.upstream, UpstreamHTTP2: h2, Store: st, Rules: e.rules, ResourceHeader: header})
 	if err != nil {
 		t.Fatal(err)
 	}
-	gateSrv := serveGateWith(t, g, ServerOptions{HeaderTimeout: time.Second, NoIOURing: plainIO})
+	gateSrv := serveGateWith(t, g, w.server)
 	e.gateAddr = gateSrv.Listener.Addr().String()
+	e.dial = func() (net.Conn, error) { return net.Dial("tcp", e.gateAddr) }
 	return e
 }
 
@@ -159,7 +212,7 @@ func newHostileEnv(t *testing.T, header, plainIO bool) *hostileEnv {
 // status, and its problem code if it is a problem ("400 path-not-canonical").
 func (e *hostileEnv) send(t *testing.T, raw string, want int) []string {
 	t.Helper()
-	conn, err := net.Dial("tcp", e.gateAddr)
+	conn, err := e.dial()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,12 +383,19 @@ func (e *hostileEnv) resourceOf(r *Rule, method string, segs []string) string {
 	return r.resource(vars)
 }
 
-// TestHostileClients sends request shapes an attacker (or a careless
-// client) would try, as raw bytes on a real connection, and checks the
-// upstream's own log: nothing reaches it that the gate did not admit on
-// the resource the upstream acts on (see check), and each shape gets the
-// answer the contract gives it (DESIGN §4).
-func TestHostileClients(t *testing.T) {
+// hostileCase is one request shape of the hostile suite.
+type hostileCase struct {
+	name      string
+	header    bool     // Fencing-Resource fallback on (rules exist: off by default)
+	raw       string   // bytes sent on one connection
+	want      []string // the responses, in order: status and problem code
+	forwarded int      // requests the upstream must receive
+}
+
+// hostileCases are the request shapes an attacker (or a careless client)
+// would try, with the answers the contract gives them (DESIGN §4) on a
+// cleartext HTTP/1.1 connection. Every transport runs them.
+func hostileCases() []hostileCase {
 	const (
 		stale     = "Fencing-Token: 1\r\n" // expired on job:1 and file:X; live on scratch, file:X-scratch
 		fresh     = "Fencing-Token: 2\r\n" // the successor's on job:1 and file:X
@@ -350,13 +410,7 @@ func TestHostileClients(t *testing.T) {
 		return line + "\r\nHost: gate\r\n" + strings.Join(hdrs, "") + "Content-Length: " + strconv.Itoa(len(b)) + "\r\n\r\n" + b
 	}
 	smuggled := req("PUT /jobs/1 HTTP/1.1", stale, asScr, cl0)
-	cases := []struct {
-		name      string
-		header    bool     // Fencing-Resource fallback on (rules exist: off by default)
-		raw       string   // bytes sent on one connection
-		want      []string // the responses, in order: status and problem code
-		forwarded int      // requests the upstream must receive
-	}{
+	return []hostileCase{
 		// Encoded traversal past a pass rule, and past fence rules.
 		{"encoded slash under pass", false, req("POST /public/..%2Fjobs%2F1 HTTP/1.1", cl0), []string{"400 path-not-canonical"}, 0},
 		{"mixed-case encoded slash", false, req("POST /public/..%2fjobs%2f1 HTTP/1.1", cl0), []string{"400 path-not-canonical"}, 0},
@@ -479,29 +533,72 @@ func TestHostileClients(t *testing.T) {
 		{"pipelined after a refused write", false, body("POST /public/..%2Fjobs%2F1 HTTP/1.1", smuggled) + req("PUT /jobs/1 HTTP/1.1", stale, cl0), []string{"400 path-not-canonical", "409 stale-token"}, 0},
 		{"pipelined after a stale write", false, body("PUT /jobs/1 HTTP/1.1", smuggled, stale) + req("PUT /jobs/1 HTTP/1.1", fresh, cl0), []string{"409 stale-token", "200"}, 1},
 	}
-	for _, c := range cases {
-		for _, plainIO := range []bool{false, true} {
-			name := c.name
-			if plainIO {
-				name += " (plain I/O)"
+}
+
+// TestHostileClients sends the hostile shapes as raw bytes on a real
+// cleartext connection, and checks the upstream's own log: nothing reaches
+// it that the gate did not admit on the resource the upstream acts on (see
+// check), and each shape gets the answer the contract gives it. It runs
+// them on the event loops (batching through io_uring where the kernel has
+// it, and not), on the general engine alone (as off Linux), and on the
+// general engine in front of an HTTP/2 (h2c) and a Unix-socket upstream;
+// TLS in hostile_tls_test.go.
+func TestHostileClients(t *testing.T) {
+	head := time.Second
+	ways := []struct {
+		name string
+		hostileWay
+	}{
+		{"", hostileWay{server: ServerOptions{HeaderTimeout: head}}},
+		{" (plain I/O)", hostileWay{server: ServerOptions{HeaderTimeout: head, NoIOURing: true}}},
+		{" (general engine)", hostileWay{server: ServerOptions{HeaderTimeout: head, NoEventLoops: true}}},
+		{" (h2c upstream)", hostileWay{server: ServerOptions{HeaderTimeout: head}, upstream: "h2c"}},
+		{" (unix upstream)", hostileWay{server: ServerOptions{HeaderTimeout: head}, upstream: "unix"}},
+	}
+	for _, c := range hostileCases() {
+		for _, w := range ways {
+			want, forwarded := c.want, c.forwarded
+			if w.upstream == "h2c" && c.name == "websocket where a rule allows it" {
+				// HTTP/2 has no Upgrade (and the gate no extended
+				// CONNECT): a WebSocket cannot reach an HTTP/2 upstream.
+				want, forwarded = []string{"502 upstream-unavailable"}, 0
 			}
-			t.Run(name, func(t *testing.T) {
+			t.Run(c.name+w.name, func(t *testing.T) {
 				t.Parallel()
-				e := newHostileEnv(t, c.header, plainIO)
-				got := e.send(t, c.raw, len(c.want))
-				if !slices.Equal(got, c.want) {
-					t.Errorf("statuses %v, want %v", got, c.want)
-				}
-				if n := len(e.up.requests()); n != c.forwarded {
-					t.Errorf("upstream got %d requests, want %d: %+v", n, c.forwarded, e.up.requests())
-				}
-				e.check(t)
-				for _, s := range e.up.requests() {
-					if !safeMethod(s.Method) && !strings.HasPrefix(c.raw, s.Method+" "+s.Target+" ") && !strings.Contains(c.raw, "\n"+s.Method+" "+s.Target+" ") {
-						t.Errorf("upstream got target %q, which the client did not send byte for byte", s.Target)
-					}
-				}
+				e := newHostileEnvOn(t, c.header, w.hostileWay)
+				e.judge(t, c.raw, want, forwarded)
 			})
+		}
+	}
+}
+
+// judge sends raw on a fresh connection and checks the answers (want), the
+// number of requests the upstream received (forwarded), and, from the
+// upstream's record, that each was one the gate may forward, with the
+// target the client sent byte for byte.
+func (e *hostileEnv) judge(t *testing.T, raw string, want []string, forwarded int) {
+	t.Helper()
+	got := e.send(t, raw, len(want))
+	if !slices.Equal(got, want) {
+		t.Errorf("statuses %v, want %v", got, want)
+	}
+	e.judgeUpstream(t, forwarded, func(method, target string) bool {
+		return strings.HasPrefix(raw, method+" "+target+" ") || strings.Contains(raw, "\n"+method+" "+target+" ")
+	})
+}
+
+// judgeUpstream checks the upstream's record: forwarded requests, each one
+// the gate may forward (check), every write's target one the client sent
+// (sent reports whether it did).
+func (e *hostileEnv) judgeUpstream(t *testing.T, forwarded int, sent func(method, target string) bool) {
+	t.Helper()
+	if n := len(e.up.requests()); n != forwarded {
+		t.Errorf("upstream got %d requests, want %d: %+v", n, forwarded, e.up.requests())
+	}
+	e.check(t)
+	for _, s := range e.up.requests() {
+		if !safeMethod(s.Method) && !sent(s.Method, s.Target) {
+			t.Errorf("upstream got target %q, which the client did not send byte for byte", s.Target)
 		}
 	}
 }

@@ -37,6 +37,9 @@ func (g *Gate) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	x.method = r.Method
 	d := g.judge(x, Incoming{Method: r.Method, Target: r.RequestURI, Host: r.Host, Header: r.Header})
 	defer g.end(x)
+	if p := contentLengthProblem(r); p != nil && d.Verdict != Refuse {
+		d = Decision{Verdict: Refuse, Problem: p}
+	}
 	switch g.verdict(x, d) {
 	case passForward, passUpgrade:
 		g.forwardHTTP(x, nil)

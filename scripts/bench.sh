@@ -31,20 +31,46 @@
 #      the direct path;
 #   3. many clients: $BENCH_MANY connections at every gate: req/s, RSS
 #      sampled during the run, peak RSS (VmHWM, over the process's life) and
-#      the goroutine count (go_goroutines from /metrics) during the run.
+#      the goroutine count (go_goroutines from /metrics) during the run;
+#   4. TLS: the same writes over HTTPS (keep-alive, HTTP/1.1), rounds as in
+#      1, at nginx and HAProxy terminating TLS (the same processes as above,
+#      one more listener each) and at one more gate per store serving
+#      FENCEGATE_PROXY_TLS_CERT, all with the same throwaway certificate
+#      (ECDSA P-256, made with openssl in the temporary directory) and the
+#      same cleartext keep-alive upstream; ratios against the TLS rows of
+#      nginx and HAProxy (DESIGN §11's target: gate ≥ 0.8× nginx). Then,
+#      for information, HTTP/2 by ALPN with h2load (nghttp2-client):
+#      $BENCH_H2_CONNS connections x $BENCH_H2_STREAMS streams of the same
+#      PUT on one resource (h2load sends one header set; tokens differ per
+#      resource), one run per target.
+#
+# ./scripts/bench.sh -t runs phase 4 only (and starts only the TLS gates).
 #
 # Environment: BENCH_DURATION (5s), BENCH_ROUNDS (5), BENCH_CONNS (50),
 # BENCH_MANY (1000), BENCH_RESOURCES (64), BENCH_STORES ("memory file
-# valkey"), BENCH_THREADS (wrk threads, 2), BENCH_SWITCHES (none): entries
+# valkey"), BENCH_THREADS (wrk and h2load threads, 2), BENCH_H2_CONNS (10),
+# BENCH_H2_STREAMS (10), BENCH_SWITCHES (none): entries
 # STORE:VAR=VALUE, each one more gate on STORE started with FENCEGATE_VAR=VALUE
 # and measured beside the others in the same rounds (say
 # "valkey:MARK_READERS=false memory:IO_URING=false"): a fast path's with and
-# without in one run. Missing nginx, wrk, redis-server
-# and curl are installed with apt-get when running as root, else it stops.
+# without in one run. Missing nginx, wrk, redis-server, curl and openssl
+# are installed with apt-get when running as root, else it stops; so is
+# h2load, without which the HTTP/2 row is left out.
 # Everything it starts is stopped by PID on exit; its files live in one
 # temporary directory, removed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+TLS_ONLY=""
+while getopts ht opt; do
+	case $opt in
+	t) TLS_ONLY=1 ;;
+	*)
+		sed -n '2,/^set -e/{/^set -e/d;s/^# \{0,1\}//;p}' "$0" >&2
+		[ "$opt" = h ] && exit 0 || exit 2
+		;;
+	esac
+done
 
 DURATION=${BENCH_DURATION:-5s}
 ROUNDS=${BENCH_ROUNDS:-5}
@@ -53,6 +79,8 @@ MANY=${BENCH_MANY:-1000}
 RESOURCES=${BENCH_RESOURCES:-64}
 STORES=${BENCH_STORES:-memory file valkey}
 THREADS=${BENCH_THREADS:-2}
+H2_CONNS=${BENCH_H2_CONNS:-10}
+H2_STREAMS=${BENCH_H2_STREAMS:-10}
 SWITCHES=${BENCH_SWITCHES:-}
 
 has() { command -v "$1" >/dev/null 2>&1; }
@@ -63,6 +91,8 @@ has nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 has wrk || missing+=(wrk)
 has curl || missing+=(curl)
 has pgrep || missing+=(procps)
+has openssl || missing+=(openssl)
+has h2load || missing+=(nghttp2-client)
 case " $STORES " in *" valkey "*) has redis-server || has valkey-server || missing+=(redis-server) ;; esac
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
 	say "installing ${missing[*]} with apt-get"
@@ -71,7 +101,7 @@ if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
 		{ apt-get update >/dev/null && apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
 PATH=$PATH:/usr/sbin
-for bin in nginx wrk curl; do
+for bin in nginx wrk curl openssl; do
 	has "$bin" || { say "needs $bin (e.g. apt-get install $bin)"; exit 1; }
 done
 VALKEY_SERVER=$(command -v valkey-server || command -v redis-server || true)
@@ -114,7 +144,7 @@ free_port() {
 wait_http() {
 	local i
 	for i in $(seq 300); do
-		curl -fs -o /dev/null "$1" && return 0
+		curl -fs --cacert "$tmp/tls/ca.crt" -o /dev/null "$1" && return 0
 		kill -0 "$2" 2>/dev/null || break
 		sleep 0.1
 	done
@@ -126,6 +156,20 @@ wait_http() {
 say "building fencegate"
 go build -o "$tmp/fencegate" ./cmd/fencegate
 
+# --- TLS material ----------------------------------------------------------
+# A throwaway CA and one server certificate for 127.0.0.1, which nginx,
+# HAProxy and the TLS gates all present.
+mkdir -p "$tmp/tls"
+(
+	cd "$tmp/tls"
+	ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+	openssl req -x509 "${ec[@]}" -keyout ca.key -out ca.crt -days 2 -subj /CN=fencegate-bench-ca
+	openssl req "${ec[@]}" -keyout srv.key -out srv.csr -subj /CN=127.0.0.1
+	printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >srv.ext
+	openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile srv.ext -out srv.crt
+	cat srv.crt srv.key >srv.pem # HAProxy's crt: certificate and key in one file
+) >"$tmp/tls/log" 2>&1 || { say "openssl could not make the certificates:"; cat "$tmp/tls/log" >&2; exit 1; }
+
 # --- upstream and nginx --------------------------------------------------
 # Two nginx instances, each its own processes: the upstream, and the
 # yardstick proxy in front of it. One instance serving both roles would let
@@ -133,6 +177,7 @@ go build -o "$tmp/fencegate" ./cmd/fencegate
 # cross-process wake-up every sidecar (and the gate) pays.
 UP=$(free_port)
 NGX=$(free_port)
+NGXS=$(free_port)
 # start_nginx NAME SERVER-BLOCKS starts an nginx instance in $tmp/NAME.
 start_nginx() {
 	local dir="$tmp/$1"
@@ -180,22 +225,38 @@ start_nginx nginx "    upstream app {
             proxy_http_version 1.1;
             proxy_set_header Connection \"\";
         }
+    }
+    server {
+        listen 127.0.0.1:$NGXS ssl http2;
+        ssl_certificate $tmp/tls/srv.crt;
+        ssl_certificate_key $tmp/tls/srv.key;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        location / {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }
     }"
 wait_http "http://127.0.0.1:$NGX/" "${pids[-1]}"
+wait_http "https://127.0.0.1:$NGXS/" "${pids[-1]}"
 # The second yardstick, when installed: HAProxy as a plain keep-alive
 # reverse proxy to the same upstream (Debian's 2.6; one thread per CPU).
+# It terminates TLS too, on a second frontend.
 HAP=""
 if has haproxy || [ -x /usr/sbin/haproxy ]; then
 	HAP=$(free_port)
+	HAPS=$(free_port)
 	mkdir -p "$tmp/haproxy"
 	printf '%s\n' "global" "    maxconn 8192" "defaults" "    mode http" "    timeout connect 5s" \
 		"    timeout client 60s" "    timeout server 60s" "    option http-keep-alive" "    http-reuse always" \
-		"frontend gate" "    bind 127.0.0.1:$HAP" "    default_backend app" "backend app" \
-		"    server up 127.0.0.1:$UP maxconn 1024" >"$tmp/haproxy/haproxy.cfg"
+		"frontend gate" "    bind 127.0.0.1:$HAP" "    default_backend app" \
+		"frontend gatetls" "    bind 127.0.0.1:$HAPS ssl crt $tmp/tls/srv.pem alpn h2,http/1.1" "    default_backend app" \
+		"backend app" "    server up 127.0.0.1:$UP maxconn 1024" >"$tmp/haproxy/haproxy.cfg"
 	"$(command -v haproxy || echo /usr/sbin/haproxy)" -db -f "$tmp/haproxy/haproxy.cfg" >"$tmp/haproxy/log" 2>&1 &
 	pids+=($!)
 	hap_pid=$!
 	wait_http "http://127.0.0.1:$HAP/" "$hap_pid"
+	wait_http "https://127.0.0.1:$HAPS/" "$hap_pid"
 fi
 
 # --- Valkey ----------------------------------------------------------------
@@ -217,18 +278,32 @@ esac
 
 # --- the gates -----------------------------------------------------------
 declare -A gate_port gate_pid gate_api
-# A gate per store, then one per switch (named STORE+VAR=VALUE).
-gates=$STORES
-for sw in $SWITCHES; do
-	case $sw in
-	*:*=*) gates+=" ${sw%%:*}+${sw#*:}" ;;
-	*) say "BENCH_SWITCHES entry $sw is not STORE:VAR=VALUE"; exit 1 ;;
-	esac
-done
-for store in $gates; do
-	base=${store%%+*}
+# A gate per store, then one per switch (named STORE+VAR=VALUE), then one
+# per store serving TLS (named tls-STORE); with -t only the last.
+gates=""
+tls_gates=""
+if [ -z "$TLS_ONLY" ]; then
+	gates=$STORES
+	for sw in $SWITCHES; do
+		case $sw in
+		*:*=*) gates+=" ${sw%%:*}+${sw#*:}" ;;
+		*) say "BENCH_SWITCHES entry $sw is not STORE:VAR=VALUE"; exit 1 ;;
+		esac
+	done
+fi
+for store in $STORES; do tls_gates+=" tls-$store"; done
+for store in $gates $tls_gates; do
+	base=${store#tls-}
+	base=${base%%+*}
 	extra=()
-	[ "$base" = "$store" ] || extra=("FENCEGATE_${store#*+}")
+	prefix=bench-$base
+	case $store in
+	tls-*)
+		extra=("FENCEGATE_PROXY_TLS_CERT=$tmp/tls/srv.crt" "FENCEGATE_PROXY_TLS_KEY=$tmp/tls/srv.key")
+		prefix=bench-tls-$base
+		;;
+	*+*) extra=("FENCEGATE_${store#*+}") ;;
+	esac
 	case $base in
 	memory) url="memory:" ;;
 	file) url="file:$tmp/gate-file-$(echo "$store" | tr -c 'A-Za-z0-9\n' _).db" ;;
@@ -239,7 +314,7 @@ for store in $gates; do
 	gp=$(free_port)
 	env FENCEGATE_API_ADDR=127.0.0.1:$api FENCEGATE_PROXY_ADDR=127.0.0.1:$gp \
 		FENCEGATE_UPSTREAM=http://127.0.0.1:$UP FENCEGATE_STORE=$url \
-		FENCEGATE_KEY_PREFIX=bench-$base FENCEGATE_RULES='PUT /jobs/{id} fence job:{id}' \
+		FENCEGATE_KEY_PREFIX=$prefix FENCEGATE_RULES='PUT /jobs/{id} fence job:{id}' \
 		FENCEGATE_LOG_LEVEL=warn OTEL_SDK_DISABLED=true "${extra[@]}" \
 		"$tmp/fencegate" serve 2>"$tmp/gate-$store.log" &
 	gate_pid[$store]=$!
@@ -288,36 +363,48 @@ function done(summary, latency, requests)
 end
 EOF
 }
+# targets are the cleartext rows, tls_targets the TLS rows (direct, the
+# cleartext upstream, stays in them as the reference of ÷ direct).
 targets=(direct nginx)
-declare -A target_port=([direct]=$UP [nginx]=$NGX)
+tls_targets=(direct nginx-tls)
+declare -A target_url=([direct]=http://127.0.0.1:$UP [nginx]=http://127.0.0.1:$NGX [nginx-tls]=https://127.0.0.1:$NGXS)
 if [ -n "$HAP" ]; then
 	targets+=(haproxy)
-	target_port[haproxy]=$HAP
+	tls_targets+=(haproxy-tls)
+	target_url[haproxy]=http://127.0.0.1:$HAP
+	target_url[haproxy-tls]=https://127.0.0.1:$HAPS
 fi
 first=""
-for store in $gates; do
+for store in $gates $tls_gates; do
 	write_script "gate-$store" "$tmp/tokens-$store.lua"
-	targets+=("gate-$store")
-	target_port[gate-$store]=${gate_port[$store]}
+	case $store in
+	tls-*)
+		tls_targets+=("gate-$store")
+		target_url[gate-$store]=https://127.0.0.1:${gate_port[$store]}
+		;;
+	*)
+		targets+=("gate-$store")
+		target_url[gate-$store]=http://127.0.0.1:${gate_port[$store]}
+		;;
+	esac
 	first=${first:-$store}
 done
-# Direct and nginx get the same requests (tokens of the first gate; the
-# upstream ignores them).
+# Direct, nginx and HAProxy get the same requests (tokens of the first
+# gate; the upstream ignores them).
 write_script direct "$tmp/tokens-$first.lua"
-cp "$tmp/wrk-direct.lua" "$tmp/wrk-nginx.lua"
-[ -z "$HAP" ] || cp "$tmp/wrk-direct.lua" "$tmp/wrk-haproxy.lua"
+for t in nginx nginx-tls haproxy haproxy-tls; do cp "$tmp/wrk-direct.lua" "$tmp/wrk-$t.lua"; done
 
 # proxy_pids TARGET: the processes of TARGET's proxy (nginx's master and
 # workers, or the gate); none for direct.
 proxy_pids() {
 	case $1 in
 	direct) ;;
-	nginx)
+	nginx | nginx-tls)
 		local m
 		m=$(cat "$tmp/nginx/nginx.pid")
 		echo "$m" $(pgrep -P "$m")
 		;;
-	haproxy) echo "$hap_pid" ;;
+	haproxy | haproxy-tls) echo "$hap_pid" ;;
 	gate-*) echo "${gate_pid[${1#gate-}]}" ;;
 	esac
 }
@@ -342,7 +429,7 @@ run() {
 	c0=$(cpu_ticks $pp)
 	read -r i0 t0 < <(machine_ticks)
 	out=$(wrk -t"$3" -c"$2" -d"$DURATION" --timeout 10s -s "$tmp/wrk-$1.lua" \
-		"http://127.0.0.1:${target_port[$1]}" 2>&1) || { say "wrk failed on $1: $out"; exit 1; }
+		"${target_url[$1]}" 2>&1) || { say "wrk failed on $1: $out"; exit 1; }
 	c1=$(cpu_ticks $pp)
 	read -r i1 t1 < <(machine_ticks)
 	sed -n 's/^RESULT //p' <<<"$out" | awk -v c=$((c1 - c0)) -v pp="$pp" -v tick="$TICK" \
@@ -357,16 +444,12 @@ echo "  $(go version | cut -d' ' -f3), $(nginx -v 2>&1 | cut -d' ' -f3), $("$tmp
 echo "  upstream: nginx return 200; $RESOURCES resources; wrk -t$THREADS; $ROUNDS rounds x $DURATION per target, interleaved"
 echo
 
-# --- 1. throughput ---------------------------------------------------------
-say "throughput: $ROUNDS rounds at $CONNS connections"
-: >"$tmp/results"
-for r in $(seq "$ROUNDS"); do
-	for t in "${targets[@]}"; do
-		echo "$r $t $(run "$t" "$CONNS" "$THREADS")" >>"$tmp/results"
-	done
-done
-echo "Throughput, $CONNS connections (median of $ROUNDS rounds; ratio range over rounds):"
-awk -v targets="${targets[*]}" '
+# throughput FILE NGINX HAPROXY TARGET...: the throughput table of the
+# rounds in FILE, with ratios to the rows NGINX, HAPROXY and direct.
+throughput() {
+	local f=$1 ng=$2 hp=$3
+	shift 3
+	awk -v targets="$*" -v nginx="$ng" -v haproxy="$hp" '
 function median(a, n,   i, j, t) {
 	for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j+1] = a[j]; a[j+1] = t }
 	return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
@@ -374,18 +457,37 @@ function median(a, n,   i, j, t) {
 { rps[$2, $1] = $3; p50[$2, $1] = $4; p99[$2, $1] = $5; bad[$2] += $6 + $7; cpu[$2, $1] = $8; idle[$2, $1] = $9; if ($1 > rounds) rounds = $1 }
 END {
 	n = split(targets, T, " ")
-	hap = (("haproxy", 1) in rps)
+	hap = ((haproxy, 1) in rps)
 	printf "  %-31s %10s %9s %9s %10s %14s %10s %14s %10s %14s %8s %9s %6s\n", "target", "req/s", "p50 µs", "p99 µs", "÷ nginx", "(range)", "÷ haproxy", "(range)", "÷ direct", "(range)", "errors", "CPU µs", "idle"
 	for (k = 1; k <= n; k++) {
 		t = T[k]
-		for (r = 1; r <= rounds; r++) { a[r] = rps[t, r]; b[r] = p50[t, r]; c[r] = p99[t, r]; x[r] = rps[t, r] / rps["nginx", r]; y[r] = rps[t, r] / rps["direct", r]; z[r] = hap ? rps[t, r] / rps["haproxy", r] : 0; u[r] = cpu[t, r]; v[r] = idle[t, r] }
+		for (r = 1; r <= rounds; r++) { a[r] = rps[t, r]; b[r] = p50[t, r]; c[r] = p99[t, r]; x[r] = rps[t, r] / rps[nginx, r]; y[r] = rps[t, r] / rps["direct", r]; z[r] = hap ? rps[t, r] / rps[haproxy, r] : 0; u[r] = cpu[t, r]; v[r] = idle[t, r] }
 		m = median(a, rounds); m50 = median(b, rounds); m99 = median(c, rounds)
 		lo = hi = x[1]; dlo = dhi = y[1]; hlo = hhi = z[1]
 		for (r = 2; r <= rounds; r++) { if (x[r] < lo) lo = x[r]; if (x[r] > hi) hi = x[r]; if (y[r] < dlo) dlo = y[r]; if (y[r] > dhi) dhi = y[r]; if (z[r] < hlo) hlo = z[r]; if (z[r] > hhi) hhi = z[r] }
 		hm = hap ? median(z, rounds) : 0
 		printf "  %-31s %10.0f %9.0f %9.0f %10.2f %14s %10s %14s %10.2f %14s %8d %9s %5.0f%%\n", t, m, m50, m99, median(x, rounds), sprintf("%.2f–%.2f", lo, hi), hap ? sprintf("%.2f", hm) : "–", hap ? sprintf("%.2f–%.2f", hlo, hhi) : "–", median(y, rounds), sprintf("%.2f–%.2f", dlo, dhi), bad[t], t == "direct" ? "–" : sprintf("%.1f", median(u, rounds)), median(v, rounds)
 	}
-}' "$tmp/results"
+}' "$f"
+}
+# rounds FILE TARGET...: $ROUNDS rounds over the targets, interleaved.
+rounds() {
+	local f=$1 r t
+	shift
+	: >"$f"
+	for r in $(seq "$ROUNDS"); do
+		for t in "$@"; do
+			echo "$r $t $(run "$t" "$CONNS" "$THREADS")" >>"$f"
+		done
+	done
+}
+
+if [ -z "$TLS_ONLY" ]; then
+# --- 1. throughput ---------------------------------------------------------
+say "throughput: $ROUNDS rounds at $CONNS connections"
+rounds "$tmp/results" "${targets[@]}"
+echo "Throughput, $CONNS connections (median of $ROUNDS rounds; ratio range over rounds):"
+throughput "$tmp/results" nginx haproxy "${targets[@]}"
 echo
 
 # --- 2. one connection -----------------------------------------------------
@@ -431,6 +533,37 @@ for t in "${targets[@]:1}"; do
 	fi
 done
 echo
+fi
+
+# --- 4. TLS ----------------------------------------------------------------
+say "TLS: $ROUNDS rounds at $CONNS connections"
+rounds "$tmp/tls-results" "${tls_targets[@]}"
+echo "TLS (HTTPS, HTTP/1.1 keep-alive), $CONNS connections (median of $ROUNDS rounds; ÷ nginx and ÷ haproxy: their TLS rows; ÷ direct: the cleartext upstream):"
+throughput "$tmp/tls-results" nginx-tls haproxy-tls "${tls_targets[@]}"
+echo
+if has h2load; then
+	say "HTTP/2: $H2_CONNS connections x $H2_STREAMS streams"
+	echo '{"step":1}' >"$tmp/h2-body"
+	echo "HTTP/2 by ALPN, for information ($H2_CONNS connections x $H2_STREAMS streams, h2load -t$THREADS, $DURATION, PUT /jobs/1 on one resource):"
+	printf "  %-31s %10s %10s %8s\n" target req/s "÷ nginx" errors
+	h2nginx=""
+	for t in "${tls_targets[@]:1}"; do
+		case $t in gate-*) tokf=$tmp/tokens-${t#gate-}.lua ;; *) tokf=$tmp/tokens-$first.lua ;; esac
+		tok1=$(sed -n '2s/[^0-9]//gp' "$tokf")
+		out=$(h2load -t"$THREADS" -c"$H2_CONNS" -m"$H2_STREAMS" -D"${DURATION%s}" -d "$tmp/h2-body" \
+			-H ':method: PUT' -H 'content-type: application/json' -H "fencing-token: $tok1" \
+			"${target_url[$t]}/jobs/1" 2>&1) || { say "h2load failed on $t: $out"; exit 1; }
+		grep -q 'Application protocol: h2' <<<"$out" || { say "h2load did not speak h2 to $t: $out"; exit 1; }
+		rps=$(sed -nE 's/^finished in .*, ([0-9.]+) req\/s.*/\1/p' <<<"$out")
+		bad=$(awk '/^requests:/ {f = $10 + $12} /^status codes:/ {n = $5 + $7 + $9} END {print f + n}' <<<"$out")
+		[ "$t" = nginx-tls ] && h2nginx=$rps
+		printf "  %-31s %10.0f %10s %8d\n" "$t" "$rps" "$(awk -v a="$rps" -v b="$h2nginx" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "–" }')" "$bad"
+	done
+	echo
+else
+	echo "(no h2load: the HTTP/2 row is left out; apt-get install nghttp2-client)"
+	echo
+fi
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "errors = non-2xx answers + socket errors (should be 0). Target: gate ≥ 1.0× nginx and HAProxy,"
-echo "added p50 ≤ nginx's + one store round trip, ≤ 64 MiB RSS at 1,000 connections."
+echo "added p50 ≤ nginx's + one store round trip, ≤ 64 MiB RSS at 1,000 connections; over TLS ≥ 0.8× nginx."
