@@ -5,7 +5,6 @@ package proxy
 import (
 	"context"
 	"slices"
-	"sync"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/barrier"
@@ -106,7 +105,7 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 		}
 		out = slices.Grow(out[:0], len(reqs))[:len(reqs)] // AdmitBatch sets each
 		errs = slices.Grow(errs[:0], len(reqs))[:len(reqs)]
-		admitAll(g.batch, g.order.(localOrder).store, reqs, out, errs)
+		g.batch.AdmitBatch(context.Background(), reqs, out, errs)
 		ready := batch[:0]
 		for i, p := range batch {
 			if errs[i] != nil {
@@ -148,18 +147,4 @@ func (l *eventLoop) awaitTurn(p pendingAdmit) {
 			abandonAdmitted(l.e.g, p.x, p.t, ok) // the loop has stopped
 		}
 	})
-}
-
-// admitAll runs b's AdmitBatch; should b have no batch path after all, it
-// admits each request in s on its own, concurrently.
-func admitAll(b fencing.BatchAdmitter, s fencing.Store, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) {
-	ctx := context.Background()
-	if b.AdmitBatch(ctx, reqs, out, errs) {
-		return
-	}
-	var wg sync.WaitGroup
-	for i := range reqs {
-		wg.Go(func() { out[i], errs[i] = s.Admit(ctx, reqs[i]) })
-	}
-	wg.Wait()
 }
