@@ -262,13 +262,10 @@ type eventLoop struct {
 	stopped bool
 	exited  chan struct{} // closed when run returns
 
-	admits    []pendingAdmit      // writes for the store's next batch (loopadmit_linux.go)
-	reads     []pendingAdmit      // writes for the mark reader's next batch
-	admitting bool                // a batch is with the store
-	admitCh   chan []pendingAdmit // to the admission worker, once started
-	marks     loopMarks           // the store's mark reader (loopmarks_linux.go)
-	passed    []passedRequest     // to forward at the end of the pass (see forwardLater)
-	forwarded []passedRequest     // passed's other array, reused
+	admission loopAdmission   // writes on their way to a batched admission (loopadmit_linux.go)
+	marks     loopMarks       // the store's mark reader (loopmarks_linux.go)
+	passed    []passedRequest // to forward at the end of the pass (see forwardLater)
+	forwarded []passedRequest // passed's other array, reused
 	now       time.Time
 
 	ring    *uring.Ring       // the pass's reads and writes in a system call each; nil: one by one
@@ -330,8 +327,8 @@ func (l *eventLoop) run() {
 	defer runtime.UnlockOSThread()
 	defer close(l.exited)
 	defer func() {
-		if l.admitCh != nil {
-			close(l.admitCh)
+		if l.admission.admitCh != nil {
+			close(l.admission.admitCh)
 		}
 	}()
 	if !l.e.s.noRing {
