@@ -20,7 +20,6 @@ import (
 	"github.com/fencegate/fencegate/internal/connlimit"
 	"github.com/fencegate/fencegate/internal/evloop"
 	"github.com/fencegate/fencegate/internal/h1"
-	"github.com/fencegate/fencegate/internal/uring"
 )
 
 // The event-loop engine serves a gate's TCP listener on Linux without a
@@ -268,11 +267,7 @@ type eventLoop struct {
 	forwarded []passedRequest // passed's other array, reused
 	now       time.Time
 
-	ring    *uring.Ring       // the pass's reads and writes in a system call each; nil: one by one
-	ahead   *evloop.ReadAhead // the sockets read ahead this pass (see readAhead)
-	writes  []*loopConn       // connections whose next write waits for the end of the pass
-	spare   []*loopConn       // writes' other array, reused
-	sending []pendingWrite    // the writes out in the ring, by tag
+	batchIO loopBatchIO // the pass's reads and writes batched through io_uring (loopring_linux.go)
 
 	buf       []byte        // one read
 	rd        bytes.Reader  // parsing: a head's bytes...
@@ -334,8 +329,8 @@ func (l *eventLoop) run() {
 	if !l.e.s.noRing {
 		l.openRing()
 		defer func() {
-			if l.ring != nil {
-				_ = l.ring.Close()
+			if l.batchIO.ring != nil {
+				_ = l.batchIO.ring.Close()
 			}
 		}()
 	}
@@ -383,7 +378,7 @@ func (l *eventLoop) pass(events []unix.EpollEvent) {
 		l.lastSweep = l.now
 		l.sweep()
 	}
-	for len(l.writes) > 0 {
+	for len(l.batchIO.writes) > 0 {
 		l.writeQueued()
 		l.forwardPassed()
 		l.sendAdmits()
