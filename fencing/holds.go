@@ -16,8 +16,8 @@ import (
 // file and memory stores). Stores shared by several gates need per-gate
 // entries with deadlines instead (the shared barrier).
 //
-// The Store interface does not include it: the gate asks for it with a
-// type assertion on the concrete store, before any decorator wraps it.
+// The Store interface does not include it: a server finds it with
+// CapabilitiesOf, through any decorator.
 type HoldRecorder interface {
 	// StartHolds reports what the previous run of the gate left, then
 	// records this run as started. The previous run either stopped

@@ -24,8 +24,8 @@ import (
 // doomed lower tokens can never keep a valid write waiting. Entries with
 // equal tokens never wait for each other.
 //
-// The Store interface does not include it: the gate asks for it with a
-// type assertion on the concrete store, before any decorator wraps it.
+// The Store interface does not include it: a server finds it with
+// CapabilitiesOf, through any decorator.
 //
 // Implemented by valkeystore (single node and cluster) and pgstore (entries
 // in a table written in the admission's transaction, under the resource's

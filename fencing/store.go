@@ -68,15 +68,12 @@ type QuickAdmitter interface {
 // collects writes, such as the gate's event loops, hands them over
 // together instead of one call per write.
 type BatchAdmitter interface {
-	// AdmitBatch admits each of reqs exactly as Admit would, sets out[i]
-	// and errs[i] (both as long as reqs) to reqs[i]'s answer, and reports
-	// true. Each admission is atomic on its own; the batch is not: the
-	// requests may run in any order, and one's refusal or fault changes
-	// nothing for the others. It reports false, having done nothing, when
-	// the store has no batch path after all (a decorator over a store
-	// without one): the caller then admits one by one. An empty batch
-	// asks only that.
-	AdmitBatch(ctx context.Context, reqs []AdmitRequest, out []Admission, errs []error) bool
+	// AdmitBatch admits each of reqs exactly as Admit would and sets out[i]
+	// and errs[i] (both as long as reqs) to reqs[i]'s answer. Each
+	// admission is atomic on its own; the batch is not: the requests may
+	// run in any order, and one's refusal or fault changes nothing for the
+	// others.
+	AdmitBatch(ctx context.Context, reqs []AdmitRequest, out []Admission, errs []error)
 }
 
 // MarkReaders is a Store that can answer admissions at the high-water

@@ -261,9 +261,9 @@ type Gate struct {
 	holds          fencing.HoldRecorder
 	barrier        *barrier.Barrier
 	order          orderer               // localOrder over barrier, or a *sharedOrder (shared.go)
-	quick          fencing.QuickAdmitter // the store, when it can admit at once; or nil
-	batch          fencing.BatchAdmitter // the store, when it admits in batches; or nil
-	marks          fencing.MarkReaders   // the batching store, when the loops may read marks themselves; or nil
+	quick          fencing.QuickAdmitter // the store's, when it can admit at once; or nil
+	batch          fencing.BatchAdmitter // the store's, when it admits in batches; or nil
+	marks          fencing.MarkReaders   // the batching store's, when the loops may read marks themselves; or nil
 	tel            telemetry
 	// barrierOff skips the barrier wait. Only tests set it, to show the
 	// reordering the barrier prevents.
@@ -322,10 +322,10 @@ func New(opts Options) (*Gate, error) {
 	}
 	g.rules.Store(&opts.Rules)
 	g.order = localOrder{b: g.barrier, store: opts.Store}
-	g.quick, _ = opts.Store.(fencing.QuickAdmitter)
-	if b, ok := opts.Store.(fencing.BatchAdmitter); ok && b.AdmitBatch(context.Background(), nil, nil, nil) {
-		g.batch = b // an empty batch: only whether the store batches
-		g.marks, _ = opts.Store.(fencing.MarkReaders)
+	caps := fencing.CapabilitiesOf(opts.Store)
+	g.quick, g.batch = caps.Quick, caps.Batch
+	if g.batch != nil {
+		g.marks = caps.Marks // a mark reader's unsettled requests go in a batch
 	}
 	if opts.SharedBarrier != nil {
 		o, err := newSharedOrder(opts.SharedBarrier, opts, g.log, g.barrierTimeout+g.bodyTimeout, g.grace)

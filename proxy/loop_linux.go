@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,7 +20,6 @@ import (
 	"github.com/fencegate/fencegate/internal/connlimit"
 	"github.com/fencegate/fencegate/internal/evloop"
 	"github.com/fencegate/fencegate/internal/h1"
-	"github.com/fencegate/fencegate/internal/uring"
 )
 
 // The event-loop engine serves a gate's TCP listener on Linux without a
@@ -259,25 +257,17 @@ type eventLoop struct {
 	p       *evloop.Poller // its epoll instance and inbox
 	fds     map[int]fdOwner
 	clients map[*loopConn]struct{}
-	idle    []*upConn   // idle upstream connections, most recent last
-	waiting []*loopConn // requests waiting for an upstream connection
+	pool    upstreamPool // its upstream connections (looppool_linux.go)
 	stopped bool
 	exited  chan struct{} // closed when run returns
 
-	admits    []pendingAdmit      // writes for the store's next batch (loopadmit_linux.go)
-	reads     []pendingAdmit      // writes for the mark reader's next batch
-	admitting bool                // a batch is with the store
-	admitCh   chan []pendingAdmit // to the admission worker, once started
-	marks     loopMarks           // the store's mark reader (loopmarks_linux.go)
-	passed    []passedRequest     // to forward at the end of the pass (see forwardLater)
-	forwarded []passedRequest     // passed's other array, reused
+	admission loopAdmission   // writes on their way to a batched admission (loopadmit_linux.go)
+	marks     loopMarks       // the store's mark reader (loopmarks_linux.go)
+	passed    []passedRequest // to forward at the end of the pass (see forwardLater)
+	forwarded []passedRequest // passed's other array, reused
 	now       time.Time
 
-	ring    *uring.Ring       // the pass's reads and writes in a system call each; nil: one by one
-	ahead   *evloop.ReadAhead // the sockets read ahead this pass (see readAhead)
-	writes  []*loopConn       // connections whose next write waits for the end of the pass
-	spare   []*loopConn       // writes' other array, reused
-	sending []pendingWrite    // the writes out in the ring, by tag
+	batchIO loopBatchIO // the pass's reads and writes batched through io_uring (loopring_linux.go)
 
 	buf       []byte        // one read
 	rd        bytes.Reader  // parsing: a head's bytes...
@@ -300,6 +290,7 @@ func newEventLoop(e *loopEngine) (*eventLoop, error) {
 	}
 	l := &eventLoop{e: e, p: p, fds: make(map[int]fdOwner), clients: make(map[*loopConn]struct{}),
 		buf: make([]byte, loopReadBuffer), exited: make(chan struct{})}
+	l.pool.l = l
 	l.br = bufio.NewReaderSize(&l.rd, upstreamReadBuffer+1)
 	l.hdr = make(http.Header, 2)
 	if err := p.Add(e.lnFD, unix.EPOLLIN|unix.EPOLLEXCLUSIVE); err != nil {
@@ -331,15 +322,15 @@ func (l *eventLoop) run() {
 	defer runtime.UnlockOSThread()
 	defer close(l.exited)
 	defer func() {
-		if l.admitCh != nil {
-			close(l.admitCh)
+		if l.admission.admitCh != nil {
+			close(l.admission.admitCh)
 		}
 	}()
 	if !l.e.s.noRing {
 		l.openRing()
 		defer func() {
-			if l.ring != nil {
-				_ = l.ring.Close()
+			if l.batchIO.ring != nil {
+				_ = l.batchIO.ring.Close()
 			}
 		}()
 	}
@@ -387,7 +378,7 @@ func (l *eventLoop) pass(events []unix.EpollEvent) {
 		l.lastSweep = l.now
 		l.sweep()
 	}
-	for len(l.writes) > 0 {
+	for len(l.batchIO.writes) > 0 {
 		l.writeQueued()
 		l.forwardPassed()
 		l.sendAdmits()
@@ -485,13 +476,7 @@ func (l *eventLoop) sweep() {
 			l.step(c.expire)
 		}
 	}
-	for len(l.idle) > 0 && l.now.Sub(l.idle[0].idleSince) > upstreamIdle {
-		l.idle[0].close()
-	}
-	if len(l.waiting) > 0 && l.e.upConns.Load() < l.e.maxUp {
-		c := popFront(&l.waiting)
-		l.dial(c)
-	}
+	l.pool.sweep(l.now)
 	l.marks.checkOverdue(l)
 }
 
@@ -517,111 +502,9 @@ func (l *eventLoop) closeAll() {
 		l.step(f)
 	}
 	l.endPass()
-	for len(l.idle) > 0 {
-		l.idle[0].close()
-	}
+	l.pool.closeIdle()
 	l.marks.close()
 	l.p.Close()
-}
-
-// upstream gives c an upstream connection: an idle one, a new one, or a
-// place in the queue when UpstreamConns are all busy.
-func (l *eventLoop) upstream(c *loopConn) {
-	if len(l.idle) > 0 {
-		// The one idle longest: requests spread over the connections,
-		// and so over an upstream's workers.
-		u := popFront(&l.idle)
-		u.attach(c)
-		return
-	}
-	if l.e.upConns.Load() >= l.e.maxUp {
-		l.waiting = append(l.waiting, c)
-		return
-	}
-	l.dial(c)
-}
-
-// popFront removes the first element of *s and returns it. The rest moves
-// down, so the array is reused by later appends (slicing the first off
-// would make them reallocate it, about once per request).
-func popFront[T any](s *[]T) T {
-	v := (*s)[0]
-	*s = slices.Delete(*s, 0, 1)
-	return v
-}
-
-// dial opens a new upstream connection for c on a goroutine (name
-// resolution and connecting may block), then hands it to the loop.
-func (l *eventLoop) dial(c *loopConn) {
-	l.e.upConns.Add(1)
-	c.dialing = true
-	g := l.e.g
-	l.e.goTracked(func() {
-		fd, err := dialFD(l.e.ctx, g.dialer.addr)
-		posted := l.post(func() {
-			fail := func(err error) {
-				if c.dialing {
-					c.dialing = false
-					c.upstreamFailed(err)
-					c.run()
-				}
-			}
-			if err != nil {
-				l.e.upConns.Add(-1)
-				fail(err)
-				return
-			}
-			u := &upConn{Sock: evloop.Sock{FD: fd}, l: l}
-			l.fds[fd] = u
-			if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
-				u.close()
-				fail(&net.OpError{Op: "dial", Net: "tcp", Err: err})
-				return
-			}
-			u.Writable = true
-			if !c.dialing { // c went away meanwhile
-				u.release()
-				return
-			}
-			c.dialing = false
-			u.attach(c)
-			c.run()
-		})
-		if !posted { // the loop has stopped: the connection is not wanted
-			if err == nil {
-				unix.Close(fd)
-			}
-			l.e.upConns.Add(-1)
-		}
-	})
-}
-
-// dialFD connects to addr and returns the connection's descriptor, in
-// non-blocking mode, owned by the caller.
-func dialFD(ctx context.Context, addr string) (int, error) {
-	nc, err := (&net.Dialer{Timeout: upstreamDialTimeout}).DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return -1, err
-	}
-	defer nc.Close()
-	raw, err := nc.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd := -1
-	var dupErr error
-	if err := raw.Control(func(s uintptr) { fd, dupErr = unix.Dup(int(s)) }); err != nil {
-		return -1, err
-	}
-	if dupErr != nil {
-		return -1, &net.OpError{Op: "dial", Net: "tcp", Err: dupErr}
-	}
-	unix.CloseOnExec(fd) // dup(2) does not carry close-on-exec over; fcntl cannot fail on a descriptor just made
-	if err := unix.SetNonblock(fd, true); err != nil {
-		unix.Close(fd)
-		return -1, &net.OpError{Op: "dial", Net: "tcp", Err: err}
-	}
-	return fd, nil
 }
 
 // handoff gives c's connection, with the bytes it sent that the loop has
@@ -659,17 +542,7 @@ func (l *eventLoop) handoff(c *loopConn) {
 func (l *eventLoop) forget(c *loopConn) {
 	delete(l.clients, c)
 	delete(l.fds, c.FD)
-	l.unqueue(c)
-}
-
-// unqueue takes c out of the queue for an upstream connection.
-func (l *eventLoop) unqueue(c *loopConn) {
-	for i, w := range l.waiting {
-		if w == c {
-			l.waiting = append(l.waiting[:i], l.waiting[i+1:]...)
-			break
-		}
-	}
+	l.pool.unqueue(c)
 }
 
 // handedConn is a client connection handed to the fallback server: it

@@ -547,7 +547,7 @@ func TestLoopsBatchThroughIOUring(t *testing.T) {
 		resp.Body.Close()
 		for i, l := range gs.srv.loops.Load().loops {
 			var has bool
-			l.call(func() { has = l.ring != nil })
+			l.call(func() { has = l.batchIO.ring != nil })
 			if has == plainIO {
 				t.Errorf("plain I/O %v: loop %d has a ring: %v", plainIO, i, has)
 			}
@@ -794,7 +794,7 @@ func TestLoopsGoOnWhenTheRingFails(t *testing.T) {
 	rings := func() (n int) {
 		for _, lp := range loops {
 			lp.call(func() {
-				if lp.ring != nil {
+				if lp.batchIO.ring != nil {
 					n++
 				}
 			})
@@ -819,12 +819,12 @@ func TestLoopsGoOnWhenTheRingFails(t *testing.T) {
 				return
 			}
 			lp.call(func() {
-				if lp.ring == nil {
+				if lp.batchIO.ring == nil {
 					_ = foreign.Close()
 					return
 				}
-				_ = lp.ring.Close()
-				lp.ring = foreign
+				_ = lp.batchIO.ring.Close()
+				lp.batchIO.ring = foreign
 			})
 		}
 	}()

@@ -5,11 +5,20 @@ package proxy
 import (
 	"context"
 	"slices"
-	"sync"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/barrier"
 )
+
+// loopAdmission is a loop's writes on their way to a batched admission:
+// collected during a pass, sent to the store's next batch (or to the mark
+// reader's) at its end, one batch with the store at a time.
+type loopAdmission struct {
+	admits    []pendingAdmit      // writes for the store's next batch
+	reads     []pendingAdmit      // writes for the mark reader's next batch
+	admitting bool                // a batch is with the store
+	admitCh   chan []pendingAdmit // to the admission worker, once started
+}
 
 // A store that admits in batches (fencing.BatchAdmitter, the Valkey store)
 // gets each loop's writes together: while one batch is with the store, the
@@ -48,10 +57,10 @@ func (g *Gate) batches(d Decision) bool {
 func (l *eventLoop) queueAdmit(c *loopConn, d Decision) {
 	p := pendingAdmit{c: c, x: c.x, d: d}
 	if l.e.g.marks != nil && !l.e.s.noMarks && !d.Targets[0].Strict {
-		l.reads = append(l.reads, p)
+		l.admission.reads = append(l.admission.reads, p)
 		return
 	}
-	l.admits = append(l.admits, p)
+	l.admission.admits = append(l.admission.admits, p)
 }
 
 // sendAdmits sends the writes collected. Those for a mark reader go to the
@@ -59,29 +68,29 @@ func (l *eventLoop) queueAdmit(c *loopConn, d Decision) {
 // worker while the loop has none; the worker gets its writes unless a
 // batch is already with it.
 func (l *eventLoop) sendAdmits() {
-	if len(l.reads) > 0 {
+	if len(l.admission.reads) > 0 {
 		if l.marks.active(l) {
 			if m := l.marks.free(); m != nil {
-				m.batch, l.reads = l.reads, m.batch[:0]
-				m.send() // should it fail, its batch joins l.admits
+				m.batch, l.admission.reads = l.admission.reads, m.batch[:0]
+				m.send() // should it fail, its batch joins l.admission.admits
 			}
 		} else {
-			l.admits = append(l.admits, l.reads...)
-			clear(l.reads)
-			l.reads = l.reads[:0]
+			l.admission.admits = append(l.admission.admits, l.admission.reads...)
+			clear(l.admission.reads)
+			l.admission.reads = l.admission.reads[:0]
 		}
 	}
-	if len(l.admits) == 0 || l.admitting {
+	if len(l.admission.admits) == 0 || l.admission.admitting {
 		return
 	}
-	if l.admitCh == nil {
-		l.admitCh = make(chan []pendingAdmit, 1)
-		ch := l.admitCh
+	if l.admission.admitCh == nil {
+		l.admission.admitCh = make(chan []pendingAdmit, 1)
+		ch := l.admission.admitCh
 		l.e.goTracked(func() { l.admitWorker(ch) })
 	}
-	l.admitting = true
-	l.admitCh <- l.admits
-	l.admits = nil
+	l.admission.admitting = true
+	l.admission.admitCh <- l.admission.admits
+	l.admission.admits = nil
 }
 
 // admitWorker admits the batches of one loop until ch is closed (the loop
@@ -106,7 +115,7 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 		}
 		out = slices.Grow(out[:0], len(reqs))[:len(reqs)] // AdmitBatch sets each
 		errs = slices.Grow(errs[:0], len(reqs))[:len(reqs)]
-		admitAll(g.batch, g.order.(localOrder).store, reqs, out, errs)
+		g.batch.AdmitBatch(context.Background(), reqs, out, errs)
 		ready := batch[:0]
 		for i, p := range batch {
 			if errs[i] != nil {
@@ -124,7 +133,7 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 			l.awaitTurn(p)
 		}
 		posted := l.post(func() {
-			l.admitting = false
+			l.admission.admitting = false
 			for _, p := range ready {
 				l.step(func() { p.c.admitted(p.t, p.ok) })
 			}
@@ -148,18 +157,4 @@ func (l *eventLoop) awaitTurn(p pendingAdmit) {
 			abandonAdmitted(l.e.g, p.x, p.t, ok) // the loop has stopped
 		}
 	})
-}
-
-// admitAll runs b's AdmitBatch; should b have no batch path after all, it
-// admits each request in s on its own, concurrently.
-func admitAll(b fencing.BatchAdmitter, s fencing.Store, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) {
-	ctx := context.Background()
-	if b.AdmitBatch(ctx, reqs, out, errs) {
-		return
-	}
-	var wg sync.WaitGroup
-	for i := range reqs {
-		wg.Go(func() { out[i], errs[i] = s.Admit(ctx, reqs[i]) })
-	}
-	wg.Wait()
 }

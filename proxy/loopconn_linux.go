@@ -217,7 +217,7 @@ func (c *loopConn) expire() {
 			c.dialing = false // the dial's result is dropped
 			c.upstreamFailed(errDialTimeout)
 		} else {
-			c.l.unqueue(c)
+			c.l.pool.unqueue(c)
 			c.upstreamFailed(errNoFreeConns)
 		}
 	case stSend, stResponse:

@@ -258,7 +258,7 @@ func (m *markConn) receive() {
 func (l *eventLoop) unread(p pendingAdmit) {
 	p.t.Leave()
 	p.t = nil
-	l.admits = append(l.admits, p)
+	l.admission.admits = append(l.admission.admits, p)
 }
 
 // fail closes the reader and gives its batch to the worker.

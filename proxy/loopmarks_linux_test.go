@@ -45,6 +45,8 @@ type markedStore struct {
 	sentBatches  atomic.Int64
 }
 
+var _ fencing.MarkReaders = (*markedStore)(nil)
+
 func init() {
 	newMarkedVariant = func(st fencing.Store) fencing.Store { return markedOver(st, "answer") }
 }

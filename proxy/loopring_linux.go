@@ -19,6 +19,15 @@ import (
 // know the difference. Where io_uring is missing or refused, or once the
 // ring fails, the loop makes them one by one.
 
+// loopBatchIO is what a loop keeps for its batched reads and writes.
+type loopBatchIO struct {
+	ring    *uring.Ring       // the pass's reads and writes in a system call each; nil: one by one
+	ahead   *evloop.ReadAhead // the sockets read ahead this pass (see readAhead)
+	writes  []*loopConn       // connections whose next write waits for the end of the pass
+	spare   []*loopConn       // writes' other array, reused
+	sending []pendingWrite    // the writes out in the ring, by tag
+}
+
 // openRing gives l its ring, on l's own (locked) thread, as a ring must
 // be; without one l goes on with one system call per read and write.
 func (l *eventLoop) openRing() {
@@ -27,15 +36,15 @@ func (l *eventLoop) openRing() {
 		l.e.g.log.Info("gate event loop: no io_uring here, one system call per read and write", "error", err)
 		return
 	}
-	l.ring = r
+	l.batchIO.ring = r
 }
 
 // ringFailed drops a ring that failed: the reads and writes whose results
 // it did not give were not made, and are made one by one from now on.
 func (l *eventLoop) ringFailed(err error) {
 	l.e.g.log.Warn("gate event loop: io_uring failed, going on with one system call per read and write", "error", err)
-	_ = l.ring.Close()
-	l.ring = nil
+	_ = l.batchIO.ring.Close()
+	l.batchIO.ring = nil
 }
 
 // readAhead reads, in one system call, from every client and upstream
@@ -46,12 +55,12 @@ func (l *eventLoop) ringFailed(err error) {
 // ahead of what its connection asks for. The events' read bits are noted
 // here, and taken out of events.
 func (l *eventLoop) readAhead(events []unix.EpollEvent) {
-	if l.ring == nil {
+	if l.batchIO.ring == nil {
 		return
 	}
 	const readBits = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLHUP | unix.EPOLLERR
-	if l.ahead == nil {
-		l.ahead = evloop.NewReadAhead(loopEvents, loopAheadRead)
+	if l.batchIO.ahead == nil {
+		l.batchIO.ahead = evloop.NewReadAhead(loopEvents, loopAheadRead)
 	}
 	for i := range events {
 		ev := events[i].Events & readBits
@@ -70,10 +79,10 @@ func (l *eventLoop) readAhead(events []unix.EpollEvent) {
 		s.Note(l.p, ev)
 		events[i].Events &^= readBits
 		if s.Readable && !s.EOF && len(s.In) == 0 {
-			l.ahead.Add(s) // at most loopEvents: one per event
+			l.batchIO.ahead.Add(s) // at most loopEvents: one per event
 		}
 	}
-	if err := l.ahead.Submit(l.ring); err != nil {
+	if err := l.batchIO.ahead.Submit(l.batchIO.ring); err != nil {
 		l.ringFailed(err)
 	}
 }
@@ -83,12 +92,12 @@ func (l *eventLoop) readAhead(events []unix.EpollEvent) {
 // c must write now instead (no ring, or s is not writable: the write then
 // finds that itself).
 func (l *eventLoop) writeLater(c *loopConn, s *evloop.Sock) bool {
-	if l.ring == nil || !s.Writable {
+	if l.batchIO.ring == nil || !s.Writable {
 		return false
 	}
 	if !c.queued {
 		c.queued = true
-		l.writes = append(l.writes, c)
+		l.batchIO.writes = append(l.batchIO.writes, c)
 	}
 	return true
 }
@@ -118,11 +127,11 @@ func (c *loopConn) pendingOutput() (s *evloop.Sock, p []byte, up bool) {
 // loop calls it until none are left). A write's result is taken as
 // flushNow and send take write(2)'s.
 func (l *eventLoop) writeQueued() {
-	batch := l.writes
-	l.writes = l.spare[:0]
-	for next := 0; next < len(batch) && l.ring != nil; {
-		l.sending = l.sending[:0]
-		for ; next < len(batch) && l.ring.Space() > 0; next++ {
+	batch := l.batchIO.writes
+	l.batchIO.writes = l.batchIO.spare[:0]
+	for next := 0; next < len(batch) && l.batchIO.ring != nil; {
+		l.batchIO.sending = l.batchIO.sending[:0]
+		for ; next < len(batch) && l.batchIO.ring.Space() > 0; next++ {
 			c := batch[next]
 			if !l.owns(c) {
 				continue
@@ -131,13 +140,13 @@ func (l *eventLoop) writeQueued() {
 			if s == nil || !s.Writable || len(p) == 0 {
 				continue
 			}
-			l.ring.Send(s.FD, p, uint64(len(l.sending)))
-			l.sending = append(l.sending, pendingWrite{c: c, s: s, up: up})
+			l.batchIO.ring.Send(s.FD, p, uint64(len(l.batchIO.sending)))
+			l.batchIO.sending = append(l.batchIO.sending, pendingWrite{c: c, s: s, up: up})
 		}
-		if err := l.ring.Submit(l.wroteOne); err != nil {
+		if err := l.batchIO.ring.Submit(l.wroteOne); err != nil {
 			l.ringFailed(err)
 		}
-		clear(l.sending)
+		clear(l.batchIO.sending)
 	}
 	for _, c := range batch {
 		c.queued = false // all first: moving one on may move another
@@ -148,7 +157,7 @@ func (l *eventLoop) writeQueued() {
 		}
 		batch[i] = nil
 	}
-	l.spare = batch[:0]
+	l.batchIO.spare = batch[:0]
 }
 
 // owns reports whether c is still l's to move on: not closed, nor handed
@@ -159,7 +168,7 @@ func (l *eventLoop) owns(c *loopConn) bool {
 
 // wroteOne takes the result of a write out in the ring.
 func (l *eventLoop) wroteOne(tag uint64, res int32) {
-	w := l.sending[tag]
+	w := l.batchIO.sending[tag]
 	c, s := w.c, w.s
 	n, err := s.Wrote(l.p, res) // would block: s.Err, if it cannot be watched, and c.run ends it
 	if err != nil {

@@ -33,14 +33,14 @@ func (c *loopConn) forward(t flight) {
 			g.beforeSend()
 			l.post(func() { // refused once the loop has stopped: closeAll closed c, holding its place
 				if !c.closed && c.state == stUpstream {
-					l.upstream(c)
+					l.pool.get(c)
 					c.run()
 				}
 			})
 		})
 		return
 	}
-	l.upstream(c)
+	l.pool.get(c)
 }
 
 // send writes the request to the upstream connection, or queues it for
@@ -136,7 +136,7 @@ func (c *loopConn) upstreamBroke(err error) {
 		c.retried = true
 		c.sent = 0
 		c.enter(stUpstream)
-		c.l.dial(c)
+		c.l.pool.dial(c)
 		return
 	}
 	c.upstreamFailed(err)
@@ -183,14 +183,7 @@ func (u *upConn) release() {
 	l := u.l
 	u.reused = true
 	u.In = u.In[:0]
-	if len(l.waiting) > 0 {
-		c := popFront(&l.waiting)
-		u.attach(c)
-		c.run()
-		return
-	}
-	u.idleSince = l.now
-	l.idle = append(l.idle, u)
+	l.pool.put(u)
 }
 
 func (u *upConn) close() {
@@ -199,12 +192,7 @@ func (u *upConn) close() {
 	}
 	u.closed = true
 	l := u.l
-	for i, v := range l.idle {
-		if v == u {
-			l.idle = append(l.idle[:i], l.idle[i+1:]...)
-			break
-		}
-	}
+	l.pool.drop(u)
 	delete(l.fds, u.FD)
 	unix.Close(u.FD)
 	l.e.upConns.Add(-1)

@@ -56,10 +56,9 @@ type batchedStore struct {
 	items   atomic.Int64
 }
 
-func (b *batchedStore) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) bool {
-	if len(reqs) == 0 {
-		return true
-	}
+var _ fencing.BatchAdmitter = (*batchedStore)(nil)
+
+func (b *batchedStore) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) {
 	if b.hold != nil {
 		<-b.hold
 	}
@@ -68,5 +67,4 @@ func (b *batchedStore) AdmitBatch(ctx context.Context, reqs []fencing.AdmitReque
 	for i := range reqs {
 		out[i], errs[i] = b.Admit(ctx, reqs[i])
 	}
-	return true
 }

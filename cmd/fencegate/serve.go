@@ -101,7 +101,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	holds, _ := store.(fencing.HoldRecorder) // before a decorator hides it
+	holds := fencing.CapabilitiesOf(store).Holds
 	store = storemetrics.Wrap(store, tel.meterProvider, tel.tracerProvider)
 	defer func() {
 		if err := store.Close(); err != nil {

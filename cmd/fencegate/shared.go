@@ -13,23 +13,17 @@ import (
 
 // sharedBarrier returns the store's shared barrier and this gate's id when
 // FENCEGATE_BARRIER=shared, or nil for the local barrier. It looks through
-// decorators (storemetrics) to the concrete store's capability.
+// decorators (storemetrics): fencing.CapabilitiesOf reports the concrete
+// store's shared barrier.
 func sharedBarrier(cfg config.Config, store fencing.Store, log *slog.Logger) (fencing.SharedBarrier, string, error) {
 	if cfg.Barrier != config.BarrierShared {
 		return nil, "", nil
 	}
-	for {
-		u, ok := store.(interface{ Unwrap() fencing.Store })
-		if !ok {
-			break
-		}
-		store = u.Unwrap()
+	sb := fencing.CapabilitiesOf(store).Shared
+	if sb == nil {
+		return nil, "", fmt.Errorf("FENCEGATE_BARRIER=shared: the %s store has no shared barrier", storeKind(cfg.Store))
 	}
-	sb, ok := store.(fencing.SharedBarrier)
-	if !ok {
-		return nil, "", fmt.Errorf("FENCEGATE_BARRIER=shared: the %T store has no shared barrier", store)
-	}
-	if c, ok := store.(interface{ SharedBarrierSupported() error }); ok {
+	if c, ok := sb.(interface{ SharedBarrierSupported() error }); ok {
 		if err := c.SharedBarrierSupported(); err != nil {
 			return nil, "", fmt.Errorf("FENCEGATE_BARRIER=shared: %w", err)
 		}
@@ -60,4 +54,11 @@ func defaultGateID() string {
 		host = "gate"
 	}
 	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
+// storeKind is the scheme of a store URL (file, memory, valkey, ...),
+// which names the store without its credentials.
+func storeKind(url string) string {
+	kind, _, _ := strings.Cut(url, ":")
+	return kind
 }

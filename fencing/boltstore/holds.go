@@ -11,8 +11,6 @@ import (
 	"github.com/fencegate/fencegate/fencing"
 )
 
-var _ fencing.HoldRecorder = (*Store)(nil)
-
 // The gate's hold record (fencing.HoldRecorder) is one JSON value in its own
 // bucket, written in one fsynced transaction at start and at a clean stop.
 var (

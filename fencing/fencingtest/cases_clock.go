@@ -102,7 +102,7 @@ func testRetentionRemovesIdle(s *suite) {
 	s.wantErr("Admit of a token issued before the removal", err, fencing.ErrStaleToken)
 	s.admit(idle, b.Token)
 	s.wantLeaseIs("live lease past the retention", s.status(live).Lease, l)
-	if r, ok := s.st.(fencing.Retainer); ok && s.inst.Sweep != nil {
+	if r := fencing.CapabilitiesOf(s.st).Retain; r != nil && s.inst.Sweep != nil {
 		if got := r.RetentionStats(); got.Removed == 0 || got.Sweeps == 0 {
 			s.t.Fatalf("RetentionStats %+v after a sweep that removed a record", got)
 		}
@@ -148,7 +148,7 @@ func testClockSteppedBack(s *suite) {
 	if f.Token < a.Token {
 		s.t.Fatalf("fresh record's token %d after the clock stepped back, below %d issued before", f.Token, a.Token)
 	}
-	if r, ok := s.st.(fencing.Retainer); ok {
+	if r := fencing.CapabilitiesOf(s.st).Retain; r != nil {
 		if got := r.RetentionStats(); got.ClockBehind == 0 {
 			s.t.Fatalf("RetentionStats %+v: the step back was not detected", got)
 		}

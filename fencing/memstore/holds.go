@@ -8,8 +8,6 @@ import (
 	"github.com/fencegate/fencegate/fencing"
 )
 
-var _ fencing.HoldRecorder = (*Store)(nil)
-
 // gateHolds is the gate's hold record (fencing.HoldRecorder). It lives as
 // long as the Store: a process restart forgets it, like everything here.
 type gateHolds struct {

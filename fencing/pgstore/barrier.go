@@ -44,8 +44,6 @@ const barrierChannel = "fencegate_barrier"
 // when no notification arrives (a variable for tests).
 var barrierRecheck = 250 * time.Millisecond
 
-var _ fencing.SharedBarrier = (*Store)(nil)
-
 // errRaise makes AdmitRegister's first try, under the shared row lock, give
 // way to a second under the exclusive one.
 var errRaise = errors.New("pgstore: the admission raises the mark")

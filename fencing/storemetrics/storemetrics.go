@@ -137,7 +137,14 @@ func (o *op) series(outcome string) atomichist.Series {
 	return o.newSeries(outcome)
 }
 
-var _ fencing.Store = (*Store)(nil)
+var (
+	_ fencing.Store              = (*Store)(nil)
+	_ fencing.CapabilityReporter = (*Store)(nil)
+	_ fencing.QuickAdmitter      = quickAdmitter{}
+	_ fencing.BatchAdmitter      = batchAdmitter{}
+	_ fencing.MarkReaders        = markReaders{}
+	_ fencing.MarkReader         = (*markReader)(nil)
+)
 
 // Wrap returns s decorated with a latency histogram from mp (kept in
 // atomics when mp is the fencegate binary's own provider, from the
@@ -167,7 +174,7 @@ func Wrap(s fencing.Store, mp metric.MeterProvider, tp trace.TracerProvider) *St
 		checkpoint: newOp(h, OpCheckpoint), readCheckpoint: newOp(h, OpReadCheckpoint),
 		status: newOp(h, OpStatus), list: newOp(h, OpList), admit: newOp(h, OpAdmit), ping: newOp(h, OpPing),
 	}
-	if r, ok := s.(fencing.Retainer); ok {
+	if r := fencing.CapabilitiesOf(s).Retain; r != nil {
 		observeRetention(mp, r)
 	}
 	if c, ok := s.(CommitObserver); ok {
@@ -320,57 +327,75 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	return a, err
 }
 
-// AdmitNow times and traces the wrapped store's AdmitNow when it has one
-// (fencing.QuickAdmitter); otherwise it admits nothing. An answer is
-// measured as an Admit; a false one is not measured (Admit follows).
-func (s *Store) AdmitNow(req fencing.AdmitRequest) (fencing.Admission, bool) {
-	q, ok := s.next.(fencing.QuickAdmitter)
-	if !ok {
-		return fencing.Admission{}, false
+// Capabilities reports the wrapped store's capabilities
+// (fencing.CapabilitiesOf), with those that admit measured like Admit:
+// nil where the wrapped store has none. Retention, holds and the shared
+// barrier are the wrapped store's own, unmeasured.
+func (s *Store) Capabilities() fencing.Capabilities {
+	c := fencing.CapabilitiesOf(s.next)
+	if c.Quick != nil {
+		c.Quick = quickAdmitter{s: s, next: c.Quick}
 	}
+	if c.Batch != nil {
+		c.Batch = batchAdmitter{s: s, next: c.Batch}
+	}
+	if c.Marks != nil {
+		c.Marks = markReaders{s: s, next: c.Marks}
+	}
+	return c
+}
+
+// quickAdmitter measures a wrapped fencing.QuickAdmitter.
+type quickAdmitter struct {
+	s    *Store
+	next fencing.QuickAdmitter
+}
+
+// AdmitNow times and traces the wrapped AdmitNow. An answer is measured
+// as an Admit; a false one is not measured (Admit follows).
+func (q quickAdmitter) AdmitNow(req fencing.AdmitRequest) (fencing.Admission, bool) {
 	start := time.Now()
-	a, ok := q.AdmitNow(req)
+	a, ok := q.next.AdmitNow(req)
 	if ok {
-		ctx, c := s.beginAt(context.Background(), s.admit, req.Resource, start)
+		ctx, c := q.s.beginAt(context.Background(), q.s.admit, req.Resource, start)
 		c.end(ctx, nil)
 	}
 	return a, ok
 }
 
-// AdmitBatch times and traces the wrapped store's AdmitBatch when it has
-// one (fencing.BatchAdmitter), each admission measured as an Admit lasting
-// the whole batch; otherwise it admits nothing and reports false.
-func (s *Store) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) bool {
-	b, ok := s.next.(fencing.BatchAdmitter)
-	if !ok {
-		return false
-	}
-	start := time.Now()
-	if !b.AdmitBatch(ctx, reqs, out, errs) {
-		return false
-	}
-	for i := range reqs {
-		cctx, c := s.beginAt(ctx, s.admit, reqs[i].Resource, start)
-		c.end(cctx, errs[i])
-	}
-	return true
+// batchAdmitter measures a wrapped fencing.BatchAdmitter.
+type batchAdmitter struct {
+	s    *Store
+	next fencing.BatchAdmitter
 }
 
-// OpenMarkReader opens one of the wrapped store's mark readers when it has
-// them (fencing.MarkReaders); otherwise it returns nil. Each admission a
+// AdmitBatch times and traces the wrapped AdmitBatch, each admission
+// measured as an Admit lasting the whole batch.
+func (b batchAdmitter) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) {
+	start := time.Now()
+	b.next.AdmitBatch(ctx, reqs, out, errs)
+	for i := range reqs {
+		cctx, c := b.s.beginAt(ctx, b.s.admit, reqs[i].Resource, start)
+		c.end(cctx, errs[i])
+	}
+}
+
+// markReaders measures the readers of a wrapped fencing.MarkReaders.
+type markReaders struct {
+	s    *Store
+	next fencing.MarkReaders
+}
+
+// OpenMarkReader opens one of the wrapped mark readers. Each admission a
 // reader settles is measured as an Admit lasting from Send to the answer
 // that completed its batch; the others are measured where they are
 // admitted.
-func (s *Store) OpenMarkReader(ctx context.Context) (fencing.MarkReader, error) {
-	m, ok := s.next.(fencing.MarkReaders)
-	if !ok {
-		return nil, nil
-	}
-	r, err := m.OpenMarkReader(ctx)
+func (m markReaders) OpenMarkReader(ctx context.Context) (fencing.MarkReader, error) {
+	r, err := m.next.OpenMarkReader(ctx)
 	if err != nil || r == nil {
 		return nil, err
 	}
-	return &markReader{MarkReader: r, s: s}, nil
+	return &markReader{MarkReader: r, s: m.s}, nil
 }
 
 // markReader measures the admissions a wrapped fencing.MarkReader settles.

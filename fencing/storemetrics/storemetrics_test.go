@@ -295,8 +295,8 @@ func TestQuickAdmit(t *testing.T) {
 	if _, err := plain.Admit(ctx, fencing.AdmitRequest{Resource: "r", Token: l.Token}); err != nil {
 		t.Fatal(err)
 	}
-	if a, ok := plain.AdmitNow(fencing.AdmitRequest{Resource: "r", Token: l.Token}); ok {
-		t.Fatalf("AdmitNow at the mark through a store without it: %+v", a)
+	if q := fencing.CapabilitiesOf(plain).Quick; q != nil {
+		t.Fatalf("a store without AdmitNow reported through the decorator as a QuickAdmitter: %T", q)
 	}
 }
 
@@ -304,11 +304,10 @@ func TestQuickAdmit(t *testing.T) {
 // for the decorator's AdmitBatch.
 type batching struct{ *memstore.Store }
 
-func (b batching) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) bool {
+func (b batching) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) {
 	for i := range reqs {
 		out[i], errs[i] = b.Admit(ctx, reqs[i])
 	}
-	return true
 }
 
 func TestBatchAdmit(t *testing.T) {
@@ -324,8 +323,8 @@ func TestBatchAdmit(t *testing.T) {
 		t.Fatalf("admit/ok counted %d times, want 10", ok)
 	}
 	plain := storemetrics.Wrap(memstore.New(memstore.Options{}), mp, nil)
-	if plain.AdmitBatch(context.Background(), nil, nil, nil) {
-		t.Fatal("AdmitBatch through a store without one reported true")
+	if b := fencing.CapabilitiesOf(plain).Batch; b != nil {
+		t.Fatalf("a store without AdmitBatch reported through the decorator as a BatchAdmitter: %T", b)
 	}
 }
 
@@ -358,7 +357,7 @@ func TestMarkReader(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	st := storemetrics.Wrap(marking{memstore.New(memstore.Options{})}, mp, tracenoop.NewTracerProvider())
-	r, err := st.OpenMarkReader(context.Background())
+	r, err := fencing.CapabilitiesOf(st).Marks.OpenMarkReader(context.Background())
 	if err != nil || r == nil {
 		t.Fatalf("OpenMarkReader: %v, %v", r, err)
 	}
@@ -374,8 +373,8 @@ func TestMarkReader(t *testing.T) {
 		t.Fatalf("admit/ok counted %d times for 3 settled admissions", got)
 	}
 	plain := storemetrics.Wrap(memstore.New(memstore.Options{}), mp, nil)
-	if r, err := plain.OpenMarkReader(context.Background()); r != nil || err != nil {
-		t.Fatalf("OpenMarkReader through a store without mark readers: %v, %v", r, err)
+	if m := fencing.CapabilitiesOf(plain).Marks; m != nil {
+		t.Fatalf("a store without mark readers reported through the decorator as MarkReaders: %T", m)
 	}
 }
 

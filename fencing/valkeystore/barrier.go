@@ -42,8 +42,6 @@ func admitRegisterSource() string {
 // lost to a reconnection or a failover must cost a delay, not a deadlock.
 var barrierRecheck = 250 * time.Millisecond
 
-var _ fencing.SharedBarrier = (*Store)(nil)
-
 func (s *Store) barKey(res string) string { return s.prefix + ":{" + res + "}:bar" }
 func (s *Store) barChan(res string) string {
 	return s.prefix + ":{" + res + "}:bar:ch"

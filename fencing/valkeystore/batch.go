@@ -22,15 +22,15 @@ import (
 // those the read did not settle. A call the server answers NOSCRIPT (after
 // SCRIPT FLUSH or a restart) is run again alone through Admit's path,
 // which loads the script. With WaitReplicas each admission runs Admit's
-// own path, concurrently. It always reports true.
-func (s *Store) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) bool {
+// own path, concurrently.
+func (s *Store) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out []fencing.Admission, errs []error) {
 	if s.waitReplicas > 0 {
 		var wg sync.WaitGroup
 		for i := range reqs {
 			wg.Go(func() { out[i], errs[i] = s.Admit(ctx, reqs[i]) })
 		}
 		wg.Wait()
-		return true
+		return
 	}
 	fail := s.checkOpen("admit")
 	if fail == nil {
@@ -58,7 +58,6 @@ func (s *Store) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out
 	defer cancel()
 	scripts = append(scripts, b.readMarks(cctx, reads)...)
 	b.runScripts(cctx, scripts)
-	return true
 }
 
 // batch is one AdmitBatch call.

@@ -171,8 +171,6 @@ type Store struct {
 	watchDone   chan struct{} // closed when the policy watcher returns
 }
 
-var _ fencing.Store = (*Store)(nil)
-
 // Open connects, pings, and checks every server node: maxmemory-policy must
 // be noeviction (Open refuses otherwise: an evicting server may drop token
 // counters and high-water marks), and a warning is logged when neither AOF
