@@ -3,6 +3,7 @@ package valkeystore
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/fencegate/fencegate/fencing"
 )
@@ -52,6 +53,7 @@ const maxSeenResources = 1 << 16
 type seenRecord struct {
 	issued fencing.Token // the highest issued token seen
 	floor  fencing.Token // the record's floor (changes only when the record is created afresh or lifted)
+	keptAt time.Duration // Store.now when a script last applied the retention to it (0: never; see retention.go)
 }
 
 // seenMarks is a Store's memory of the tokens the server answered. Safe for
@@ -94,13 +96,34 @@ func (m *seenMarks) put(res string, rec seenRecord) {
 
 // lost reports whether an answer for res (its issued counter and floor)
 // shows that the record lost writes since before, the snapshot of what was
-// seen taken before the call was sent: its issued counter went back, or its
-// floor changed (created afresh or lifted). Comparing with the snapshot,
-// not with what was seen when the answer arrives, keeps concurrent calls
-// whose answers arrive out of order from looking like a loss: the server
-// ran this call after every call whose answer was in before it was sent.
+// seen taken before the call was sent:
+//
+//   - the same record (same floor) whose issued counter went back: rolled
+//     back;
+//   - another floor (the record was created afresh, or lifted) below the
+//     highest token seen on it: created again below tokens issued before,
+//     which its floor does not refuse (a loss re-created by a node whose
+//     clock is behind them, or through a gate that never saw them).
+//
+// A record with another floor at or above every token seen on it is not a
+// loss: it was removed (retention, or lost) and created again on the clock,
+// or lifted by another gate, and refuses every token seen before. Neither
+// is a record that does not exist (issued 0): removed by retention or lost,
+// every token before it is refused until it is created again (admit.lua),
+// and its creation is judged by its floor, as above.
+//
+// Comparing with the snapshot, not with what was seen when the answer
+// arrives, keeps concurrent calls whose answers arrive out of order from
+// looking like a loss: the server ran this call after every call whose
+// answer was in before it was sent.
 func (before seenRecord) lost(known bool, issued, floor fencing.Token) bool {
-	return known && (issued < before.issued || floor != before.floor)
+	if !known || issued == 0 {
+		return false
+	}
+	if floor == before.floor {
+		return issued < before.issued
+	}
+	return floor < before.issued
 }
 
 // observe remembers an answer for res: it replaces what was seen unless
@@ -118,9 +141,20 @@ func (m *seenMarks) observe(res string, issued, floor fencing.Token) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if seen, ok := m.byRes[res]; !ok || issued >= seen.issued {
-		m.put(res, seenRecord{issued: issued, floor: floor})
+		m.put(res, seenRecord{issued: issued, floor: floor, keptAt: seen.keptAt})
 	}
 	m.raiseTop(issued)
+}
+
+// kept notes that a script applied the retention to res's record at now
+// (Store.now), if res is remembered.
+func (m *seenMarks) kept(res string, now time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if rec, ok := m.byRes[res]; ok {
+		rec.keptAt = now
+		m.byRes[res] = rec
+	}
 }
 
 // resource returns what was seen of res, and whether anything was.

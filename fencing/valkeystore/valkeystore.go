@@ -16,8 +16,10 @@
 //	P:{R}        hash: issued and high-water tokens, floor, the highest
 //	             high-water mark confirmed on replicas (see wait.go), the most recent
 //	             lease, how the one before it ended, checkpoint metadata.
-//	             Never expires and is never deleted.
-//	P:{R}:state  the last checkpoint state.
+//	             Without Options.Retention it never expires; with it, it
+//	             expires that long after its last change or the end of
+//	             its live lease, whichever is later (see retention.go).
+//	P:{R}:state  the last checkpoint state, expiring with the record.
 //	P:{R}:live   the live lease's token, expiring with the lease; the index
 //	             List scans.
 //
@@ -77,6 +79,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -140,6 +143,16 @@ type Options struct {
 	// 0 means DefaultWaitTimeout. Used only when WaitReplicas > 0. Must not
 	// be negative.
 	WaitTimeout time.Duration
+	// Retention (FENCEGATE_RETENTION; DESIGN §12) makes the server remove a
+	// resource's record and checkpoint by key expiry once they have no live
+	// lease and have been untouched (acquire, renew, release, checkpoint,
+	// an admission) for this long: every script that writes sets the keys'
+	// TTL to the retention past the later of now and the live lease's end
+	// (lua/lib.lua, fg_keep). 0 (the default) keeps records for ever, and
+	// removes a TTL an earlier retention left on a record the next time it
+	// is written. Must not be negative. The server counts what it removes
+	// (INFO stats: expired_keys), not the store.
+	Retention time.Duration
 	// PolicyCheckInterval is how often every node's maxmemory-policy and
 	// persistence are checked again after Open (see health.go); 0 means
 	// DefaultPolicyCheckInterval. Must not be negative.
@@ -161,6 +174,9 @@ type Store struct {
 	waitTimeout  time.Duration // Options.WaitTimeout
 
 	seen *seenMarks // what the server answered: see seen.go
+
+	retention string        // Options.Retention in ms, as the scripts take it
+	slack     time.Duration // how stale a record's TTL may get before an admission rewrites it (keepSlack)
 
 	markReaders *markReaderOption // nil: none (markreader.go)
 
@@ -211,6 +227,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.WaitTimeout == 0 {
 		opts.WaitTimeout = DefaultWaitTimeout
 	}
+	if opts.Retention < 0 {
+		return nil, errors.New("valkeystore: Retention must not be negative")
+	}
 	if opts.PolicyCheckInterval < 0 {
 		return nil, errors.New("valkeystore: PolicyCheckInterval must not be negative")
 	}
@@ -227,7 +246,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	s := &Store{client: client, prefix: opts.KeyPrefix, maxState: opts.MaxCheckpointBytes, cmdTimeout: opts.CommandTimeout, log: opts.Logger,
 		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout, seen: newSeenMarks(),
-		markReaders: newMarkReaderOption(copt, client.Mode(), opts.WaitReplicas)}
+		markReaders: newMarkReaderOption(copt, client.Mode(), opts.WaitReplicas),
+		retention:   strconv.FormatInt(opts.Retention.Milliseconds(), 10), slack: keepSlack(opts.Retention)}
 	if err := s.Ping(ctx); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("valkeystore: ping: %w", err)
