@@ -29,13 +29,21 @@ import (
 //     entries are dropped, and only the global floor hint protects those
 //     resources). The floor changes only when a record is created afresh or
 //     lifted. An admission answer whose issued counter is below the one
-//     seen, or whose floor differs, means the record lost writes or was
-//     lost whole and re-created (by this or another gate): Admit then lifts
+//     seen under the same floor, or whose floor differs and is below the
+//     issued token seen, means the record lost writes or was lost whole and
+//     re-created (by another gate) below tokens issued before: Admit then lifts
 //     the record past the floor hint (lift.lua) and fails with
 //     fencing.ErrStoreLost, so neither the pre-loss token nor a post-loss
 //     token below it is forwarded, through any gate; the next acquisition
 //     issues a token above both. Acquire sends the resource's issued token
 //     too, and acquire.lua lifts a record that went back before issuing.
+//
+// Retention removes records (retention.go), so a record that is gone, or
+// re-created with a floor at or above the issued token seen, is not a
+// loss: it refuses every token this Store saw on it (by the server's clock
+// while it is gone, by its floor once re-created), whatever removed it. A
+// whole loss with sane clocks is therefore no longer reported, only made
+// harmless; one re-created below what was seen still is (see lost).
 //
 // Limits: the memory is per process and starts empty, so a gate restarted
 // after the loss knows nothing of the time before it and relies on the

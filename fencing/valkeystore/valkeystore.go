@@ -47,12 +47,17 @@
 //     token is above it, even when the serving node's clock is behind the
 //     lost tokens, as long as this gate saw them (or a later token).
 //   - A gate notices a record that is not the one it last saw (an issued
-//     counter that went back, or another floor: rolled back by a failover
-//     to a lagging replica or a crash losing the last second of an
-//     appendfsync everysec AOF; or lost and re-created through another gate)
-//     on its next admission for that resource: it lifts the record past
-//     every token it has seen and answers fencing.ErrStoreLost; the lift
-//     then holds for every gate.
+//     counter that went back under the same floor: rolled back by a
+//     failover to a lagging replica or a crash losing the last second of an
+//     appendfsync everysec AOF; or another floor below a token it saw on
+//     the resource: lost and re-created through another gate whose clock
+//     is behind) on its next admission for that resource: it lifts the
+//     record past every token it has seen and answers
+//     fencing.ErrStoreLost; the lift then holds for every gate. A record
+//     that is gone, or re-created with a floor at or above every token the
+//     gate saw on it, is not a loss: retention removes records
+//     (retention.go), and the server's clock or the new floor refuses every
+//     token issued before.
 //   - Limits: a gate's memory is per process, bounded, and starts empty. A
 //     gate that never saw a resource before the loss relies on the clocks:
 //     a pre-loss token issued by a node whose clock was ahead of the
