@@ -22,7 +22,10 @@
 #   - p50/p99 of acquire and of the fenced write (admission + forwarding)
 #     over the first W resources (a store of about W records) and the last
 #     W (a store of about N);
-#   - the gate's RSS at the peak and at the end, and its peak (VmHWM).
+#   - the gate's RSS at the peak and at the end, and its peak (VmHWM);
+#     with the file store, RSS includes the file's pages mapped by bbolt
+#     (page cache the kernel can reclaim): the anonymous part (heap,
+#     stacks) is printed beside it.
 #
 # Flags: -n N (2000), -c C concurrent resources (16), -W window (1000),
 # -s "stores" ("valkey postgres file"), -r retention (30s), -w longest wait
@@ -197,7 +200,7 @@ for store in $STORES; do
 	"$tmp/soak" run -api "http://127.0.0.1:$API" -gate "http://127.0.0.1:$GP" -n "$N" -conns "$CONNS" \
 		-window "$WIN" -run "$store" >"$tmp/run-$store" || { cat "$tmp/run-$store"; say "$store: the run failed"; exit 1; }
 	read -r b1 r1 < <(size "$store")
-	rss_peak=$(rss VmRSS "$gpid")
+	rss_peak="$(rss VmRSS "$gpid") ($(rss RssAnon "$gpid") anonymous)"
 	after="not measured"
 	if [ "${#retention_env[@]}" -gt 0 ]; then
 		# Wait for the records to go, by the store's count where it has
@@ -218,7 +221,7 @@ for store in $STORES; do
 		after="$b2 bytes, $r2 $unit, $(removed) records removed by the retention (its metric), $took s after the run"
 		[ "$store" = postgres ] && after+="; live bytes (pgstattuple) $live0 before, $(pg_live) after"
 	fi
-	rss_end=$(rss VmRSS "$gpid")
+	rss_end="$(rss VmRSS "$gpid") ($(rss RssAnon "$gpid") anonymous)"
 	hwm=$(rss VmHWM "$gpid")
 	echo "$store:"
 	sed 's/^/  /' "$tmp/run-$store"

@@ -14,7 +14,8 @@ import (
 
 // boltSize prints "IN_USE_BYTES RECORDS" for a file store: the bytes of its
 // pages in use (the file's size less the pages on bbolt's free list, which
-// later records reuse: bbolt never shrinks its file) and the number of
+// later records reuse: bbolt never shrinks its file, and less the pages of
+// that list itself, which describe free space) and the number of
 // resource records. The running gate holds the file's lock, so it measures
 // a copy; take it while the store is idle (between runs, after the
 // retention's sweep), when the copy is a committed state. The copy is
@@ -38,7 +39,7 @@ func boltSize(args []string) error {
 	defer db.Close()
 	return db.View(func(tx *bolt.Tx) error {
 		st := db.Stats()
-		free := int64(st.FreePageN+st.PendingPageN) * int64(db.Info().PageSize)
+		free := int64(st.FreePageN+st.PendingPageN)*int64(db.Info().PageSize) + int64(st.FreelistInuse)
 		records := 0
 		if b := tx.Bucket([]byte("records")); b != nil {
 			records = b.Stats().KeyN
