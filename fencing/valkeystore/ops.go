@@ -215,6 +215,15 @@ func (s *Store) admitted(ctx context.Context, req fencing.AdmitRequest, a admitR
 		}
 		return fencing.Admission{Resource: req.Resource, Token: req.Token, HighWater: a.hw, Issued: a.issued, Raised: a.raised}, nil
 	case admitNotIssued:
+		if a.issued == 0 && known && req.Token <= before.issued {
+			// The record is gone, and admit.lua found the token at or
+			// above the server's clock (below it, it answers FLOOR): a
+			// token this Store saw issued on the resource is ahead of the
+			// clock, which therefore cannot refuse the tokens issued
+			// before the record went. Not a removal the clock covers: a
+			// loss, lifted past them.
+			return fencing.Admission{}, s.storeLost(ctx, req.Resource, top, before, 0, 0)
+		}
 		if err := s.checkNotLost(ctx, req.Resource, top, before, known, a.issued, a.floor); err != nil {
 			return fencing.Admission{}, err
 		}
@@ -242,6 +251,13 @@ func (s *Store) checkNotLost(ctx context.Context, res string, top fencing.Token,
 		s.seen.observe(res, issued, floor)
 		return nil
 	}
+	return s.storeLost(ctx, res, top, seen, issued, floor)
+}
+
+// storeLost lifts res's record past every token this Store had seen (top,
+// seen.issued) after an answer (issued, floor) showed that it lost data,
+// and returns the fencing.ErrStoreLost the call fails with.
+func (s *Store) storeLost(ctx context.Context, res string, top fencing.Token, seen seenRecord, issued, floor fencing.Token) error {
 	to := max(top, seen.issued)
 	s.log.Error("valkeystore: the store lost data: a resource's record is older than one this gate saw; moving it past every token this gate has seen",
 		"resource", res, "issued", issued, "floor", floor, "seen_issued", seen.issued, "seen_floor", seen.floor, "lift_to", to)

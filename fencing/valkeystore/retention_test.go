@@ -174,3 +174,24 @@ func TestRecreatedBelowSeenIsLoss(t *testing.T) {
 	}
 	wantStaleToken(t, admitToken(b, "job", x.Token), true, "X after the lift")
 }
+
+// TestGoneRecordWithClockBehindIsLoss: a record that is gone while a token
+// this gate saw on it is ahead of the server's clock is a loss (the clock
+// cannot refuse that token): the admission lifts the record past it, so
+// that no gate issues a token below it.
+func TestGoneRecordWithClockBehindIsLoss(t *testing.T) {
+	srv := valkeytest.Start(t)
+	prefix := freshPrefix()
+	a := openRetention(t, srv.URL(), prefix, time.Hour)
+	b := openRetention(t, srv.URL(), prefix, time.Hour)
+	x := aheadBy(t, srv, a, "job", "x", time.Minute)
+	mustAdmit(t, a, "job", x.Token)
+	srv.MustDo("DEL", a.recKey("job"), a.liveKey("job"))
+	if err := admitToken(a, "job", x.Token); !errors.Is(err, fencing.ErrStoreLost) {
+		t.Fatalf("X on a gone record, ahead of the clock: %v, want ErrStoreLost", err)
+	}
+	if n := mustAcquire(t, b, "job", "b"); n.Token <= x.Token {
+		t.Fatalf("token %d through a gate that never saw X, want above X %d", n.Token, x.Token)
+	}
+	wantStaleToken(t, admitToken(b, "job", x.Token), true, "X after the lift")
+}

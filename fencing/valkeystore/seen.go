@@ -43,7 +43,10 @@ import (
 // loss: it refuses every token this Store saw on it (by the server's clock
 // while it is gone, by its floor once re-created), whatever removed it. A
 // whole loss with sane clocks is therefore no longer reported, only made
-// harmless; one re-created below what was seen still is (see lost).
+// harmless; one re-created below what was seen still is (see lost), and so
+// is a record that is gone when a token this Store saw issued on it is at
+// or above the server's clock (admit.lua answers "not issued" rather than
+// stale for it: the clock cannot refuse it; see Store.admitted).
 //
 // Limits: the memory is per process and starts empty, so a gate restarted
 // after the loss knows nothing of the time before it and relies on the
