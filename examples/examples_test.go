@@ -168,6 +168,16 @@ func count(evs []event, match func(event) bool) int {
 	return n
 }
 
+// leadToken is the token of the first "lead" event, "" before one.
+func leadToken(evs []event) string {
+	for _, e := range evs {
+		if e.str("event") == "lead" {
+			return e.str("token")
+		}
+	}
+	return ""
+}
+
 func is(kind string, kv ...string) func(event) bool {
 	return func(e event) bool {
 		if e.str("event") != kind {
@@ -330,10 +340,12 @@ func TestPythonWorkerLosesLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, l := call(t, "POST", s.api+"/v1/leases/job:py/acquire", `{"owner":"usurper","ttl_seconds":30,"wait_seconds":30}`)
-	if st != 200 || l.str("token") != "2" {
+	// Tokens follow the store's clock: the usurper's is whatever it got.
+	usurper := l.str("token")
+	if st != 200 || usurper == "" || usurper == "0" {
 		t.Fatalf("usurper acquire: %d %v", st, l)
 	}
-	if st, _ := call(t, "PUT", s.gateURL+"/jobs/py", `{"owner":"usurper"}`, "Fencing-Token", "2"); st != 200 {
+	if st, _ := call(t, "PUT", s.gateURL+"/jobs/py", `{"owner":"usurper"}`, "Fencing-Token", usurper); st != 200 {
 		t.Fatalf("usurper write: %d", st)
 	}
 	if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
@@ -352,7 +364,7 @@ func TestPythonWorkerLosesLease(t *testing.T) {
 	}
 	toks := s.applied("/jobs/py")
 	oneHolderAtATime(t, toks)
-	if toks[len(toks)-1] != "2" {
+	if toks[len(toks)-1] != usurper {
 		t.Fatalf("applied %v: the usurper's write is not the last", toks)
 	}
 }
@@ -368,18 +380,26 @@ func TestGoWorkersElectOneLeaderAtATime(t *testing.T) {
 		return startProc(t, "go worker "+owner, filepath.Join(bin, "worker"), "-api", s.api, "-gate", s.gateURL,
 			"-resource", "job:go", "-owner", owner, "-ttl", "2s", "-interval", "50ms")
 	}
+	// Tokens follow the store's clock: each leader's is the one it led with.
 	a := worker("a")
-	a.waitFor(t, "a leading and writing", func(evs []event) bool { return count(evs, is("write", "token", "1")) >= 3 })
+	ta := leadToken(a.waitFor(t, "a leading and writing", func(evs []event) bool {
+		return count(evs, is("write", "token", leadToken(evs))) >= 3
+	}))
 	b := worker("b")
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	b.waitFor(t, "b leading and writing", func(evs []event) bool { return count(evs, is("write", "token", "2")) >= 3 })
+	tb := leadToken(b.waitFor(t, "b leading and writing", func(evs []event) bool {
+		return count(evs, is("write", "token", leadToken(evs))) >= 3
+	}))
+	if ta == tb {
+		t.Fatalf("a and b both led with token %s", ta)
+	}
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	a.waitFor(t, "a stepping down", func(evs []event) bool { return count(evs, is("step-down", "token", "1")) == 1 })
-	b.waitFor(t, "b writing on", func(evs []event) bool { return count(evs, is("write", "token", "2")) >= 6 })
+	a.waitFor(t, "a stepping down", func(evs []event) bool { return count(evs, is("step-down", "token", ta)) == 1 })
+	b.waitFor(t, "b writing on", func(evs []event) bool { return count(evs, is("write", "token", tb)) >= 6 })
 	// Stop a first (it is waiting for the lease), then b, so b's release
 	// cannot hand the lease to a on its way out.
 	for _, p := range []*proc{a, b} {
@@ -397,7 +417,7 @@ func TestGoWorkersElectOneLeaderAtATime(t *testing.T) {
 	}
 	toks := s.applied("/jobs/go")
 	oneHolderAtATime(t, toks)
-	if !slices.Contains(toks, "1") || !slices.Contains(toks, "2") {
+	if !slices.Contains(toks, ta) || !slices.Contains(toks, tb) {
 		t.Fatalf("applied %v, want writes of both leaders", toks)
 	}
 	// Each process led at most once per token, and a never led again while
@@ -405,8 +425,8 @@ func TestGoWorkersElectOneLeaderAtATime(t *testing.T) {
 	if n := count(a.events(), is("lead")); n != 1 {
 		t.Fatalf("a led %d times:\n%s", n, strings.Join(a.output(), "\n"))
 	}
-	if n := count(b.events(), is("lead", "token", "2")); n != 1 {
-		t.Fatalf("b led %d times with token 2", n)
+	if n := count(b.events(), is("lead", "token", tb)); n != 1 {
+		t.Fatalf("b led %d times with token %s", n, tb)
 	}
 	// b released when stopped.
 	_, st := call(t, "GET", s.api+"/v1/leases/job:go", "")

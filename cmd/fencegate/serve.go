@@ -367,7 +367,9 @@ func openStore(ctx context.Context, cfg config.Config, environ []string, log *sl
 	switch spec.Kind {
 	case config.StoreMemory:
 		log.Warn("memory store: leases, tokens and high-water marks are forgotten when fencegate stops; tokens issued before a restart will be issued again. Use it for tests and demos only.")
-		return memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Retention: cfg.Retention}), nil
+		// Tokens on the clock, as in every store (DESIGN §12): a token
+		// issued before a record was removed by retention stays refused.
+		return memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Retention: cfg.Retention, ClockTokens: true}), nil
 	case config.StoreFile:
 		s, err := boltstore.Open(spec.Path, boltstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Logger: log, Retention: cfg.Retention})
 		if err != nil {
@@ -392,12 +394,10 @@ func openStore(ctx context.Context, cfg config.Config, environ []string, log *sl
 			TLSConfig:          tlsConfig,
 			WaitReplicas:       cfg.ValkeyWaitReplicas,
 			WaitTimeout:        cfg.ValkeyWaitTimeout,
+			Retention:          cfg.Retention,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("opening the valkey store %s: %w", spec.Redacted(), err)
-		}
-		if cfg.Retention > 0 {
-			log.Warn("FENCEGATE_RETENTION is not applied on the valkey store yet: its records are kept", "retention", cfg.Retention)
 		}
 		log.Info("store open", "store", spec.Redacted())
 		return s, nil

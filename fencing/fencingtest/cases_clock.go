@@ -129,6 +129,55 @@ func testRetentionKeepsWrittenRecord(s *suite) {
 	s.wantMarks(res, a.Token, a.Token)
 }
 
+// testDeletedRecord: a record removed outside the store's API (as
+// retention removes one) reads as never used; every token issued before it
+// is refused as stale, without being taken for a loss of the store; the
+// next token is above all of them.
+func testDeletedRecord(s *suite) {
+	s.needClockTokens()
+	if s.inst.Delete == nil {
+		s.t.Skip("the harness cannot delete a record")
+	}
+	const res, other = "deleted:r", "deleted:other"
+	a := s.acquire(res, "alice", s.shortTTL())
+	s.checkpoint(a, `{"step":1}`)
+	s.admit(res, a.Token)
+	s.release(a, true)
+	o := s.acquire(other, "olga", longTTL)
+	s.inst.Delete(s.t, res)
+	s.advance(time.Second)
+	st := s.status(res)
+	if st.Issued != 0 || st.HighWater != 0 || st.Lease != nil || st.Previous != nil || st.Checkpoint != nil {
+		s.t.Fatalf("status of a deleted record %+v, want zeros and nils", st)
+	}
+	_, err := s.st.ReadCheckpoint(s.ctx, res)
+	s.wantErr("ReadCheckpoint of a deleted record", err, fencing.ErrNoCheckpoint)
+	for range 2 { // the first refusal changed nothing
+		_, err = s.st.Admit(s.ctx, fencing.AdmitRequest{Resource: res, Token: a.Token})
+		if !errors.Is(err, fencing.ErrStaleToken) || errors.Is(err, fencing.ErrStoreLost) {
+			s.t.Fatalf("Admit of %d on a deleted record: %v, want stale (not a lost store)", a.Token, err)
+		}
+	}
+	b := s.acquire(res, "bob", longTTL)
+	s.wantAtClock(b)
+	if b.Token <= a.Token {
+		s.t.Fatalf("token %d after the deletion, want above %d, issued before it", b.Token, a.Token)
+	}
+	_, err = s.st.Admit(s.ctx, fencing.AdmitRequest{Resource: res, Token: a.Token})
+	if !errors.Is(err, fencing.ErrStaleToken) || errors.Is(err, fencing.ErrStoreLost) {
+		s.t.Fatalf("Admit of %d after the record was created again: %v, want stale", a.Token, err)
+	}
+	// The new holder is not cut off: its writes, renewal and release work.
+	s.admit(res, b.Token)
+	s.admit(res, b.Token)
+	s.wantMarks(res, b.Token, b.Token)
+	if _, err := s.st.Renew(s.ctx, fencing.RenewRequest{Resource: res, Owner: "bob", Token: b.Token}); err != nil {
+		s.t.Fatalf("Renew after the deletion: %v", err)
+	}
+	s.release(b, false)
+	s.wantLeaseIs("another resource's lease", s.status(other).Lease, o)
+}
+
 func testClockSteppedBack(s *suite) {
 	s.needClockTokens()
 	if s.inst.Rewind == nil {

@@ -64,6 +64,11 @@ type Instance struct {
 	// expire by themselves (Valkey keys): the suite then waits past the
 	// retention instead.
 	Sweep func(ctx context.Context) (int, error)
+	// Delete removes a resource's record and checkpoint from the store,
+	// as its retention (or an operator) would, without going through the
+	// store's API. Nil when the harness cannot: the DeletedRecord case is
+	// skipped.
+	Delete func(t testing.TB, resource string)
 	// Rewind moves the store's clock back by d (a clock stepped back).
 	// Nil when the store's clock cannot be moved: that case is skipped.
 	Rewind func(d time.Duration)

@@ -94,6 +94,7 @@ var cases = []testCase{
 	{"TokensFollowClock", testTokensFollowClock, false},
 	{"RetentionRemovesIdle", testRetentionRemovesIdle, true},
 	{"RetentionKeepsWrittenRecord", testRetentionKeepsWrittenRecord, false},
+	{"DeletedRecord", testDeletedRecord, false},
 	{"ClockSteppedBack", testClockSteppedBack, false},
 	{"RestoreFromOlderCopy", testRestoreFromOlderCopy, false},
 }

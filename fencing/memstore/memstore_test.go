@@ -29,7 +29,8 @@ func harness(maxState int, clockTokens bool) fencingtest.Harness {
 			t.Cleanup(func() { st.Close() })
 			// Reopen is nil: the memory store keeps nothing across a restart.
 			return fencingtest.Instance{Store: st, Advance: clock.Advance, Rewind: clock.Rewind,
-				ClockTokens: clockTokens, Retention: testRetention, Sweep: st.Sweep}
+				ClockTokens: clockTokens, Retention: testRetention, Sweep: st.Sweep,
+				Delete: func(t testing.TB, res string) { memstore.DeleteRecord(st, res) }}
 		},
 	}
 }

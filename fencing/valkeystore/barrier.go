@@ -83,8 +83,8 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 	id := gate + ":" + strconv.FormatUint(entrySeq.Add(1), 10)
 	before, known := s.seen.resource(req.Resource)
 	top := s.seen.floor()
-	args := []string{req.Token.String(), live, "0", id, strconv.FormatInt(hold.Milliseconds(), 10)}
-	r, err := s.run(ctx, "admit", admitRegisterScript, []string{s.recKey(req.Resource), s.barKey(req.Resource)}, args)
+	args := []string{req.Token.String(), live, "0", s.retention, id, strconv.FormatInt(hold.Milliseconds(), 10)}
+	r, err := s.run(ctx, "admit", admitRegisterScript, []string{s.recKey(req.Resource), s.stateKey(req.Resource), s.barKey(req.Resource)}, args)
 	if err != nil {
 		return fencing.Admission{}, none, false, err
 	}
@@ -97,7 +97,7 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 		}
 		return fencing.Admission{}, none, false, corrupt("admit", r)
 	}
-	adm, err := s.admitted(ctx, req, a.admit, top, before, known)
+	adm, err := s.admitted(ctx, req, a.admit, top, before, known, true)
 	if err != nil {
 		if a.admit.kind == admitOK {
 			// Registered, but the write will not be forwarded: remove the

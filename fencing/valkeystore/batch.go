@@ -105,11 +105,11 @@ func (b *batch) readMarks(ctx context.Context, calls []batchCall) []batchCall {
 		issued, ok1 := parseToken(v[0])
 		hw, ok2 := parseToken(v[1])
 		floor, ok3 := parseToken(v[2])
-		if len(f) != 3 || !ok1 || !ok2 || !ok3 || !atMark(req.Token, issued, hw, floor) {
-			rest = append(rest, c) // not at the mark, or not plainly: the script judges
+		if len(f) != 3 || !ok1 || !ok2 || !ok3 || !atMark(req.Token, issued, hw, floor) || !s.keptRecently(c.before, c.known) {
+			rest = append(rest, c) // not at the mark, or not plainly, or the retention is due: the script judges
 			continue
 		}
-		b.out[c.i], b.errs[c.i] = s.admitted(b.ctx, req, admitReply{kind: admitOK, issued: issued, hw: hw, floor: floor}, b.top, c.before, c.known)
+		b.out[c.i], b.errs[c.i] = s.admitted(b.ctx, req, admitReply{kind: admitOK, issued: issued, hw: hw, floor: floor}, b.top, c.before, c.known, false)
 	}
 	return rest
 }
@@ -127,7 +127,7 @@ func (b *batch) runScripts(ctx context.Context, calls []batchCall) {
 		if req.RequireLive {
 			live = "1"
 		}
-		cmds[k] = s.client.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(1).Key(s.recKey(req.Resource)).Arg(req.Token.String(), live).Build()
+		cmds[k] = s.client.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(2).Key(s.admitKeys(req.Resource)...).Arg(req.Token.String(), live, "0", s.retention).Build()
 	}
 	for k, res := range s.client.DoMulti(ctx, cmds...) {
 		c := calls[k]
@@ -146,6 +146,6 @@ func (b *batch) runScripts(ctx context.Context, calls []batchCall) {
 			b.errs[c.i] = corrupt("admit", r)
 			continue
 		}
-		b.out[c.i], b.errs[c.i] = s.admitted(b.ctx, req, a, b.top, c.before, c.known)
+		b.out[c.i], b.errs[c.i] = s.admitted(b.ctx, req, a, b.top, c.before, c.known, true)
 	}
 }

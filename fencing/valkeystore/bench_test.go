@@ -18,7 +18,7 @@ import (
 // BenchmarkStore runs the conformance benchmarks against a real server.
 func BenchmarkStore(b *testing.B) {
 	srv := valkeytest.Start(b)
-	fencingtest.RunBenchmarks(b, harness(srv.URL()))
+	fencingtest.RunBenchmarks(b, harness(srv.URL(), 0))
 }
 
 // BenchmarkAdmitParallel admits the holder's token from 32 goroutines per

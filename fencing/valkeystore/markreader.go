@@ -252,7 +252,7 @@ func (m *markReplies) settle(i int, r redcon.RESP) {
 	})
 	req, c := m.reqs[i], m.calls[i]
 	issued, hw, floor := f[0], f[1], f[2]
-	if !ok || k != 3 || !atMark(req.Token, issued, hw, floor) || c.before.lost(c.known, issued, floor) {
+	if !ok || k != 3 || !atMark(req.Token, issued, hw, floor) || c.before.lost(c.known, issued, floor) || !m.s.keptRecently(c.before, c.known) {
 		return
 	}
 	m.s.seen.observe(req.Resource, issued, floor)

@@ -233,7 +233,12 @@ func TestMarkReaderFaults(t *testing.T) {
 // reply or an unexpected shape is left to Admit; bytes past the batch's
 // replies are a protocol error.
 func TestMarkRepliesFraming(t *testing.T) {
-	s := &Store{prefix: "p", seen: newSeenMarks()}
+	s := &Store{prefix: "p", seen: newSeenMarks(), slack: time.Hour}
+	for _, res := range []string{"a", "c", "d", "e", "f"} {
+		s.seen.observe(res, 9, 2)
+		s.seen.kept(res, s.now())
+	}
+	s.seen.observe("e", 9, 0)
 	reqs := []fencing.AdmitRequest{
 		{Resource: "a", Token: 7},
 		{Resource: "b", Token: 7, RequireLive: true}, // no read sent
@@ -270,7 +275,16 @@ func TestMarkRepliesFraming(t *testing.T) {
 			t.Fatalf("settled as %+v", a)
 		}
 	}
+	// A record whose retention no script applied within the slack is left
+	// to admit.lua, which applies it.
+	s.slack = 0
 	m := markReplies{s: s}
+	m.start(nil, reqs)
+	if done, err := m.add([]byte(replies)); !done || err != nil || !reflect.DeepEqual(m.ok, make([]bool, len(reqs))) {
+		t.Fatalf("with the retention due: %v, %v, settled %v; want none settled", done, err, m.ok)
+	}
+	s.slack = time.Hour
+	m = markReplies{s: s}
 	m.start(nil, reqs[:1])
 	if _, err := m.add([]byte(replies[:strings.Index(replies, "-")] + "+OK\r\n")); err == nil {
 		t.Fatal("a reply past the batch's was taken")

@@ -28,8 +28,8 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 	if known {
 		seenFloor = seen.floor.String()
 	}
-	r, err := s.run(ctx, "acquire", acquireScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource)},
-		[]string{req.Owner, strconv.FormatInt(req.TTL.Milliseconds(), 10), hint.String(), seen.issued.String(), seenFloor})
+	r, err := s.run(ctx, "acquire", acquireScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource), s.stateKey(req.Resource)},
+		[]string{req.Owner, strconv.FormatInt(req.TTL.Milliseconds(), 10), hint.String(), seen.issued.String(), seenFloor, s.retention})
 	if err != nil {
 		return fencing.Lease{}, err
 	}
@@ -53,8 +53,8 @@ func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest) (fencing.Le
 	if req.TTL != 0 {
 		ttl = strconv.FormatInt(req.TTL.Milliseconds(), 10)
 	}
-	r, err := s.run(ctx, "renew", renewScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource)},
-		[]string{req.Owner, req.Token.String(), ttl})
+	r, err := s.run(ctx, "renew", renewScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource), s.stateKey(req.Resource)},
+		[]string{req.Owner, req.Token.String(), ttl, s.retention})
 	if err != nil {
 		return fencing.Lease{}, err
 	}
@@ -83,8 +83,8 @@ func (s *Store) Release(ctx context.Context, req fencing.ReleaseRequest) (bool, 
 	if req.Finished {
 		fin = "1"
 	}
-	r, err := s.run(ctx, "release", releaseScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource)},
-		[]string{req.Owner, req.Token.String(), fin})
+	r, err := s.run(ctx, "release", releaseScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource), s.stateKey(req.Resource)},
+		[]string{req.Owner, req.Token.String(), fin, s.retention})
 	if err != nil {
 		return false, err
 	}
@@ -105,7 +105,7 @@ func (s *Store) Checkpoint(ctx context.Context, req fencing.CheckpointRequest) (
 	}
 	r, err := s.run(ctx, "checkpoint", checkpointScript,
 		[]string{s.recKey(req.Resource), s.liveKey(req.Resource), s.stateKey(req.Resource)},
-		[]string{req.Owner, req.Token.String(), string(req.State)})
+		[]string{req.Owner, req.Token.String(), string(req.State), s.retention})
 	if err != nil {
 		return fencing.Lease{}, err
 	}
@@ -176,13 +176,14 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	if req.RequireLive {
 		live = "1"
 	}
-	args := []string{req.Token.String(), live}
+	mode := "0"
+	if s.waitReplicas > 0 {
+		mode = "1" // probe: see wait.go
+	}
+	args := []string{req.Token.String(), live, mode, s.retention}
 	before, known := s.seen.resource(req.Resource)
 	top := s.seen.floor()
-	if s.waitReplicas > 0 {
-		args = append(args, "1") // probe: see wait.go
-	}
-	r, err := s.run(ctx, "admit", admitScript, []string{s.recKey(req.Resource)}, args)
+	r, err := s.run(ctx, "admit", admitScript, s.admitKeys(req.Resource), args)
 	if err != nil {
 		return fencing.Admission{}, err
 	}
@@ -195,20 +196,34 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 			return fencing.Admission{}, err
 		}
 	}
-	return s.admitted(ctx, req, a, top, before, known)
+	return s.admitted(ctx, req, a, top, before, known, true)
 }
 
 // admitted is the answer to an admission from admit.lua's reply (also
 // admit_register.lua's), checked against what this Store had seen before
-// sending the call (top, before, known: see checkNotLost).
-func (s *Store) admitted(ctx context.Context, req fencing.AdmitRequest, a admitReply, top fencing.Token, before seenRecord, known bool) (fencing.Admission, error) {
+// sending the call (top, before, known: see checkNotLost). script says
+// the reply is a script's, which applied the retention (see keptRecently),
+// not one read from the record's marks.
+func (s *Store) admitted(ctx context.Context, req fencing.AdmitRequest, a admitReply, top fencing.Token, before seenRecord, known, script bool) (fencing.Admission, error) {
 	switch a.kind {
 	case admitOK:
 		if err := s.checkNotLost(ctx, req.Resource, top, before, known, a.issued, a.floor); err != nil {
 			return fencing.Admission{}, err
 		}
+		if script {
+			s.seen.kept(req.Resource, s.now())
+		}
 		return fencing.Admission{Resource: req.Resource, Token: req.Token, HighWater: a.hw, Issued: a.issued, Raised: a.raised}, nil
 	case admitNotIssued:
+		if a.issued == 0 && known && req.Token <= before.issued {
+			// The record is gone, and admit.lua found the token at or
+			// above the server's clock (below it, it answers FLOOR): a
+			// token this Store saw issued on the resource is ahead of the
+			// clock, which therefore cannot refuse the tokens issued
+			// before the record went. Not a removal the clock covers: a
+			// loss, lifted past them.
+			return fencing.Admission{}, s.storeLost(ctx, req.Resource, top, before, 0, 0)
+		}
 		if err := s.checkNotLost(ctx, req.Resource, top, before, known, a.issued, a.floor); err != nil {
 			return fencing.Admission{}, err
 		}
@@ -236,12 +251,19 @@ func (s *Store) checkNotLost(ctx context.Context, res string, top fencing.Token,
 		s.seen.observe(res, issued, floor)
 		return nil
 	}
+	return s.storeLost(ctx, res, top, seen, issued, floor)
+}
+
+// storeLost lifts res's record past every token this Store had seen (top,
+// seen.issued) after an answer (issued, floor) showed that it lost data,
+// and returns the fencing.ErrStoreLost the call fails with.
+func (s *Store) storeLost(ctx context.Context, res string, top fencing.Token, seen seenRecord, issued, floor fencing.Token) error {
 	to := max(top, seen.issued)
 	s.log.Error("valkeystore: the store lost data: a resource's record is older than one this gate saw; moving it past every token this gate has seen",
 		"resource", res, "issued", issued, "floor", floor, "seen_issued", seen.issued, "seen_floor", seen.floor, "lift_to", to)
 	lost := fmt.Errorf("%w: %q: the record (issued %d, floor %d) is not the one seen before (issued %d, floor %d)",
 		fencing.ErrStoreLost, res, issued, floor, seen.issued, seen.floor)
-	r, err := s.run(ctx, "lift", liftScript, []string{s.recKey(res), s.liveKey(res)}, []string{to.String()})
+	r, err := s.run(ctx, "lift", liftScript, []string{s.recKey(res), s.liveKey(res), s.stateKey(res)}, []string{to.String(), s.retention})
 	if err != nil {
 		return fmt.Errorf("%w; lifting it failed: %w", lost, err)
 	}

@@ -3,6 +3,7 @@ package valkeystore
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/fencegate/fencegate/fencing"
 )
@@ -28,13 +29,24 @@ import (
 //     entries are dropped, and only the global floor hint protects those
 //     resources). The floor changes only when a record is created afresh or
 //     lifted. An admission answer whose issued counter is below the one
-//     seen, or whose floor differs, means the record lost writes or was
-//     lost whole and re-created (by this or another gate): Admit then lifts
+//     seen under the same floor, or whose floor differs and is below the
+//     issued token seen, means the record lost writes or was lost whole and
+//     re-created (by another gate) below tokens issued before: Admit then lifts
 //     the record past the floor hint (lift.lua) and fails with
 //     fencing.ErrStoreLost, so neither the pre-loss token nor a post-loss
 //     token below it is forwarded, through any gate; the next acquisition
 //     issues a token above both. Acquire sends the resource's issued token
 //     too, and acquire.lua lifts a record that went back before issuing.
+//
+// Retention removes records (retention.go), so a record that is gone, or
+// re-created with a floor at or above the issued token seen, is not a
+// loss: it refuses every token this Store saw on it (by the server's clock
+// while it is gone, by its floor once re-created), whatever removed it. A
+// whole loss with sane clocks is therefore no longer reported, only made
+// harmless; one re-created below what was seen still is (see lost), and so
+// is a record that is gone when a token this Store saw issued on it is at
+// or above the server's clock (admit.lua answers "not issued" rather than
+// stale for it: the clock cannot refuse it; see Store.admitted).
 //
 // Limits: the memory is per process and starts empty, so a gate restarted
 // after the loss knows nothing of the time before it and relies on the
@@ -52,6 +64,7 @@ const maxSeenResources = 1 << 16
 type seenRecord struct {
 	issued fencing.Token // the highest issued token seen
 	floor  fencing.Token // the record's floor (changes only when the record is created afresh or lifted)
+	keptAt time.Duration // Store.now when a script last applied the retention to it (0: never; see retention.go)
 }
 
 // seenMarks is a Store's memory of the tokens the server answered. Safe for
@@ -94,13 +107,34 @@ func (m *seenMarks) put(res string, rec seenRecord) {
 
 // lost reports whether an answer for res (its issued counter and floor)
 // shows that the record lost writes since before, the snapshot of what was
-// seen taken before the call was sent: its issued counter went back, or its
-// floor changed (created afresh or lifted). Comparing with the snapshot,
-// not with what was seen when the answer arrives, keeps concurrent calls
-// whose answers arrive out of order from looking like a loss: the server
-// ran this call after every call whose answer was in before it was sent.
+// seen taken before the call was sent:
+//
+//   - the same record (same floor) whose issued counter went back: rolled
+//     back;
+//   - another floor (the record was created afresh, or lifted) below the
+//     highest token seen on it: created again below tokens issued before,
+//     which its floor does not refuse (a loss re-created by a node whose
+//     clock is behind them, or through a gate that never saw them).
+//
+// A record with another floor at or above every token seen on it is not a
+// loss: it was removed (retention, or lost) and created again on the clock,
+// or lifted by another gate, and refuses every token seen before. Neither
+// is a record that does not exist (issued 0): removed by retention or lost,
+// every token before it is refused until it is created again (admit.lua),
+// and its creation is judged by its floor, as above.
+//
+// Comparing with the snapshot, not with what was seen when the answer
+// arrives, keeps concurrent calls whose answers arrive out of order from
+// looking like a loss: the server ran this call after every call whose
+// answer was in before it was sent.
 func (before seenRecord) lost(known bool, issued, floor fencing.Token) bool {
-	return known && (issued < before.issued || floor != before.floor)
+	if !known || issued == 0 {
+		return false
+	}
+	if floor == before.floor {
+		return issued < before.issued
+	}
+	return floor < before.issued
 }
 
 // observe remembers an answer for res: it replaces what was seen unless
@@ -118,9 +152,20 @@ func (m *seenMarks) observe(res string, issued, floor fencing.Token) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if seen, ok := m.byRes[res]; !ok || issued >= seen.issued {
-		m.put(res, seenRecord{issued: issued, floor: floor})
+		m.put(res, seenRecord{issued: issued, floor: floor, keptAt: seen.keptAt})
 	}
 	m.raiseTop(issued)
+}
+
+// kept notes that a script applied the retention to res's record at now
+// (Store.now), if res is remembered.
+func (m *seenMarks) kept(res string, now time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if rec, ok := m.byRes[res]; ok {
+		rec.keptAt = now
+		m.byRes[res] = rec
+	}
 }
 
 // resource returns what was seen of res, and whether anything was.

@@ -19,12 +19,14 @@ func TestSeenRecordLost(t *testing.T) {
 		issued, floor fencing.Token
 		want          bool
 	}{
-		{false, 1, 0, false}, // never seen: nothing to compare
-		{true, 10, 4, false}, // the same record
-		{true, 12, 4, false}, // moved on
-		{true, 9, 4, true},   // an issued counter never goes back on its own
-		{true, 12, 5, true},  // another floor: re-created or lifted
-		{true, 0, 0, true},   // gone
+		{false, 1, 0, false},  // never seen: nothing to compare
+		{true, 10, 4, false},  // the same record
+		{true, 12, 4, false},  // moved on
+		{true, 9, 4, true},    // an issued counter never goes back on its own
+		{true, 12, 5, true},   // another floor below tokens seen: re-created below them
+		{true, 12, 10, false}, // re-created at the clock, at the highest token seen: refuses it
+		{true, 30, 20, false}, // re-created above every token seen (after retention)
+		{true, 0, 0, false},   // gone (removed by retention, or lost): refused on the clock until re-created
 	} {
 		if got := seen.lost(tc.known, tc.issued, tc.floor); got != tc.want {
 			t.Errorf("lost(%v, %d, %d) = %v, want %v", tc.known, tc.issued, tc.floor, got, tc.want)

@@ -23,7 +23,12 @@ func freshPrefix() string {
 
 func open(t testing.TB, url, prefix string) *Store {
 	t.Helper()
-	s, err := Open(context.Background(), Options{URL: url, KeyPrefix: prefix, CommandTimeout: 2 * time.Second, DialTimeout: time.Second})
+	return openRetention(t, url, prefix, 0)
+}
+
+func openRetention(t testing.TB, url, prefix string, retention time.Duration) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), Options{URL: url, KeyPrefix: prefix, CommandTimeout: 2 * time.Second, DialTimeout: time.Second, Retention: retention})
 	if err != nil {
 		t.Fatalf("Open(%s): %v", url, err)
 	}
@@ -32,27 +37,48 @@ func open(t testing.TB, url, prefix string) *Store {
 }
 
 // harness opens stores with fresh prefixes on one server (or cluster);
-// Reopen opens a new client over the same prefix.
-func harness(url string) fencingtest.Harness {
+// Reopen opens a new client over the same prefix; Delete deletes a
+// resource's keys (one DEL: they share a slot).
+func harness(url string, retention time.Duration) fencingtest.Harness {
 	return fencingtest.Harness{Open: func(t testing.TB) fencingtest.Instance {
 		prefix := freshPrefix()
-		s := open(t, url, prefix)
+		s := openRetention(t, url, prefix, retention)
 		return fencingtest.Instance{Store: s, Reopen: func(t testing.TB) fencing.Store {
 			s.Close()
-			s = open(t, url, prefix)
+			s = openRetention(t, url, prefix, retention)
 			return s
+		}, ClockTokens: true, Retention: retention, Delete: func(t testing.TB, res string) {
+			cmd := s.client.B().Del().Key(s.recKey(res), s.liveKey(res), s.stateKey(res)).Build()
+			if err := s.client.Do(context.Background(), cmd).Error(); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
 		}}
 	}}
 }
 
+// testRetention is the retention of the stores that run the retention
+// cases: short, the suite sleeps past it (keys expire on the server's
+// clock).
+const testRetention = time.Second
+
+// retentionCases are the cases run again on stores with a retention (the
+// others run without, so that no record expires during their sleeps).
+var retentionCases = []string{"RetentionRemovesIdle", "DeletedRecord", "TokensFollowClock"}
+
 func TestConformance(t *testing.T) {
 	srv := valkeytest.Start(t)
-	fencingtest.Run(t, harness(srv.URL()))
+	fencingtest.Run(t, harness(srv.URL(), 0))
+	for _, name := range retentionCases {
+		fencingtest.RunCase(t, harness(srv.URL(), testRetention), name)
+	}
 }
 
 func TestConformanceCluster(t *testing.T) {
 	cl := valkeytest.StartCluster(t, 3)
-	fencingtest.Run(t, harness(cl.URL()))
+	fencingtest.Run(t, harness(cl.URL(), 0))
+	for _, name := range retentionCases {
+		fencingtest.RunCase(t, harness(cl.URL(), testRetention), name)
+	}
 }
 
 func TestOpenRefusesEviction(t *testing.T) {

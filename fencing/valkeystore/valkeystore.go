@@ -16,8 +16,10 @@
 //	P:{R}        hash: issued and high-water tokens, floor, the highest
 //	             high-water mark confirmed on replicas (see wait.go), the most recent
 //	             lease, how the one before it ended, checkpoint metadata.
-//	             Never expires and is never deleted.
-//	P:{R}:state  the last checkpoint state.
+//	             Without Options.Retention it never expires; with it, it
+//	             expires that long after its last change or the end of
+//	             its live lease, whichever is later (see retention.go).
+//	P:{R}:state  the last checkpoint state, expiring with the record.
 //	P:{R}:live   the live lease's token, expiring with the lease; the index
 //	             List scans.
 //
@@ -45,12 +47,17 @@
 //     token is above it, even when the serving node's clock is behind the
 //     lost tokens, as long as this gate saw them (or a later token).
 //   - A gate notices a record that is not the one it last saw (an issued
-//     counter that went back, or another floor: rolled back by a failover
-//     to a lagging replica or a crash losing the last second of an
-//     appendfsync everysec AOF; or lost and re-created through another gate)
-//     on its next admission for that resource: it lifts the record past
-//     every token it has seen and answers fencing.ErrStoreLost; the lift
-//     then holds for every gate.
+//     counter that went back under the same floor: rolled back by a
+//     failover to a lagging replica or a crash losing the last second of an
+//     appendfsync everysec AOF; or another floor below a token it saw on
+//     the resource: lost and re-created through another gate whose clock
+//     is behind) on its next admission for that resource: it lifts the
+//     record past every token it has seen and answers
+//     fencing.ErrStoreLost; the lift then holds for every gate. A record
+//     that is gone, or re-created with a floor at or above every token the
+//     gate saw on it, is not a loss: retention removes records
+//     (retention.go), and the server's clock or the new floor refuses every
+//     token issued before.
 //   - Limits: a gate's memory is per process, bounded, and starts empty. A
 //     gate that never saw a resource before the loss relies on the clocks:
 //     a pre-loss token issued by a node whose clock was ahead of the
@@ -77,6 +84,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -140,6 +148,16 @@ type Options struct {
 	// 0 means DefaultWaitTimeout. Used only when WaitReplicas > 0. Must not
 	// be negative.
 	WaitTimeout time.Duration
+	// Retention (FENCEGATE_RETENTION; DESIGN §12) makes the server remove a
+	// resource's record and checkpoint by key expiry once they have no live
+	// lease and have been untouched (acquire, renew, release, checkpoint,
+	// an admission) for this long: every script that writes sets the keys'
+	// TTL to the retention past the later of now and the live lease's end
+	// (lua/lib.lua, fg_keep). 0 (the default) keeps records for ever, and
+	// removes a TTL an earlier retention left on a record the next time it
+	// is written. Must not be negative. The server counts what it removes
+	// (INFO stats: expired_keys), not the store.
+	Retention time.Duration
 	// PolicyCheckInterval is how often every node's maxmemory-policy and
 	// persistence are checked again after Open (see health.go); 0 means
 	// DefaultPolicyCheckInterval. Must not be negative.
@@ -161,6 +179,9 @@ type Store struct {
 	waitTimeout  time.Duration // Options.WaitTimeout
 
 	seen *seenMarks // what the server answered: see seen.go
+
+	retention string        // Options.Retention in ms, as the scripts take it
+	slack     time.Duration // how stale a record's TTL may get before an admission rewrites it (keepSlack)
 
 	markReaders *markReaderOption // nil: none (markreader.go)
 
@@ -209,6 +230,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.WaitTimeout == 0 {
 		opts.WaitTimeout = DefaultWaitTimeout
 	}
+	if opts.Retention < 0 {
+		return nil, errors.New("valkeystore: Retention must not be negative")
+	}
 	if opts.PolicyCheckInterval < 0 {
 		return nil, errors.New("valkeystore: PolicyCheckInterval must not be negative")
 	}
@@ -225,7 +249,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	s := &Store{client: client, prefix: opts.KeyPrefix, maxState: opts.MaxCheckpointBytes, cmdTimeout: opts.CommandTimeout, log: opts.Logger,
 		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout, seen: newSeenMarks(),
-		markReaders: newMarkReaderOption(copt, client.Mode(), opts.WaitReplicas)}
+		markReaders: newMarkReaderOption(copt, client.Mode(), opts.WaitReplicas),
+		retention:   strconv.FormatInt(opts.Retention.Milliseconds(), 10), slack: keepSlack(opts.Retention)}
 	if err := s.Ping(ctx); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("valkeystore: ping: %w", err)

@@ -98,19 +98,19 @@ func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live
 	// The script has the command timeout, the WAIT its own on top.
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout+s.waitTimeout)
 	defer cancel()
-	keys := []string{s.recKey(req.Resource)}
-	args := []string{req.Token.String(), live, "2"}
+	keys := s.admitKeys(req.Resource)
+	args := []string{req.Token.String(), live, "2", s.retention}
 	var res []valkey.ValkeyResult
 	err := s.client.Dedicated(func(c valkey.DedicatedClient) error {
 		wait := func() valkey.Completed {
 			// Whole ms, at least 1: WAIT's 0 blocks for ever.
 			return c.B().Wait().Numreplicas(int64(s.waitReplicas)).Timeout(max(s.waitTimeout.Milliseconds(), 1)).Build()
 		}
-		res = c.DoMulti(ctx, c.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(1).Key(keys...).Arg(args...).Build(), wait())
+		res = c.DoMulti(ctx, c.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(2).Key(keys...).Arg(args...).Build(), wait())
 		if verr, ok := valkey.IsValkeyErr(res[0].Error()); ok && verr.IsNoScript() {
 			// Not loaded (SCRIPT FLUSH, restart): nothing ran and nothing
 			// was written; the WAIT's answer is meaningless. EVAL loads it.
-			res = c.DoMulti(ctx, c.B().Eval().Script(admitSrc).Numkeys(1).Key(keys...).Arg(args...).Build(), wait())
+			res = c.DoMulti(ctx, c.B().Eval().Script(admitSrc).Numkeys(2).Key(keys...).Arg(args...).Build(), wait())
 		}
 		for _, r := range res {
 			if r.NonValkeyError() != nil {

@@ -76,7 +76,7 @@ func TestConformanceWaitReplicas(t *testing.T) {
 			s.Close()
 			s = openWait(t, p.URL(), prefix, 1, nil)
 			return s
-		}}
+		}, ClockTokens: true}
 	}})
 }
 

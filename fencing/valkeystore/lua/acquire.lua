@@ -2,6 +2,7 @@
 --
 -- KEYS[1] -> <prefix>:{R}        record hash
 -- KEYS[2] -> <prefix>:{R}:live   live-lease index key
+-- KEYS[3] -> <prefix>:{R}:state  checkpoint state (its expiry follows the record's)
 -- ARGV[1] -> owner
 -- ARGV[2] -> ttl in milliseconds (validated by the caller)
 -- ARGV[3] -> the gate's floor hint (decimal token string, "0" for none):
@@ -11,6 +12,7 @@
 --            ("0" for none)
 -- ARGV[5] -> the floor this gate saw on this resource's record ("" if it
 --            saw none)
+-- ARGV[6] -> the retention in ms ("0": keep for ever; see fg_keep)
 --
 -- Returns one of (named replies, see lib.lua):
 --   {"OK", "token", t, "ttl_ms", ms, "acquired_ms", ms, "expires_ms", ms,
@@ -33,16 +35,22 @@
 -- record whose issued counter is below ARGV[4] lost writes (rolled back);
 -- it is first lifted past ARGV[3] (fg_lift) the same way, and so is one
 -- whose floor is not ARGV[5] (it was lost and re-created since this gate
--- saw it).
+-- saw it). A record whose floor is another one but at or above ARGV[4] was
+-- re-created (after retention removed it, or a loss) above every token this
+-- gate saw on it: it is not lifted, nothing it saw can be admitted.
 --
 -- NOT idempotent (issues a token): the client never retries it.
 local now_ms, now_us = fg_now()
-local rec, live = KEYS[1], KEYS[2]
+local rec, live, state = KEYS[1], KEYS[2], KEYS[3]
 local owner, ttl = ARGV[1], tonumber(ARGV[2])
-local hint, seen, seen_floor = ARGV[3] or '0', ARGV[4] or '0', ARGV[5] or ''
+local hint, seen, seen_floor, ret = ARGV[3] or '0', ARGV[4] or '0', ARGV[5] or '', ARGV[6] or '0'
 local before = redis.call('HMGET', rec, 'issued', 'floor')
-if before[1] and (fg_cmp(before[1], seen) < 0 or (seen_floor ~= '' and (before[2] or '0') ~= seen_floor)) then
-  fg_lift(rec, live, fg_max(hint, seen), now_ms)
+if before[1] then
+  local fl = before[2] or '0'
+  local refloored = seen_floor ~= '' and fl ~= seen_floor
+  if (not refloored and fg_cmp(before[1], seen) < 0) or (refloored and fg_cmp(fl, seen) < 0) then
+    fg_lift(rec, live, fg_max(hint, seen), now_ms)
+  end
 end
 local f = redis.call('HMGET', rec, 'issued', 'owner', 'token', 'ttl', 'acq', 'exp', 'rel', 'fin')
 local issued = f[1]
@@ -52,7 +60,7 @@ if issued then
     if cur ~= owner then
       return {'HELD', 'holder', cur, 'expires_ms', exp, 'now_ms', fg_fmt(now_ms)}
     end
-    local r = fg_extend(rec, live, tok, ARGV[2], acq, now_ms)
+    local r = fg_extend(rec, live, tok, ARGV[2], acq, now_ms, state, ret)
     r[#r + 1] = 'floor'
     r[#r + 1] = redis.call('HGET', rec, 'floor') or '0'
     return r
@@ -78,6 +86,7 @@ end
 local acq, exp = fg_fmt(now_ms), fg_fmt(now_ms + ttl)
 redis.call('HSET', rec, 'owner', owner, 'token', token, 'ttl', ARGV[2], 'acq', acq, 'exp', exp, 'rel', '0', 'fin', '0')
 redis.call('SET', live, token, 'PXAT', exp)
+fg_keep(rec, state, ret, tonumber(exp), now_ms, 0)
 local r = fg_lease(token, ARGV[2], acq, exp)
 r[#r + 1] = 'floor'
 r[#r + 1] = redis.call('HGET', rec, 'floor') or '0'

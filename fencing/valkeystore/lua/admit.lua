@@ -1,6 +1,7 @@
 -- admit: check a write's token and raise the high-water mark, atomically.
 --
 -- KEYS[1] -> <prefix>:{R}        record hash
+-- KEYS[2] -> <prefix>:{R}:state  checkpoint state (its expiry follows the record's)
 -- ARGV[1] -> token (decimal string, 1 to 20 digits, no leading zeros)
 -- ARGV[2] -> "1" to also require a live lease holding the token, else "0"
 -- ARGV[3] -> replication mode (absent means "0"; see valkeystore/wait.go):
@@ -12,6 +13,9 @@
 --            "2" write: admit and set hw to the token even when it is equal
 --                (so that the replication offset of this connection covers
 --                the mark, which is what WAIT counts).
+-- ARGV[4] -> the retention in ms ("0" or absent: keep for ever): an
+--            admission keeps the record that long past it (fg_keep, with
+--            fg_slack: written at most about once per slack)
 --
 -- Returns one of:
 --   {"OK", issued, hw, raised, floor}
@@ -30,6 +34,11 @@
 --                                record, i.e. the store lost its data since
 --                                it was issued (see acquire.lua); no newer
 --                                write need have been admitted
+--   {"FLOOR", now_us}            no record and token < the server's TIME
+--                                in µs: a record created now would start
+--                                there (acquire.lua), so the token was
+--                                issued before the record was removed
+--                                (retention) or lost, or never
 --   {"NOTHELD"}                  RequireLive and no live lease with the token
 --
 -- floor (every OK and NOTISSUED reply ends with it) is the record's floor,
@@ -37,11 +46,28 @@
 -- gate that sees it change knows the record was lost (see seen.go).
 --
 -- Never creates a record: an unknown resource has issued 0, so every token
--- is "not issued". Idempotent: a retry of an admitted token admits again.
-local rec = KEYS[1]
+-- at or above the clock is "not issued" (NOTISSUED, issued and floor "0"),
+-- every one below it stale (FLOOR). Idempotent: a retry of an admitted
+-- token admits again.
+local rec, state = KEYS[1], KEYS[2]
 local t = ARGV[1]
 local f = redis.call('HMGET', rec, 'issued', 'hw', 'floor', 'owner', 'token', 'exp', 'rel')
+if not f[1] then
+  local _, now_us = fg_now()
+  local clock = fg_fmt(now_us)
+  if fg_cmp(t, clock) < 0 then
+    return {'FLOOR', clock}
+  end
+  return {'NOTISSUED', '0', '0'}
+end
 local issued, hw, floor = f[1] or '0', f[2] or '0', f[3] or '0'
+-- keep applies the retention to an admitted write (see ARGV[4]).
+local function keep()
+  local now_ms = fg_now()
+  local until_ms = 0
+  if fg_live(f[4], f[6], f[7], now_ms) then until_ms = tonumber(f[6]) end
+  fg_keep(rec, state, ARGV[4], until_ms, now_ms, fg_slack(ARGV[4]))
+end
 if fg_cmp(t, issued) > 0 then
   return {'NOTISSUED', issued, floor}
 end
@@ -64,11 +90,13 @@ if mode == '0' then
     redis.call('HSET', rec, 'hw', t)
     raised = '1'
   end
+  keep()
   return {'OK', issued, t, raised, floor}
 end
 -- t >= hw here. The mark t is confirmed when hwc >= t (then t == hw).
 local hwc = redis.call('HGET', rec, 'hwc') or '0'
 if fg_cmp(t, hwc) <= 0 then
+  keep()
   if mode == '2' then
     return {'OK', issued, t, '0', '0', floor}
   end
@@ -84,4 +112,5 @@ end
 -- Written even when equal: an HSET is replicated whether or not the value
 -- changes, so the WAIT that follows on this connection covers the mark.
 redis.call('HSET', rec, 'hw', t)
+keep()
 return {'OK', issued, t, raised, '1', floor}

@@ -2,11 +2,13 @@
 -- register it in the shared barrier, in one atomic step.
 --
 -- KEYS[1] -> <prefix>:{R}        record hash
--- KEYS[2] -> <prefix>:{R}:bar    barrier entries (see barrier_lib.lua)
+-- KEYS[2] -> <prefix>:{R}:state  checkpoint state: as admit.lua
+-- KEYS[3] -> <prefix>:{R}:bar    barrier entries (see barrier_lib.lua)
 -- ARGV[1] -> token, ARGV[2] -> "1"/"0" require live: as admit.lua
 -- ARGV[3] -> "0" (admit.lua's plain mode)
--- ARGV[4] -> entry id "<gate id>:<seq>"
--- ARGV[5] -> hold: the entry's lifetime in ms (decimal)
+-- ARGV[4] -> the retention in ms: as admit.lua
+-- ARGV[5] -> entry id "<gate id>:<seq>"
+-- ARGV[6] -> hold: the entry's lifetime in ms (decimal)
 --
 -- Returns admit.lua's refusals unchanged (nothing registered), or
 --   {"OK", issued, hw, raised, floor, member, lower, wait_ms, expired}
@@ -17,9 +19,9 @@ local r = fg_admit()
 if r[1] ~= 'OK' then
   return r
 end
-local bar, t, hold = KEYS[2], ARGV[1], tonumber(ARGV[5])
+local bar, t, hold = KEYS[3], ARGV[1], tonumber(ARGV[6])
 local now_ms = fg_now()
-local member = fg_fmt(now_ms + hold) .. '|' .. ARGV[4]
+local member = fg_fmt(now_ms + hold) .. '|' .. ARGV[5]
 redis.call('ZADD', bar, t, member)
 if redis.call('PTTL', bar) < hold then
   redis.call('PEXPIRE', bar, hold)

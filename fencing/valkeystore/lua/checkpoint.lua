@@ -7,6 +7,7 @@
 -- ARGV[1] -> owner
 -- ARGV[2] -> token (decimal string)
 -- ARGV[3] -> state (JSON text, size-checked by the caller)
+-- ARGV[4] -> the retention in ms ("0": keep for ever; see fg_keep)
 --
 -- Returns one of:
 --   {"OK", "token", t, "ttl_ms", ms, "acquired_ms", ms, "expires_ms", ms}  the renewed lease
@@ -21,4 +22,4 @@ if not f then
 end
 redis.call('SET', state, ARGV[3])
 redis.call('HSET', rec, 'cp_token', ARGV[2], 'cp_ms', fg_fmt(now_ms), 'cp_size', tostring(#ARGV[3]))
-return fg_extend(rec, live, ARGV[2], f[3], f[4], now_ms)
+return fg_extend(rec, live, ARGV[2], f[3], f[4], now_ms, state, ARGV[4])

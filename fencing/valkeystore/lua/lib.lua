@@ -3,8 +3,11 @@
 -- Conventions shared by all scripts:
 --   * A resource R has three keys, all hash-tagged with {R} so that every
 --     script touches a single cluster slot:
---       <prefix>:{R}        hash: the record (never expires, never deleted)
---       <prefix>:{R}:state  string: the last checkpoint state
+--       <prefix>:{R}        hash: the record; with a retention it expires
+--                           `retention` after its last change or the end
+--                           of its live lease, whichever is later (fg_keep)
+--       <prefix>:{R}:state  string: the last checkpoint state, expiring
+--                           with the record
 --       <prefix>:{R}:live   string: the live lease's token, expiring with
 --                           the lease (PXAT); an index used only by List
 --   * Record fields: issued, hw, floor, hwc (tokens, decimal strings; hwc,
@@ -69,13 +72,8 @@ end
 
 -- fg_extend sets the live lease's ttl (ms, a decimal string) and its expiry
 -- to now_ms + ttl, moves the live-lease index key's expiry with it, and
--- returns the lease reply (fg_lease).
-local function fg_extend(rec, live, token, ttl, acq, now_ms)
-  local exp = fg_fmt(now_ms + tonumber(ttl))
-  redis.call('HSET', rec, 'ttl', ttl, 'exp', exp)
-  redis.call('SET', live, token, 'PXAT', exp)
-  return fg_lease(token, ttl, acq, exp)
-end
+-- returns the lease reply (fg_lease). It is defined after fg_keep, which
+-- it calls (the record and state then expire ret after the lease).
 
 -- fg_has_state reports whether the checkpoint state key holds a state: a
 -- non-empty string (a checkpoint's state is JSON, never empty).
@@ -129,4 +127,45 @@ local function fg_lift(rec, live, to, now_ms)
     redis.call('HSET', rec, 'exp', fg_fmt(now_ms))
     redis.call('DEL', live)
   end
+end
+
+-- fg_keep applies the retention (DESIGN §12) after a script wrote to or
+-- admitted on a record: the record hash and its checkpoint state expire
+-- ret ms (a decimal string) after the later of now and until_ms (the live
+-- lease's expiry, 0 when there is none). ret "0" (or absent) keeps them
+-- forever: a TTL left by an earlier retention is removed. The TTL is
+-- written only when it is off by more than slack ms (0: always), so that
+-- admissions at the mark, on the hot path, write at most about once per
+-- slack. Nothing is done for a record that does not exist.
+local function fg_keep(rec, state, ret, until_ms, now_ms, slack)
+  local r = tonumber(ret or '0') or 0
+  local cur = redis.call('PTTL', rec)
+  if cur == -2 then return end
+  if r <= 0 then
+    if cur >= 0 then
+      redis.call('PERSIST', rec)
+      if state then redis.call('PERSIST', state) end
+    end
+    return
+  end
+  local want = r + math.max(until_ms - now_ms, 0)
+  if cur >= 0 and math.abs(cur - want) <= slack then return end
+  redis.call('PEXPIRE', rec, want)
+  if state then redis.call('PEXPIRE', state, want) end
+end
+
+-- fg_slack is the slack of fg_keep for admissions: a sixteenth of the
+-- retention, at most one second.
+local function fg_slack(ret)
+  local r = tonumber(ret or '0') or 0
+  return math.min(math.floor(r / 16), 1000)
+end
+
+-- fg_extend: see above.
+local function fg_extend(rec, live, token, ttl, acq, now_ms, state, ret)
+  local exp = fg_fmt(now_ms + tonumber(ttl))
+  redis.call('HSET', rec, 'ttl', ttl, 'exp', exp)
+  redis.call('SET', live, token, 'PXAT', exp)
+  fg_keep(rec, state, ret, tonumber(exp), now_ms, 0)
+  return fg_lease(token, ttl, acq, exp)
 end

@@ -2,9 +2,12 @@
 --
 -- KEYS[1] -> <prefix>:{R}        record hash
 -- KEYS[2] -> <prefix>:{R}:live   live-lease index key
+-- KEYS[3] -> <prefix>:{R}:state  checkpoint state (its expiry follows the record's)
 -- ARGV[1] -> owner
 -- ARGV[2] -> token (decimal string)
 -- ARGV[3] -> "1" when the holder finished the work, else "0"
+-- ARGV[4] -> the retention in ms ("0": keep for ever; see fg_keep): the
+--            record expires that long after the release
 --
 -- Returns one of:
 --   {"OK", "released", "1"}  the live lease ended now (issued and hw are kept)
@@ -22,6 +25,7 @@ end
 if fg_live(f[1], f[3], f[4], now_ms) then
   redis.call('HSET', rec, 'rel', '1', 'fin', ARGV[3], 'exp', fg_fmt(now_ms))
   redis.call('DEL', live)
+  fg_keep(KEYS[1], KEYS[3], ARGV[4], 0, now_ms, 0)
   return {'OK', 'released', '1'}
 end
 if f[5] == ARGV[2] then

@@ -2,9 +2,11 @@
 --
 -- KEYS[1] -> <prefix>:{R}        record hash
 -- KEYS[2] -> <prefix>:{R}:live   live-lease index key
+-- KEYS[3] -> <prefix>:{R}:state  checkpoint state (its expiry follows the record's)
 -- ARGV[1] -> owner
 -- ARGV[2] -> token (decimal string)
 -- ARGV[3] -> new ttl in milliseconds, or "" to keep the lease's TTL
+-- ARGV[4] -> the retention in ms ("0": keep for ever; see fg_keep)
 --
 -- Returns one of:
 --   {"OK", "token", t, "ttl_ms", ms, "acquired_ms", ms, "expires_ms", ms}
@@ -19,4 +21,4 @@ if not f then
 end
 local ttl = f[3]
 if ARGV[3] ~= '' then ttl = ARGV[3] end
-return fg_extend(rec, live, ARGV[2], ttl, f[4], now_ms)
+return fg_extend(rec, live, ARGV[2], ttl, f[4], now_ms, KEYS[3], ARGV[4])

@@ -1,0 +1,62 @@
+package valkeystore
+
+import "time"
+
+// Retention (Options.Retention, DESIGN §12) is key expiry: the server
+// removes what is idle, the store never scans.
+//
+//   - Every script that changes a record (acquire, renew, release,
+//     checkpoint, lift) sets the TTL of the record hash P:{R} and of its
+//     checkpoint state P:{R}:state to the retention past the later of now
+//     and the end of the live lease (lua/lib.lua, fg_keep). A live lease
+//     therefore always outlives nothing: its record expires no sooner than
+//     the retention after the lease ends, by release or expiry. P:{R}:live
+//     expires with the lease and P:{R}:bar with its last barrier entry, as
+//     before.
+//   - An admission keeps the record too, but it must not write on every
+//     call: admit.lua rewrites the TTL only when it is more than the slack
+//     (keepSlack) short of the retention, and the admissions answered
+//     without a script (AdmitBatch's read of the marks, the mark readers)
+//     are answered so only for a resource whose TTL this Store had a script
+//     check less than the slack ago (keptRecently); the others run
+//     admit.lua. A record admitted on keeps at least retention - 2 × slack
+//     ahead of it.
+//   - A record removed by expiry reads as never used (status with zeros,
+//     no checkpoint). Tokens follow the server clock, so every token issued
+//     before the removal is below the clock: admit.lua refuses it as stale
+//     (FLOOR) and a record created afresh starts with its floor at the
+//     clock, above it (acquire.lua). seen.go does not take such a record
+//     for a loss: its floor is at or above every token this Store saw on it.
+//   - Retention 0 keeps records for ever: a TTL an earlier retention set is
+//     removed (PERSIST) by the next script that writes the record.
+//   - Removals are counted by the server (INFO stats, expired_keys; three
+//     keys at most per resource), not by the store.
+
+// keepSlack is how far a record's TTL may fall behind the retention before
+// an admission rewrites it: a sixteenth of the retention, at most one
+// second (fg_slack in lua/lib.lua is the same rule).
+func keepSlack(retention time.Duration) time.Duration {
+	if retention <= 0 {
+		return time.Second
+	}
+	return min(retention/16, time.Second).Truncate(time.Millisecond)
+}
+
+// clockStart anchors Store.now on the monotonic clock.
+var clockStart = time.Now()
+
+// now is the time since clockStart, monotonic, for seenMarks.kept.
+func (s *Store) now() time.Duration { return time.Since(clockStart) }
+
+// keptRecently reports whether an admission at the mark on a resource seen
+// as before may be answered without a script: a script applied the
+// retention to its record (fg_keep) less than the slack ago.
+func (s *Store) keptRecently(before seenRecord, known bool) bool {
+	return known && before.keptAt > 0 && s.now()-before.keptAt < s.slack
+}
+
+// admitKeys are admit.lua's keys for res: the record and its checkpoint
+// state (whose expiry follows the record's).
+func (s *Store) admitKeys(res string) []string {
+	return []string{s.recKey(res), s.stateKey(res)}
+}

@@ -1,0 +1,197 @@
+package valkeystore
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/valkeystore/valkeytest"
+)
+
+// pttl is a key's PTTL in ms (-1: no expiry, -2: no key).
+func pttl(t *testing.T, srv *valkeytest.Server, key string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(srv.MustDo("PTTL", key), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestRetentionTTLs pins the keys' expiry: the record and its checkpoint
+// expire the retention past the live lease's end while one is live, the
+// retention past the release once it ended; retention 0 keeps them (and
+// takes a TTL an earlier retention left away).
+func TestRetentionTTLs(t *testing.T) {
+	srv := valkeytest.Start(t)
+	prefix := freshPrefix()
+	const ret, ttl = time.Hour, 10 * time.Minute
+	s := openRetention(t, srv.URL(), prefix, ret)
+	ctx := context.Background()
+	l, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: "r", Owner: "a", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Checkpoint(ctx, fencing.CheckpointRequest{Resource: "r", Owner: "a", Token: l.Token, State: []byte(`{"n":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	// PTTLs only go down with time: bounded above by what was set, below
+	// by what was set minus the time since (generous: a busy machine).
+	within := func(what string, got int64, want time.Duration) {
+		t.Helper()
+		if got > want.Milliseconds() || got < (want-time.Minute).Milliseconds() {
+			t.Fatalf("%s: PTTL %d ms, want about %v", what, got, want)
+		}
+	}
+	for _, k := range []string{s.recKey("r"), s.stateKey("r")} {
+		within(k+" with a live lease", pttl(t, srv, k), ret+ttl)
+	}
+	if _, err := s.Release(ctx, fencing.ReleaseRequest{Resource: "r", Owner: "a", Token: l.Token}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{s.recKey("r"), s.stateKey("r")} {
+		within(k+" after the release", pttl(t, srv, k), ret)
+	}
+	// A gate without retention removes the TTL on its next write.
+	s0 := openRetention(t, srv.URL(), prefix, 0)
+	if _, err := s0.Acquire(ctx, fencing.AcquireRequest{Resource: "r", Owner: "b", TTL: ttl}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{s.recKey("r"), s.stateKey("r")} {
+		if got := pttl(t, srv, k); got != -1 {
+			t.Fatalf("%s: PTTL %d after a write with retention 0, want -1", k, got)
+		}
+	}
+}
+
+// TestAdmissionKeepsRecord: admissions keep a record whose lease ended,
+// through Admit and through AdmitBatch's read of the marks (which leaves a
+// record whose TTL no script checked within the slack to admit.lua).
+func TestAdmissionKeepsRecord(t *testing.T) {
+	srv := valkeytest.Start(t)
+	const ret = 4 * time.Second // slack 250 ms
+	s := openRetention(t, srv.URL(), freshPrefix(), ret)
+	ctx := context.Background()
+	l, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: "w", Owner: "a", TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAdmit(t, s, "w", l.Token)
+	if _, err := s.Release(ctx, fencing.ReleaseRequest{Resource: "w", Owner: "a", Token: l.Token}); err != nil {
+		t.Fatal(err)
+	}
+	key := s.recKey("w")
+	for i, admit := range []func() error{
+		func() error { return admitToken(s, "w", l.Token) },
+		func() error {
+			errs := make([]error, 1)
+			s.AdmitBatch(ctx, []fencing.AdmitRequest{{Resource: "w", Token: l.Token}}, make([]fencing.Admission, 1), errs)
+			return errs[0]
+		},
+	} {
+		time.Sleep(time.Second) // past the slack: the TTL is due
+		before := pttl(t, srv, key)
+		if err := admit(); err != nil {
+			t.Fatalf("admission %d: %v", i, err)
+		}
+		// A PTTL never grows by itself: a higher one was written.
+		if after := pttl(t, srv, key); after <= before {
+			t.Fatalf("admission %d: PTTL %d ms after, %d before: the record was not kept", i, after, before)
+		}
+	}
+}
+
+// TestRemovedRecordIsNotALoss: a record removed by its retention (here
+// deleted, as expiry deletes it) is not taken for a lost store: a token
+// issued before is refused as stale, the next acquisition (through this gate
+// or another) issues a token above it, and no gate lifts the record or ends
+// the new lease.
+func TestRemovedRecordIsNotALoss(t *testing.T) {
+	srv := valkeytest.Start(t)
+	prefix := freshPrefix()
+	a := openRetention(t, srv.URL(), prefix, time.Hour)
+	b := openRetention(t, srv.URL(), prefix, time.Hour)
+	ctx := context.Background()
+	old := mustAcquire(t, a, "job", "a")
+	mustAdmit(t, a, "job", old.Token)
+	if _, err := a.Release(ctx, fencing.ReleaseRequest{Resource: "job", Owner: "a", Token: old.Token}); err != nil {
+		t.Fatal(err)
+	}
+	srv.MustDo("DEL", a.recKey("job"), a.stateKey("job"))
+
+	for _, g := range []*Store{a, b} {
+		err := admitToken(g, "job", old.Token)
+		wantStaleToken(t, err, true, "a token issued before the removal")
+		if errors.Is(err, fencing.ErrStoreLost) {
+			t.Fatalf("removed record taken for a loss: %v", err)
+		}
+	}
+	if n := srv.MustDo("EXISTS", a.recKey("job")); n != "0" {
+		t.Fatal("a refused admission created the record")
+	}
+	// Re-created through the gate that never saw it.
+	next := mustAcquire(t, b, "job", "b")
+	if next.Token <= old.Token {
+		t.Fatalf("token %d after the removal, want above %d", next.Token, old.Token)
+	}
+	for _, g := range []*Store{a, b} {
+		if err := admitToken(g, "job", next.Token); err != nil {
+			t.Fatalf("the new holder's write: %v", err)
+		}
+		err := admitToken(g, "job", old.Token)
+		if !errors.Is(err, fencing.ErrStaleToken) || errors.Is(err, fencing.ErrStoreLost) {
+			t.Fatalf("a token from before the removal: %v, want stale", err)
+		}
+	}
+	st, err := a.Status(ctx, "job")
+	if err != nil || st.Lease == nil || st.Lease.Token != next.Token {
+		t.Fatalf("status %+v, %v: the new lease was ended", st, err)
+	}
+}
+
+// TestRecreatedBelowSeenIsLoss: a record re-created below a token this gate
+// saw (the server's clock behind it: emulated by a token issued ahead) is
+// still a loss, as before retention.
+func TestRecreatedBelowSeenIsLoss(t *testing.T) {
+	srv := valkeytest.Start(t)
+	prefix := freshPrefix()
+	a := openRetention(t, srv.URL(), prefix, time.Hour)
+	b := openRetention(t, srv.URL(), prefix, time.Hour)
+	x := aheadBy(t, srv, a, "job", "x", time.Minute)
+	mustAdmit(t, a, "job", x.Token)
+	srv.MustDo("DEL", a.recKey("job"), a.liveKey("job"))
+	t1 := mustAcquire(t, b, "job", "t1") // b never saw X: its floor is the clock, below X
+	if t1.Token >= x.Token {
+		t.Fatalf("t1 %d not below X %d", t1.Token, x.Token)
+	}
+	err := admitToken(a, "job", x.Token)
+	if !errors.Is(err, fencing.ErrStoreLost) || !strings.Contains(err.Error(), "refuses every token up to") {
+		t.Fatalf("gate A admitting X on a record re-created below it: %v, want ErrStoreLost and a lift", err)
+	}
+	wantStaleToken(t, admitToken(b, "job", x.Token), true, "X after the lift")
+}
+
+// TestGoneRecordWithClockBehindIsLoss: a record that is gone while a token
+// this gate saw on it is ahead of the server's clock is a loss (the clock
+// cannot refuse that token): the admission lifts the record past it, so
+// that no gate issues a token below it.
+func TestGoneRecordWithClockBehindIsLoss(t *testing.T) {
+	srv := valkeytest.Start(t)
+	prefix := freshPrefix()
+	a := openRetention(t, srv.URL(), prefix, time.Hour)
+	b := openRetention(t, srv.URL(), prefix, time.Hour)
+	x := aheadBy(t, srv, a, "job", "x", time.Minute)
+	mustAdmit(t, a, "job", x.Token)
+	srv.MustDo("DEL", a.recKey("job"), a.liveKey("job"))
+	if err := admitToken(a, "job", x.Token); !errors.Is(err, fencing.ErrStoreLost) {
+		t.Fatalf("X on a gone record, ahead of the clock: %v, want ErrStoreLost", err)
+	}
+	if n := mustAcquire(t, b, "job", "b"); n.Token <= x.Token {
+		t.Fatalf("token %d through a gate that never saw X, want above X %d", n.Token, x.Token)
+	}
+	wantStaleToken(t, admitToken(b, "job", x.Token), true, "X after the lift")
+}
