@@ -69,6 +69,12 @@ func harness(maxState int, withMarker bool) fencingtest.Harness {
 				ClockTokens: true,
 				Retention:   testRetention,
 				Sweep:       func(ctx context.Context) (int, error) { return st.Sweep(ctx) },
+				Delete: func(t testing.TB, res string) {
+					t.Helper()
+					if err := boltstore.DeleteRecord(st, res); err != nil {
+						t.Fatalf("DeleteRecord: %v", err)
+					}
+				},
 				Backup: func(t testing.TB) func(t testing.TB) fencing.Store {
 					t.Helper()
 					var db bytes.Buffer

@@ -1,5 +1,7 @@
 package boltstore
 
+import bolt "go.etcd.io/bbolt"
+
 // SetHooks installs test hooks on s before it is used: afterSave runs
 // after each call of a group saved its record (an error fails that call as
 // a storage failure would); beforeCommit runs before each group commits,
@@ -13,4 +15,18 @@ func Queued(s *Store) int {
 	s.group.mu.Lock()
 	defer s.group.mu.Unlock()
 	return len(s.group.queue)
+}
+
+// DeleteRecord removes a resource's record and checkpoint behind the
+// store's API, as its retention removes them (the conformance suite's
+// DeletedRecord case).
+func DeleteRecord(s *Store, res string) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketRecords).Delete([]byte(res)); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketStates).Delete([]byte(res))
+	})
+	s.marks.forget(res)
+	return err
 }

@@ -80,7 +80,16 @@ func harness() fencingtest.Harness {
 			s.Close()
 			s = openWith(t, schema, testRetention)
 			return s
-		}, ClockTokens: true, Retention: testRetention, Sweep: func(ctx context.Context) (int, error) { return s.Sweep(ctx) }}
+		}, ClockTokens: true, Retention: testRetention, Sweep: func(ctx context.Context) (int, error) { return s.Sweep(ctx) },
+			Delete: func(t testing.TB, res string) {
+				t.Helper()
+				// As the retention's sweep removes an idle record.
+				_, err := s.pool.Exec(context.Background(), `WITH cp AS (DELETE FROM `+schema+`.checkpoints WHERE resource = $1)
+					DELETE FROM `+schema+`.resources WHERE resource = $1`, res)
+				if err != nil {
+					t.Fatalf("deleting %s: %v", res, err)
+				}
+			}}
 	}}
 }
 
