@@ -363,7 +363,9 @@ func TestUpstreamDown(t *testing.T) {
 func TestUpstreamTimeout(t *testing.T) {
 	setup := func(t *testing.T, grace time.Duration) (*env, fencing.Lease, fencing.Lease) {
 		e := newEnv(t, testRules, func(o *Options) {
-			o.UpstreamTimeout = 50 * time.Millisecond
+			// Long enough for the writes that get an answer on a busy
+			// machine: only the "slow" one, which never gets one, times out.
+			o.UpstreamTimeout = time.Second
 			o.BarrierTimeout = 20 * time.Millisecond
 			o.TimeoutGrace = grace
 		})
