@@ -12,13 +12,17 @@
 //
 //	window=first resources=W acquire_p50_us=... acquire_p99_us=... admit_p50_us=... admit_p99_us=...
 //	window=last  resources=W ...
-//	total resources=N seconds=... per_second=... errors=0
+//	total resources=N seconds=... per_second=... errors=0 retries=0
 //
 // "first" is the first W resources (the store holds about W records then),
 // "last" the last W (it holds about N). admit is the round trip of the
 // fenced write through the gate (admission plus forwarding to the
-// upstream). Any failed call counts as an error; run exits 1 when there
-// was one, or stops early after 100.
+// upstream). A call answered 503 (the store did not answer in time: nothing
+// was done, or, for an acquire, possibly done) is retried as a worker would,
+// after its Retry-After (at most 1 s), up to 5 times, and counted in
+// retries; acquire, release and the fenced write are all safe to repeat.
+// Any call that still fails counts as an error; run exits 1 when there was
+// one, or stops early after 100.
 package main
 
 import (
@@ -158,8 +162,8 @@ func run(args []string) error {
 	if last.from >= first.to {
 		last.print()
 	}
-	fmt.Printf("total resources=%d seconds=%.1f per_second=%.0f errors=%d\n", min(next.Load(), *n), took.Seconds(),
-		float64(min(next.Load(), *n))/took.Seconds(), errs.Load())
+	fmt.Printf("total resources=%d seconds=%.1f per_second=%.0f errors=%d retries=%d\n", min(next.Load(), *n), took.Seconds(),
+		float64(min(next.Load(), *n))/took.Seconds(), errs.Load(), retries.Load())
 	if errs.Load() > 0 {
 		return fmt.Errorf("%d calls failed", errs.Load())
 	}
@@ -189,10 +193,27 @@ func oneResource(c *http.Client, api, gate, id string, i int64) (acq, adm time.D
 	return acq, adm, err
 }
 
+// retries counts the calls repeated after a 503.
+var retries atomic.Int64
+
+// call makes one API or gate call, repeating it after a 503 as a worker
+// would (see the package doc), and decodes a 2xx answer into out.
 func call(c *http.Client, method, url, body string, h http.Header, out any) error {
+	for attempt := 1; ; attempt++ {
+		again, err := callOnce(c, method, url, body, h, out)
+		if !again || attempt == 5 {
+			return err
+		}
+		retries.Add(1)
+	}
+}
+
+// callOnce makes one call; again reports a 503, after waiting its
+// Retry-After (at most 1 s).
+func callOnce(c *http.Client, method, url, body string, h http.Header, out any) (again bool, err error) {
 	req, err := http.NewRequest(method, url, bytes.NewReader([]byte(body)))
 	if err != nil {
-		return err
+		return false, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range h {
@@ -200,18 +221,27 @@ func call(c *http.Client, method, url, body string, h http.Header, out any) erro
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("%s %s: %d %s", method, url, resp.StatusCode, bytes.TrimSpace(b))
+		err = fmt.Errorf("%s %s: %d %s", method, url, resp.StatusCode, bytes.TrimSpace(b))
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			return false, err
+		}
+		wait := time.Second
+		if s, _ := strconv.Atoi(resp.Header.Get("Retry-After")); s >= 0 && time.Duration(s)*time.Second < wait {
+			wait = time.Duration(s) * time.Second
+		}
+		time.Sleep(wait)
+		return true, err
 	}
 	if out != nil {
-		return json.Unmarshal(b, out)
+		return false, json.Unmarshal(b, out)
 	}
-	return nil
+	return false, nil
 }
