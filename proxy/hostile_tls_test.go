@@ -19,11 +19,21 @@ import (
 	"github.com/fencegate/fencegate/internal/certs/certstest"
 )
 
-// tlsHostile is a gate serving HTTPS (the general engine, as the binary
-// serves FENCEGATE_PROXY_TLS_CERT) and the client side of its TLS.
+// tlsHostile is a gate serving HTTPS (as the binary serves
+// FENCEGATE_PROXY_TLS_CERT: HTTP/1.1 on the event loops through a TLS
+// relay, HTTP/2 on the general engine; or, with noLoops, as
+// FENCEGATE_TLS_LOOPS=false does, everything on the general engine) and
+// the client side of its TLS.
 type tlsHostile struct {
 	server, client *tls.Config
+	noLoops        bool
 }
+
+// tlsWays are the two ways a TLS listener is served, named for subtests.
+var tlsWays = []struct {
+	name    string
+	noLoops bool
+}{{"", false}, {" (general engine)", true}}
 
 func newTLSHostile(t *testing.T) tlsHostile {
 	t.Helper()
@@ -37,7 +47,7 @@ func newTLSHostile(t *testing.T) tlsHostile {
 // env serves the hostile gate over TLS; its clients offer protos by ALPN.
 func (h tlsHostile) env(t *testing.T, header bool, protos ...string) *hostileEnv {
 	t.Helper()
-	e := newHostileEnvOn(t, header, hostileWay{server: ServerOptions{HeaderTimeout: time.Second, TLS: h.server}})
+	e := newHostileEnvOn(t, header, hostileWay{server: ServerOptions{HeaderTimeout: time.Second, TLS: h.server, NoTLSLoops: h.noLoops}})
 	cfg := h.client.Clone()
 	cfg.NextProtos = protos
 	e.dial = func() (net.Conn, error) {
@@ -51,13 +61,17 @@ func (h tlsHostile) env(t *testing.T, header bool, protos ...string) *hostileEnv
 	return e
 }
 
-// tlsHTTP1Answers are the shapes whose answer on the TLS listener differs
-// from the cleartext one, and why. net/http's server refuses a head it
-// cannot read with a canned plain-text answer before the gate sees the
-// request; on a cleartext listener the gate rewrites it into a problem
-// (canned.go), under TLS it cannot (the connection carries ciphertext), so
-// the client reads net/http's own status without a problem code. Nothing
-// is forwarded either way: the upstream's record is judged the same.
+// tlsHTTP1Answers are the shapes whose answer on a TLS listener served by
+// the general engine alone (FENCEGATE_TLS_LOOPS=false) differs from the
+// cleartext one, and why. net/http's server refuses a head it cannot read
+// with a canned plain-text answer before the gate sees the request; on a
+// cleartext listener the gate rewrites it into a problem (canned.go),
+// under TLS it cannot (the connection carries ciphertext), so the client
+// reads net/http's own status without a problem code. Nothing is
+// forwarded either way: the upstream's record is judged the same. With
+// the event loops serving TLS (the default), the loops and the general
+// engine they hand over to see plaintext, and every shape gets its
+// cleartext answer.
 var tlsHTTP1Answers = map[string][]string{
 	// Request lines net/http does not read.
 	"two spaces after method":   {"400"},
@@ -99,25 +113,46 @@ var tlsHTTP1Answers = map[string][]string{
 // TestHostileClientsTLS runs the hostile suite's shapes (hostileCases)
 // over TLS: the same raw bytes after an HTTP/1.1 handshake (ALPN
 // http/1.1) to the gate's TLS listener, judged from the upstream's own
-// record as on cleartext.
+// record as on cleartext; every request forwarded says it came over TLS
+// from the client's address, whether the loops forwarded it or the
+// general engine they handed it to. Both ways a TLS listener is served.
 func TestHostileClientsTLS(t *testing.T) {
-	h := newTLSHostile(t)
 	cases := hostileCases()
 	for name := range tlsHTTP1Answers {
 		if !slices.ContainsFunc(cases, func(c hostileCase) bool { return c.name == name }) {
 			t.Errorf("tlsHTTP1Answers names %q, which is no hostile shape", name)
 		}
 	}
-	for _, c := range cases {
-		want := c.want
-		if w, ok := tlsHTTP1Answers[c.name]; ok {
-			want = w
+	for _, way := range tlsWays {
+		h := newTLSHostile(t)
+		h.noLoops = way.noLoops
+		for _, c := range cases {
+			want := c.want
+			if w, ok := tlsHTTP1Answers[c.name]; ok && h.noLoops {
+				want = w
+			}
+			t.Run(c.name+way.name, func(t *testing.T) {
+				t.Parallel()
+				e := h.env(t, c.header, "http/1.1")
+				e.judge(t, c.raw, want, c.forwarded)
+				checkForwardedTLS(t, e)
+			})
 		}
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			e := h.env(t, c.header, "http/1.1")
-			e.judge(t, c.raw, want, c.forwarded)
-		})
+	}
+}
+
+// checkForwardedTLS checks that every request the upstream received says
+// it came over TLS from the client (the test's loopback address), not
+// from the relay's socket pair.
+func checkForwardedTLS(t *testing.T, e *hostileEnv) {
+	t.Helper()
+	for _, s := range e.up.requests() {
+		if p := s.Header.Get("X-Forwarded-Proto"); p != "https" {
+			t.Errorf("%s %s: X-Forwarded-Proto %q, want https", s.Method, s.Target, p)
+		}
+		if f := s.Header.Get("X-Forwarded-For"); f != "127.0.0.1" {
+			t.Errorf("%s %s: X-Forwarded-For %q, want 127.0.0.1", s.Method, s.Target, f)
+		}
 	}
 }
 
@@ -218,7 +253,14 @@ var tlsH2Answers = map[string][]string{
 // malformed lines and fields, upgrades, pipelining) have HTTP/2
 // counterparts of their own in TestHTTP2Abuse.
 func TestHostileClientsH2TLS(t *testing.T) {
-	h := newTLSHostile(t)
+	for _, way := range tlsWays {
+		h := newTLSHostile(t)
+		h.noLoops = way.noLoops
+		testHostileClientsH2TLS(t, h, way.name)
+	}
+}
+
+func testHostileClientsH2TLS(t *testing.T, h tlsHostile, wayName string) {
 	cases := hostileCases()
 	for name := range tlsH2Answers {
 		if !slices.ContainsFunc(cases, func(c hostileCase) bool { return c.name == name }) {
@@ -239,7 +281,7 @@ func TestHostileClientsH2TLS(t *testing.T) {
 		if w, ok := tlsH2Answers[c.name]; ok {
 			want = w
 		}
-		t.Run(c.name, func(t *testing.T) {
+		t.Run(c.name+wayName, func(t *testing.T) {
 			t.Parallel()
 			e := h.env(t, c.header, "h2")
 			conn, err := e.dial()
@@ -252,6 +294,7 @@ func TestHostileClientsH2TLS(t *testing.T) {
 			e.judgeUpstream(t, c.forwarded, func(method, target string) bool {
 				return method == s.method && target == s.path
 			})
+			checkForwardedTLS(t, e)
 		})
 	}
 	t.Logf("%d of %d shapes mean the same in HTTP/2", ran, len(cases))
@@ -329,7 +372,7 @@ func (h tlsHostile) way() h2way {
 	cfg := h.client.Clone()
 	cfg.NextProtos = []string{"h2"}
 	return h2way{
-		opts:   ServerOptions{TLS: h.server},
+		opts:   ServerOptions{TLS: h.server, NoTLSLoops: h.noLoops},
 		scheme: "https",
 		dial: func(addr string) (net.Conn, error) {
 			c, err := tls.Dial("tcp", addr, cfg)
@@ -350,11 +393,21 @@ func (h tlsHostile) way() h2way {
 // TestH2TLSStreamsAreJudgedLikeHTTP1 is TestH2CStreamsAreJudgedLikeHTTP1
 // over TLS: HTTP/2 by ALPN.
 func TestH2TLSStreamsAreJudgedLikeHTTP1(t *testing.T) {
-	testH2StreamsJudged(t, newTLSHostile(t).way())
+	for _, way := range tlsWays {
+		h := newTLSHostile(t)
+		h.noLoops = way.noLoops
+		t.Run("loops"+way.name, func(t *testing.T) { testH2StreamsJudged(t, h.way()) })
+	}
 }
 
 // TestHTTP2AbuseTLS is TestHTTP2Abuse over TLS: HTTP/2 by ALPN.
-func TestHTTP2AbuseTLS(t *testing.T) { testHTTP2Abuse(t, newTLSHostile(t).way()) }
+func TestHTTP2AbuseTLS(t *testing.T) {
+	for _, way := range tlsWays {
+		h := newTLSHostile(t)
+		h.noLoops = way.noLoops
+		t.Run("loops"+way.name, func(t *testing.T) { testHTTP2Abuse(t, h.way()) })
+	}
+}
 
 // TestH2ContentLengthNotANumber: net/http's HTTP/2 server reads a
 // content-length that is not a number as 0 and starts the handler before

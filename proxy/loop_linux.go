@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/http"
@@ -67,7 +68,8 @@ const loopTick = 20 * time.Millisecond
 type loopEngine struct {
 	s        *Server
 	g        *Gate
-	lnFD     int
+	lnFD     int          // the listener the loops accept from; -1 for a TLS listener
+	tlsLn    net.Listener // a TLS listener: accepted by a goroutine, handshakes in Go (looptls_linux.go)
 	loops    []*eventLoop
 	next     atomic.Uint32
 	upConns  atomic.Int64 // upstream connections open or being dialed
@@ -95,31 +97,38 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 	if !ok || s.g.upstream.Scheme != "http" || s.g.noWriteReuse || s.noLoops {
 		return nil, nil
 	}
-	raw, err := tl.SyscallConn()
-	if err != nil {
-		return nil, nil
-	}
 	lnFD := -1
-	var dupErr error
-	if err := raw.Control(func(fd uintptr) { lnFD, dupErr = unix.Dup(int(fd)) }); err != nil {
-		return nil, err
-	}
-	if dupErr != nil {
-		return nil, dupErr
-	}
-	if err := unix.SetNonblock(lnFD, true); err != nil {
-		unix.Close(lnFD)
-		return nil, err
+	if s.tls == nil {
+		raw, err := tl.SyscallConn()
+		if err != nil {
+			return nil, nil
+		}
+		var dupErr error
+		if err := raw.Control(func(fd uintptr) { lnFD, dupErr = unix.Dup(int(fd)) }); err != nil {
+			return nil, err
+		}
+		if dupErr != nil {
+			return nil, dupErr
+		}
+		if err := unix.SetNonblock(lnFD, true); err != nil {
+			unix.Close(lnFD)
+			return nil, err
+		}
 	}
 	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.upstreamConns), done: make(chan struct{}),
 		handed: make(map[*handedConn]bool)}
+	if s.tls != nil {
+		e.tlsLn = ln
+	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	for range loopCount(runtime.GOMAXPROCS(0)) {
 		l, err := newEventLoop(e)
 		if err != nil {
 			e.cancel()
 			e.closeLoops()
-			unix.Close(lnFD)
+			if lnFD >= 0 {
+				unix.Close(lnFD)
+			}
 			return nil, err
 		}
 		e.loops = append(e.loops, l)
@@ -141,6 +150,9 @@ func (e *loopEngine) serve() error {
 	for _, l := range e.loops {
 		e.wg.Go(l.run)
 	}
+	if e.tlsLn != nil {
+		e.goTracked(e.acceptTLS)
+	}
 	<-e.done
 	e.doneOnce.Do(func() {}) // waits for stop's cleanup
 	return nil
@@ -151,6 +163,10 @@ func (e *loopEngine) goTracked(f func()) { e.work.Go(f) }
 
 func (e *loopEngine) stopAccepting() {
 	if e.closing.Swap(true) {
+		return
+	}
+	if e.tlsLn != nil {
+		_ = e.tlsLn.Close() // ends acceptTLS
 		return
 	}
 	for _, l := range e.loops {
@@ -239,7 +255,9 @@ func (e *loopEngine) stop() {
 		close(e.done)
 		e.wg.Wait()
 		e.closeLoops()
-		unix.Close(e.lnFD)
+		if e.lnFD >= 0 {
+			unix.Close(e.lnFD)
+		}
 		e.work.Wait()
 	})
 }
@@ -293,6 +311,9 @@ func newEventLoop(e *loopEngine) (*eventLoop, error) {
 	l.pool.l = l
 	l.br = bufio.NewReaderSize(&l.rd, upstreamReadBuffer+1)
 	l.hdr = make(http.Header, 2)
+	if e.lnFD < 0 {
+		return l, nil // a TLS listener: acceptTLS adds the connections
+	}
 	if err := p.Add(e.lnFD, unix.EPOLLIN|unix.EPOLLEXCLUSIVE); err != nil {
 		p.Close()
 		return nil, err
@@ -433,18 +454,25 @@ func (l *eventLoop) accept() {
 		}
 		to := e.loops[int(e.next.Add(1))%len(e.loops)]
 		if to == l {
-			l.add(fd, sa)
-		} else if !to.post(func() { to.add(fd, sa) }) {
+			l.add(fd, tcpAddr(sa), nil)
+		} else if !to.post(func() { to.add(fd, tcpAddr(sa), nil) }) {
 			unix.Close(fd) // that loop has stopped
 			e.s.limit.Release()
 		}
 	}
 }
 
-// add starts serving client connection fd.
-func (l *eventLoop) add(fd int, sa unix.Sockaddr) {
-	c := &loopConn{Sock: evloop.Sock{FD: fd}, l: l, remote: tcpAddr(sa)}
-	c.ctx.Init2(c, nil, false)
+// add starts serving client connection fd, from remote. tlsState is
+// the connection's TLS, for one whose TLS a relay terminates (fd is then
+// the loop's end of the relay's socket pair, see looptls_linux.go), or
+// nil.
+func (l *eventLoop) add(fd int, remote *net.TCPAddr, tlsState *tls.ConnectionState) {
+	c := &loopConn{Sock: evloop.Sock{FD: fd}, l: l, remote: remote, tls: tlsState}
+	if tlsState != nil {
+		c.ctx.Init2(loopTLSConn{c}, nil, false) // IsTLS: X-Forwarded-Proto https
+	} else {
+		c.ctx.Init2(c, nil, false)
+	}
 	c.enter(stHead)
 	l.clients[c] = struct{}{}
 	l.fds[fd] = c
@@ -522,15 +550,18 @@ func (l *eventLoop) handoff(c *loopConn) {
 	nc, err := net.FileConn(f) // a duplicate, in Go's poller
 	f.Close()
 	if err != nil {
-		l.e.s.limit.Release()
+		c.releaseSlot()
 		return
 	}
 	h := &handedConn{pre: bytes.Clone(c.In), e: l.e}
+	if c.tls != nil {
+		h.remote, h.tls = c.remote, c.tls // the relay's client, not the socket pair
+	}
 	h.Conn = connlimit.Counted(nc, func() {
 		l.e.mu.Lock()
 		delete(l.e.handed, h)
 		l.e.mu.Unlock()
-		l.e.s.limit.Release()
+		c.releaseSlot()
 	})
 	l.e.mu.Lock()
 	l.e.handed[h] = false
@@ -552,7 +583,22 @@ type handedConn struct {
 	*connlimit.Conn
 	pre []byte
 	e   *loopEngine
+	// For a connection whose TLS a relay terminates: the client's
+	// address and TLS, which the socket pair under Conn does not have.
+	remote net.Addr
+	tls    *tls.ConnectionState
 }
+
+// RemoteAddr is the client's address.
+func (h *handedConn) RemoteAddr() net.Addr {
+	if h.remote != nil {
+		return h.remote
+	}
+	return h.Conn.RemoteAddr()
+}
+
+// tlsState is the TLS of a connection a relay terminates, or nil.
+func (h *handedConn) tlsState() *tls.ConnectionState { return h.tls }
 
 func (h *handedConn) Read(p []byte) (int, error) {
 	if len(h.pre) > 0 {

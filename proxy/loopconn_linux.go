@@ -3,6 +3,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"io"
 	"net"
 	"os"
@@ -80,6 +81,7 @@ type loopConn struct {
 	evloop.Sock
 	l        *eventLoop
 	remote   *net.TCPAddr
+	tls      *tls.ConnectionState // a connection whose TLS a relay terminates (looptls_linux.go); nil: cleartext
 	state    connState
 	deadline time.Time // of the current step; zero: none
 	closed   bool
@@ -240,7 +242,7 @@ func (c *loopConn) close() {
 	c.l.forget(c)
 	c.fdClosed = true
 	unix.Close(c.FD)
-	c.l.e.s.limit.Release()
+	c.releaseSlot()
 	if u := c.detach(); u != nil {
 		u.close()
 	}
@@ -272,3 +274,20 @@ func (c *loopConn) SetDeadline(time.Time) error { return nil }
 func (c *loopConn) SetReadDeadline(time.Time) error { return nil }
 
 func (c *loopConn) SetWriteDeadline(time.Time) error { return nil }
+
+// releaseSlot gives back c's place under the connection cap, when c holds
+// it: a connection whose TLS a relay terminates holds none (its relay
+// does, until the client's connection is closed).
+func (c *loopConn) releaseSlot() {
+	if c.tls == nil {
+		c.l.e.s.limit.Release()
+	}
+}
+
+// loopTLSConn is a loopConn whose TLS a relay terminates, for
+// fasthttp.RequestCtx: IsTLS and TLSConnectionState see its TLS.
+type loopTLSConn struct{ *loopConn }
+
+func (c loopTLSConn) Handshake() error { return nil }
+
+func (c loopTLSConn) ConnectionState() tls.ConnectionState { return *c.tls }

@@ -65,9 +65,14 @@ type ServerOptions struct {
 	// TLS, when set, makes the listener serve HTTPS (TLS 1.2 or later),
 	// HTTP/2 by ALPN beside HTTP/1.1; with ClientCAs and
 	// RequireAndVerifyClientCert it is mutual TLS. Its GetCertificate or
-	// GetConfigForClient may change certificates while serving. The
-	// general engine serves a TLS listener.
+	// GetConfigForClient may change certificates while serving. On
+	// Linux, the event loops serve its HTTP/1.1 connections through a
+	// relay that terminates TLS in Go (looptls_linux.go), the general
+	// engine its HTTP/2 ones.
 	TLS *tls.Config
+	// NoTLSLoops serves a TLS listener with the general engine alone
+	// (FENCEGATE_TLS_LOOPS=false).
+	NoTLSLoops bool
 	// H2C serves HTTP/2 with prior knowledge on a cleartext listener
 	// (FENCEGATE_PROXY_H2C). Off, such a connection is refused.
 	H2C bool
@@ -124,7 +129,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		limit:         connlimit.NewCounter(opts.MaxConns, 0),
 		noRing:        opts.NoIOURing,
 		noMarks:       opts.NoMarkReaders,
-		noLoops:       opts.NoEventLoops || opts.TLS != nil,
+		noLoops:       opts.NoEventLoops || opts.TLS != nil && opts.NoTLSLoops,
 		handoff:       newHandoffListener(),
 	}
 	protos := new(http.Protocols)
@@ -139,7 +144,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		protos.SetUnencryptedHTTP2(true)
 	}
 	s.hs = &http.Server{
-		Handler:           g,
+		Handler:           tlsFacts{g},
 		ReadHeaderTimeout: s.headerTimeout,
 		IdleTimeout:       s.idleTimeout,
 		// net/http allows 4 KiB beyond MaxHeaderBytes.
@@ -152,7 +157,8 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 			MaxDecoderHeaderTableSize: 4096,
 			MaxReadFrameSize:          1 << 14,
 		},
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		ConnContext: connContext,
 		// Connections the loops handed over: idle or not, for Shutdown.
 		ConnState: func(c net.Conn, st http.ConnState) {
 			if st != http.StateIdle && st != http.StateActive {
@@ -187,6 +193,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		go func() { _ = s.hs.Serve(s.handoff) }()
 		return e.serve()
 	}
+	// The general engine serves the listener.
 	var l net.Listener = &connlimit.Listener{Listener: ln, Counter: s.limit}
 	if s.tls != nil {
 		l = tls.NewListener(l, s.tls)
@@ -243,6 +250,36 @@ func (s *Server) closeListener() {
 		_ = ln.Close()
 	}
 	_ = s.handoff.Close()
+}
+
+// tlsFacts gives the general engine the TLS of a connection the loops
+// handed over whose TLS a relay terminates (looptls_linux.go): net/http
+// sees a plaintext socket, the gate must see the client's TLS
+// (X-Forwarded-Proto https), as for a *tls.Conn. The client's address
+// is the handed connection's RemoteAddr.
+type tlsFacts struct{ g *Gate }
+
+// tlsStateKey finds a handed connection's TLS in its requests' context.
+type tlsStateKey struct{}
+
+func (f tlsFacts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.TLS == nil {
+		if st, ok := r.Context().Value(tlsStateKey{}).(*tls.ConnectionState); ok {
+			r.TLS = st
+		}
+	}
+	f.g.ServeHTTP(w, r)
+}
+
+// connContext notes the TLS of a handed connection whose TLS a relay
+// terminates (see tlsFacts).
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	if t, ok := unwrapConn(c).(interface{ tlsState() *tls.ConnectionState }); ok {
+		if st := t.tlsState(); st != nil {
+			return context.WithValue(ctx, tlsStateKey{}, st)
+		}
+	}
+	return ctx
 }
 
 // headTimeoutProblem is the answer to a request whose head did not arrive

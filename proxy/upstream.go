@@ -124,7 +124,7 @@ func (g *Gate) upstreamHeaders(x *exchange, upgrade bool, add func(k, v []byte))
 		add(hdrForwardedFor, vals)
 	}
 	add(hdrForwardedHost, requestHost(in.RequestURI(), in.Host()))
-	if x.c.IsTLS() { // never, today: the loops serve cleartext only
+	if x.c.IsTLS() { // a connection whose TLS a relay terminates (looptls_linux.go)
 		add(hdrForwardedProto, hdrHTTPS)
 	} else {
 		add(hdrForwardedProto, hdrHTTP)
