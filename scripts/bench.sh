@@ -44,7 +44,12 @@
 #      PUT on one resource (h2load sends one header set; tokens differ per
 #      resource), one run per target.
 #
-# ./scripts/bench.sh -t runs phase 4 only (and starts only the TLS gates).
+#      Then the TLS rows at one connection (latency) and at $BENCH_MANY
+#      connections (RSS), as in 2 and 3.
+#
+# ./scripts/bench.sh -t runs phase 4 only (and starts only the TLS gates;
+# there, each BENCH_SWITCHES entry is one more TLS gate, say
+# BENCH_SWITCHES="memory:TLS_LOOPS=false").
 #
 # Environment: BENCH_DURATION (5s), BENCH_ROUNDS (5), BENCH_CONNS (50),
 # BENCH_MANY (1000), BENCH_RESOURCES (64), BENCH_STORES ("memory file
@@ -279,7 +284,8 @@ esac
 # --- the gates -----------------------------------------------------------
 declare -A gate_port gate_pid gate_api
 # A gate per store, then one per switch (named STORE+VAR=VALUE), then one
-# per store serving TLS (named tls-STORE); with -t only the last.
+# per store serving TLS (named tls-STORE); with -t only the last, and one
+# TLS gate per switch (tls-STORE+VAR=VALUE).
 gates=""
 tls_gates=""
 if [ -z "$TLS_ONLY" ]; then
@@ -292,6 +298,14 @@ if [ -z "$TLS_ONLY" ]; then
 	done
 fi
 for store in $STORES; do tls_gates+=" tls-$store"; done
+if [ -n "$TLS_ONLY" ]; then
+	for sw in $SWITCHES; do
+		case $sw in
+		*:*=*) tls_gates+=" tls-${sw%%:*}+${sw#*:}" ;;
+		*) say "BENCH_SWITCHES entry $sw is not STORE:VAR=VALUE"; exit 1 ;;
+		esac
+	done
+fi
 for store in $gates $tls_gates; do
 	base=${store#tls-}
 	base=${base%%+*}
@@ -302,8 +316,8 @@ for store in $gates $tls_gates; do
 		extra=("FENCEGATE_PROXY_TLS_CERT=$tmp/tls/srv.crt" "FENCEGATE_PROXY_TLS_KEY=$tmp/tls/srv.key")
 		prefix=bench-tls-$base
 		;;
-	*+*) extra=("FENCEGATE_${store#*+}") ;;
 	esac
+	case $store in *+*) extra+=("FENCEGATE_${store#*+}") ;; esac
 	case $base in
 	memory) url="memory:" ;;
 	file) url="file:$tmp/gate-file-$(echo "$store" | tr -c 'A-Za-z0-9\n' _).db" ;;
@@ -482,6 +496,51 @@ rounds() {
 	done
 }
 
+# one_connection TARGET...: each target at one connection, direct first.
+one_connection() {
+	: >"$tmp/c1"
+	for t in "$@"; do
+		echo "$t $(run "$t" 1 1)" >>"$tmp/c1"
+	done
+	awk '
+{ t[NR] = $1; p[NR] = $3; rps[NR] = $2; if ($1 == "direct") d = $3 }
+END {
+	printf "  %-31s %10s %9s %11s\n", "target", "req/s", "p50 µs", "added µs"
+	for (i = 1; i <= NR; i++) printf "  %-31s %10.0f %9.0f %11s\n", t[i], rps[i], p[i], t[i] == "direct" ? "–" : sprintf("%+.0f", p[i] - d)
+}' "$tmp/c1"
+}
+kib() { awk -v k="$1" '/^'"$1"':/ {print $2}' "/proc/$2/status"; }
+# many TARGET...: each target at $MANY connections, with the gates' RSS.
+many() {
+	local t store wpid rss gor rps p50 p99 st se hwm
+	printf "  %-31s %10s %9s %9s %12s %12s %11s %8s\n" target req/s "p50 µs" "p99 µs" "RSS MiB" "peak MiB" goroutines errors
+	for t in "$@"; do
+		store=${t#gate-}
+		run "$t" "$MANY" "$THREADS" >"$tmp/many" &
+		wpid=$!
+		pids+=($wpid)
+		rss=0
+		gor="–"
+		sleep "$(awk -v d="${DURATION%s}" 'BEGIN{print d/2}')"
+		case $t in
+		gate-*)
+			rss=$(kib VmRSS "${gate_pid[$store]}")
+			gor=$(curl -fs "http://127.0.0.1:${gate_api[$store]}/metrics" | awk '/^go_goroutines /{print $2}' || true)
+			;;
+		esac
+		wait "$wpid"
+		read -r rps p50 p99 st se _ <"$tmp/many"
+		case $t in
+		gate-*)
+			hwm=$(kib VmHWM "${gate_pid[$store]}")
+			printf "  %-31s %10.0f %9.0f %9.0f %12.1f %12.1f %11s %8d\n" "$t" "$rps" "$p50" "$p99" \
+				"$(awk -v k="$rss" 'BEGIN{print k/1024}')" "$(awk -v k="$hwm" 'BEGIN{print k/1024}')" "${gor:-–}" $((st + se))
+			;;
+		*) printf "  %-31s %10.0f %9.0f %9.0f %12s %12s %11s %8d\n" "$t" "$rps" "$p50" "$p99" – – – $((st + se)) ;;
+		esac
+	done
+}
+
 if [ -z "$TLS_ONLY" ]; then
 # --- 1. throughput ---------------------------------------------------------
 say "throughput: $ROUNDS rounds at $CONNS connections"
@@ -492,46 +551,14 @@ echo
 
 # --- 2. one connection -----------------------------------------------------
 say "latency: one connection"
-: >"$tmp/c1"
-for t in "${targets[@]}"; do
-	echo "$t $(run "$t" 1 1)" >>"$tmp/c1"
-done
 echo "One connection (median latency; added = what the hop adds to direct):"
-awk '
-{ t[NR] = $1; p[NR] = $3; rps[NR] = $2; if ($1 == "direct") d = $3 }
-END {
-	printf "  %-31s %10s %9s %11s\n", "target", "req/s", "p50 µs", "added µs"
-	for (i = 1; i <= NR; i++) printf "  %-31s %10.0f %9.0f %11s\n", t[i], rps[i], p[i], t[i] == "direct" ? "–" : sprintf("%+.0f", p[i] - d)
-}' "$tmp/c1"
+one_connection "${targets[@]}"
 echo
 
 # --- 3. many clients -------------------------------------------------------
 say "memory: $MANY connections"
 echo "$MANY connections (RSS sampled during the run; peak = VmHWM over the process's life):"
-printf "  %-31s %10s %9s %9s %12s %12s %11s %8s\n" target req/s "p50 µs" "p99 µs" "RSS MiB" "peak MiB" goroutines errors
-kib() { awk -v k="$1" '/^'"$1"':/ {print $2}' "/proc/$2/status"; }
-for t in "${targets[@]:1}"; do
-	store=${t#gate-}
-	run "$t" "$MANY" "$THREADS" >"$tmp/many" &
-	wpid=$!
-	pids+=($wpid)
-	rss=0
-	gor="–"
-	sleep "$(awk -v d="${DURATION%s}" 'BEGIN{print d/2}')"
-	if [ "$t" != nginx ] && [ "$t" != haproxy ]; then
-		rss=$(kib VmRSS "${gate_pid[$store]}")
-		gor=$(curl -fs "http://127.0.0.1:${gate_api[$store]}/metrics" | awk '/^go_goroutines /{print $2}' || true)
-	fi
-	wait "$wpid"
-	read -r rps p50 p99 st se _ <"$tmp/many"
-	if [ "$t" = nginx ] || [ "$t" = haproxy ]; then
-		printf "  %-31s %10.0f %9.0f %9.0f %12s %12s %11s %8d\n" "$t" "$rps" "$p50" "$p99" – – – $((st + se))
-	else
-		hwm=$(kib VmHWM "${gate_pid[$store]}")
-		printf "  %-31s %10.0f %9.0f %9.0f %12.1f %12.1f %11s %8d\n" "$t" "$rps" "$p50" "$p99" \
-			"$(awk -v k="$rss" 'BEGIN{print k/1024}')" "$(awk -v k="$hwm" 'BEGIN{print k/1024}')" "${gor:-–}" $((st + se))
-	fi
-done
+many "${targets[@]:1}"
 echo
 fi
 
@@ -540,6 +567,14 @@ say "TLS: $ROUNDS rounds at $CONNS connections"
 rounds "$tmp/tls-results" "${tls_targets[@]}"
 echo "TLS (HTTPS, HTTP/1.1 keep-alive), $CONNS connections (median of $ROUNDS rounds; ÷ nginx and ÷ haproxy: their TLS rows; ÷ direct: the cleartext upstream):"
 throughput "$tmp/tls-results" nginx-tls haproxy-tls "${tls_targets[@]}"
+echo
+say "TLS latency: one connection"
+echo "TLS, one connection (median latency; added = what the hop adds to direct, the cleartext upstream):"
+one_connection "${tls_targets[@]}"
+echo
+say "TLS memory: $MANY connections"
+echo "TLS, $MANY connections (RSS sampled during the run; peak = VmHWM over the process's life):"
+many "${tls_targets[@]:1}"
 echo
 if has h2load; then
 	say "HTTP/2: $H2_CONNS connections x $H2_STREAMS streams"

@@ -250,6 +250,7 @@ func (l *listener) listen() error {
 			NoIOURing:     !l.cfg.IOURing,
 			H2C:           l.cfg.ProxyH2C,
 			NoMarkReaders: !l.cfg.MarkReaders,
+			NoTLSLoops:    !l.cfg.TLSLoops,
 		}
 		if l.tls != nil {
 			opts.TLS = l.tls.TLSConfig() // HTTP/2 by ALPN; certificates re-read on SIGHUP
