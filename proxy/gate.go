@@ -37,14 +37,15 @@
 // exactly the path bytes that were judged. See Gate.decide.
 //
 // The engines (see Server): on Linux, event loops (one per two CPUs,
-// epoll) serve a cleartext listener and forward plain HTTP/1.1 requests
+// epoll) serve a TCP listener (a TLS one through a relay that terminates
+// TLS in Go, looptls_linux.go) and forward plain HTTP/1.1 requests
 // themselves, without a goroutine per request, admitting in the loop, in
 // batches or on a goroutine as the store allows (loop_linux.go); a request
 // they do not take (a large or chunked body, an upgrade, Expect, HTTP/1.0,
 // a head they do not read) hands its connection to the general engine,
 // net/http's server with the gate as its handler (httpengine.go), which
 // serves it from then on and forwards through net/http's transport. The
-// general engine alone serves TLS listeners (HTTP/2 by ALPN), h2c, gRPC,
+// general engine alone serves HTTP/2 (by ALPN on TLS), h2c, gRPC,
 // Unix-socket and HTTP/2 upstreams, and every listener off Linux. Both
 // take the same decision (decide), admission pipeline (admitWrite) and
 // upstream policy (policy.go). Bodies up to Options.BodyBuffer bytes are

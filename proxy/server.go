@@ -83,13 +83,15 @@ type ServerOptions struct {
 
 // Server serves a Gate on a listener.
 //
-// Two engines serve it. On Linux, a cleartext TCP listener in front of an
-// http upstream is served by event loops (one per two CPUs, see
-// loop_linux.go) that forward plain HTTP/1.1 requests themselves and hand
-// every other connection to the general engine: net/http's server (TLS,
-// HTTP/2, h2c, gRPC, upgrades, streamed bodies), forwarding through
-// net/http's transport (httpengine.go). Both take the same decision,
-// admission pipeline and answers.
+// Two engines serve it. On Linux, a TCP listener in front of an http
+// upstream is served by event loops (one per two CPUs, see loop_linux.go)
+// that forward plain HTTP/1.1 requests themselves and hand every other
+// connection to the general engine: net/http's server (HTTP/2, h2c, gRPC,
+// upgrades, streamed bodies), forwarding through net/http's transport
+// (httpengine.go). On a TLS listener, the loops get the HTTP/1.1
+// connections through a relay that terminates TLS in Go
+// (looptls_linux.go), the general engine those that chose HTTP/2. Both
+// take the same decision, admission pipeline and answers.
 type Server struct {
 	g             *Gate
 	hs            *http.Server
