@@ -526,6 +526,11 @@ func (l *eventLoop) closeAll() {
 	for c := range l.clients {
 		c.close()
 	}
+	for _, o := range l.fds {
+		if p, ok := o.(interface{ shutPump() }); ok {
+			p.shutPump() // a TLS connection's pump (looptls_linux.go)
+		}
+	}
 	for _, f := range work {
 		l.step(f)
 	}

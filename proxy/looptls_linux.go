@@ -6,14 +6,15 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
-	"os"
-	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/fencegate/fencegate/internal/connlimit"
+	"github.com/fencegate/fencegate/internal/evloop"
 )
 
 // TLS on the event loops. The loops speak plaintext through their own
@@ -29,26 +30,24 @@ import (
 //     end is registered with a loop as an accepted connection that knows
 //     the client's address and TLS (X-Forwarded-Proto https, the client's
 //     IP in X-Forwarded-For and the logs, the same on a hand-off to the
-//     general engine); the relay copies plaintext between the *tls.Conn
-//     and the other end, one goroutine per direction.
+//     general engine); the other end and the client's TCP socket go to
+//     the same loop as a tlsPump, which moves bytes between them on the
+//     loop's thread: ciphertext read from the client is decrypted by the
+//     connection's *tls.Conn, fed from memory (tlsConnIO), and written to
+//     the pair; what the loop writes to the pair is encrypted and written
+//     to the client. No goroutine runs for the connection once its
+//     handshake is done.
 //
-// The relay holds the connection's place under the connection cap until
-// the client's connection is closed. It ends, both goroutines and every
-// descriptor, when the loop closes its end (the loop's timeouts, a
-// close after an answer, Shutdown's drain, Close), when the client
-// closes or resets its connection, when a write to the client stalls
-// for the idle timeout, or when the engine stops. Buffers are bounded:
-// a client that stops reading blocks the relay's write, the socket
-// pair's buffer fills, and the loop's own bounds for a slow reader
-// apply.
-
-// tlsRelayRead is what the client-to-loop direction reads from the TLS
-// connection at once.
-const tlsRelayRead = 8 << 10
-
-// tlsRelayBuffers are the loop-to-client direction's buffers, taken only
-// while there are bytes to move (one TLS record's worth).
-var tlsRelayBuffers = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+// The pump holds the connection's place under the connection cap until
+// it closes. It closes, both sockets, when the loop closes its end (after
+// the rest of the loop's bytes and a close_notify), when a write to the
+// client fails or makes no progress for the idle timeout, or when the
+// loop stops. When the client closes or resets its connection, the loop
+// reads the end of its input, as from a client's TCP connection. Buffers
+// are bounded: the pump reads the client only once what it decrypted is
+// in the pair, and the pair only once what it encrypted is with the
+// client's socket, so a client that stops reading fills the pair and the
+// loop's own bounds for a slow reader apply.
 
 // acceptTLS accepts the TLS listener's connections until it is closed
 // (stopAccepting), and hands each to a handshake of its own.
@@ -88,7 +87,8 @@ func (e *loopEngine) acceptTLS() {
 // startTLS runs raw's handshake and gives the connection to the loops
 // or, for HTTP/2, to the general engine.
 func (e *loopEngine) startTLS(raw *connlimit.Conn) {
-	tc := tls.Server(raw, e.s.tls)
+	cio := &tlsConnIO{raw: raw}
+	tc := tls.Server(cio, e.s.tls)
 	ctx, cancel := context.WithTimeout(e.ctx, e.s.headerTimeout) // a slow handshake is bounded
 	err := tc.HandshakeContext(ctx)
 	cancel()
@@ -103,134 +103,302 @@ func (e *loopEngine) startTLS(raw *connlimit.Conn) {
 		}
 		return
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		e.g.log.Warn("gate: no socket pair for a TLS connection", "error", err)
-		_ = raw.Close()
-		return
-	}
-	f := os.NewFile(uintptr(fds[1]), "gate-tls-relay")
-	pc, err := net.FileConn(f) // a duplicate, in Go's poller
-	f.Close()
-	if err != nil {
-		unix.Close(fds[0])
-		_ = raw.Close()
-		return
-	}
-	r := &tlsRelay{tc: tc, raw: raw, pc: pc.(*net.UnixConn), idle: e.s.idleTimeout}
 	remote, _ := raw.RemoteAddr().(*net.TCPAddr)
 	if remote == nil {
 		remote = &net.TCPAddr{}
 	}
-	// The relay runs first: should the loop refuse the connection, its
-	// end closes and the relay ends on its own.
-	stop := context.AfterFunc(e.ctx, r.abort) // the engine stops: nothing may block stop
-	var both sync.WaitGroup
-	both.Go(r.toLoop)
-	e.goTracked(func() {
-		r.toClient()
-		both.Wait()
-		stop()
-	})
-	to := e.loops[int(e.next.Add(1))%len(e.loops)]
-	if !to.post(func() {
-		if e.closing.Load() {
-			unix.Close(fds[0])
-			return
-		}
-		to.add(fds[0], remote, &st)
-	}) {
-		unix.Close(fds[0]) // that loop has stopped
-	}
-}
-
-// tlsRelay copies plaintext between a client's TLS connection and a
-// loop's end of a socket pair.
-type tlsRelay struct {
-	tc   *tls.Conn
-	raw  *connlimit.Conn // under tc: closing it gives back the cap's place
-	pc   *net.UnixConn   // the relay's end of the socket pair
-	idle time.Duration   // a write to the client may stall this long
-	once sync.Once
-}
-
-// toLoop copies what the client sends to the loop. When the client
-// stops sending (its close, a reset), the loop reads the end of its
-// input, as from a client's TCP connection.
-func (r *tlsRelay) toLoop() {
-	buf := make([]byte, tlsRelayRead)
-	for {
-		n, err := r.tc.Read(buf)
-		if n > 0 {
-			if _, werr := r.pc.Write(buf[:n]); werr != nil {
-				r.abort() // the loop closed its end
-				return
-			}
-		}
-		if err != nil {
-			_ = r.pc.CloseWrite()
-			return
+	// The client's socket leaves Go's poller for the loop's: a duplicate,
+	// non-blocking, and the original closed (not raw: its place under the
+	// cap goes with the pump).
+	tcpFD := -1
+	if sc, ok := raw.Conn.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			_ = rc.Control(func(fd uintptr) { tcpFD, _ = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) })
 		}
 	}
-}
-
-// toClient copies what the loop writes to the client, until the loop
-// closes its end (then the TLS connection is closed, with its
-// close_notify) or a write to the client fails or stalls.
-func (r *tlsRelay) toClient() {
-	defer r.abort()
-	rc, err := r.pc.SyscallConn()
-	if err != nil {
+	if tcpFD < 0 || unix.SetNonblock(tcpFD, true) != nil {
+		if tcpFD >= 0 {
+			unix.Close(tcpFD)
+		}
+		_ = raw.Close()
 		return
 	}
-	for {
-		var b *[]byte
-		var n int
-		var rerr error
-		// Wait for input without a buffer, so an idle connection holds
-		// none.
-		if err := rc.Read(func(fd uintptr) bool {
-			b = tlsRelayBuffers.Get().(*[]byte)
-			for {
-				n, rerr = unix.Read(int(fd), *b)
-				if rerr != unix.EINTR {
-					break
-				}
-			}
-			if rerr == unix.EAGAIN {
-				tlsRelayBuffers.Put(b)
-				b = nil
-				return false
-			}
-			return true
-		}); err != nil {
-			if b != nil {
-				tlsRelayBuffers.Put(b)
-			}
+	_ = raw.Conn.Close()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		e.g.log.Warn("gate: no socket pair for a TLS connection", "error", err)
+		unix.Close(tcpFD)
+		e.s.limit.Release()
+		return
+	}
+	p := &tlsPump{e: e, tc: tc, idle: e.s.idleTimeout}
+	p.tcp.FD, p.pair.FD = tcpFD, fds[1]
+	cio.p = p
+	to := e.loops[int(e.next.Add(1))%len(e.loops)]
+	if !to.post(func() { to.addTLS(fds[0], remote, &st, p) }) {
+		unix.Close(fds[0]) // that loop has stopped
+		p.close()
+	}
+}
+
+// addTLS starts serving a TLS connection: the loop's end of its socket
+// pair as a client connection, and its pump.
+func (l *eventLoop) addTLS(loopFD int, remote *net.TCPAddr, st *tls.ConnectionState, p *tlsPump) {
+	if l.e.closing.Load() {
+		unix.Close(loopFD)
+		p.close()
+		return
+	}
+	p.l = l
+	l.fds[p.tcp.FD] = pumpTCP{p}
+	l.fds[p.pair.FD] = pumpPair{p}
+	p.tcp.Readable, p.tcp.Writable, p.pair.Writable = true, true, true
+	if l.watch(p.tcp.FD, unix.EPOLL_CTL_ADD, false) != nil || l.watch(p.pair.FD, unix.EPOLL_CTL_ADD, false) != nil {
+		unix.Close(loopFD)
+		p.close()
+		return
+	}
+	l.add(loopFD, remote, st)
+	p.run() // the client may have sent its request with its handshake
+}
+
+// tlsPump moves a TLS connection's bytes, on its loop's thread, between
+// the client's socket (ciphertext) and the pump's end of the socket pair
+// whose other end the loop serves (plaintext).
+type tlsPump struct {
+	e    *loopEngine
+	l    *eventLoop // nil until the loop takes it
+	tc   *tls.Conn
+	tcp  evloop.Sock // the client's socket; In: ciphertext tc has not read
+	pair evloop.Sock // the pump's end of the pair; In: plaintext to encrypt
+	// toLoop is plaintext decrypted and not yet written to the pair;
+	// toClient ciphertext not yet written to the client.
+	toLoop, toClient []byte
+	inEnded          bool // the client's input ended (its close, a reset, an alert)
+	shutIn           bool // the pair's end was told so
+	closed           bool
+	idle             time.Duration // a write to the client may make no progress this long
+	stall            *time.Timer   // armed while a write to the client makes no progress
+}
+
+// The pump's two sockets, as the loop's fd owners.
+type (
+	pumpTCP  struct{ *tlsPump }
+	pumpPair struct{ *tlsPump }
+)
+
+func (o pumpTCP) ready(ev uint32) {
+	o.tcp.Note(o.l.p, ev)
+	o.l.step(o.run)
+}
+
+func (o pumpPair) ready(ev uint32) {
+	o.pair.Note(o.l.p, ev)
+	o.l.step(o.run)
+}
+
+// run moves bytes both ways as far as the sockets allow.
+func (p *tlsPump) run() {
+	for !p.closed {
+		if p.tcp.Err != nil || p.pair.Err != nil {
+			p.close()
 			return
 		}
-		if rerr != nil || n <= 0 {
-			tlsRelayBuffers.Put(b)
-			if rerr == nil { // the loop closed its end: a clean close
-				_ = r.tc.Close() // its close_notify has a deadline of its own
+		moved := false
+		// The client to the loop.
+		if len(p.toLoop) > 0 {
+			n, err := p.pair.Write(p.l.p, p.toLoop)
+			if err != nil {
+				p.close() // the loop closed its end
+				return
 			}
+			p.toLoop = p.toLoop[:copy(p.toLoop, p.toLoop[n:])]
+			if len(p.toLoop) == 0 && cap(p.toLoop) > evloop.KeepBuffer {
+				p.toLoop = nil // nor one large request
+			}
+			moved = moved || n > 0
+		}
+		if len(p.toLoop) == 0 && !p.inEnded {
+			if p.tcp.Fill(p.l.buf) {
+				moved = true
+			}
+			if !p.decrypt() {
+				return
+			}
+			if len(p.toLoop) > 0 {
+				continue
+			}
+		}
+		if len(p.toLoop) == 0 && p.inEnded && !p.shutIn {
+			p.shutIn = true
+			_ = unix.Shutdown(p.pair.FD, unix.SHUT_WR) // the loop reads the end of its input
+		}
+		// The loop to the client.
+		if len(p.toClient) > 0 && !p.flushClient() {
 			return
 		}
-		_ = r.tc.SetWriteDeadline(time.Now().Add(r.idle))
-		_, werr := r.tc.Write((*b)[:n])
-		tlsRelayBuffers.Put(b)
-		if werr != nil {
+		if p.pair.Fill(p.l.buf) {
+			if _, err := p.tc.Write(p.pair.In); err != nil { // into toClient
+				p.close()
+				return
+			}
+			p.pair.In = p.pair.In[:0]
+			continue
+		}
+		if p.pair.EOF { // the loop closed its end, and its bytes are with the client's socket
+			_ = p.tc.Close() // its close_notify, into toClient
+			p.flushClient()
+			p.close()
+			return
+		}
+		if !moved {
 			return
 		}
 	}
 }
 
-// abort closes both sides at once: the client's connection (under its
-// TLS, so a write blocked in it returns), and the relay's end of the
-// socket pair (the loop reads its end).
-func (r *tlsRelay) abort() {
-	r.once.Do(func() {
-		_ = r.raw.Close()
-		_ = r.pc.Close()
-	})
+// decrypt reads what tc can make of the ciphertext in p.tcp.In into
+// p.toLoop; false when p closed.
+func (p *tlsPump) decrypt() bool {
+	for {
+		n, err := p.tc.Read(p.l.buf)
+		p.toLoop = append(p.toLoop, p.l.buf[:n]...)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, errTLSWouldBlock) {
+			p.inEnded = true // its close_notify, the end of its socket, or a broken record
+		}
+		if len(p.toClient) > 0 && !p.flushClient() && p.closed { // an answer tc gave (a key update)
+			return false
+		}
+		return true
+	}
+}
+
+// flushClient writes p.toClient to the client's socket, as far as it
+// takes; false when some is left or p closed. A write that makes no
+// progress for the idle timeout closes p.
+func (p *tlsPump) flushClient() bool {
+	n, err := p.tcp.Write(p.l.p, p.toClient)
+	if err != nil {
+		p.close() // the client is gone
+		return false
+	}
+	p.toClient = p.toClient[:copy(p.toClient, p.toClient[n:])]
+	if len(p.toClient) == 0 {
+		if cap(p.toClient) > evloop.KeepBuffer+1024 {
+			p.toClient = nil // one large answer does not pin its buffer
+		}
+		if p.stall != nil {
+			p.stall.Stop()
+		}
+		return true
+	}
+	switch {
+	case p.stall == nil:
+		l := p.l
+		p.stall = time.AfterFunc(p.idle, func() { l.post(p.close) })
+	case n > 0:
+		p.stall.Reset(p.idle)
+	}
+	return false
+}
+
+// close closes both of p's sockets and gives back its place under the
+// connection cap.
+func (p *tlsPump) close() {
+	if p.closed {
+		return
+	}
+	p.closed = true
+	if p.stall != nil {
+		p.stall.Stop()
+	}
+	if p.l != nil {
+		delete(p.l.fds, p.tcp.FD)
+		delete(p.l.fds, p.pair.FD)
+	}
+	unix.Close(p.tcp.FD)
+	unix.Close(p.pair.FD)
+	p.e.s.limit.Release()
+}
+
+// shutPump closes p when its loop stops (closeAll).
+func (p *tlsPump) shutPump() { p.close() }
+
+// errTLSWouldBlock is tlsConnIO's answer to a read with no ciphertext
+// left: a temporary net.Error, after which a *tls.Conn keeps its state
+// (a partial record included) and reads again on the next call.
+var errTLSWouldBlock = &tlsWouldBlock{}
+
+type tlsWouldBlock struct{}
+
+func (*tlsWouldBlock) Error() string   { return "tls pump: no input yet" }
+func (*tlsWouldBlock) Timeout() bool   { return true }
+func (*tlsWouldBlock) Temporary() bool { return true }
+
+// tlsConnIO is the connection under a TLS connection's *tls.Conn: the
+// client's Go connection during the handshake (and for HTTP/2, which
+// net/http serves), then, once p is set, the pump's buffers: reads take
+// the ciphertext the pump read, writes add to what it writes to the
+// client.
+type tlsConnIO struct {
+	raw *connlimit.Conn
+	p   *tlsPump
+}
+
+func (c *tlsConnIO) Read(b []byte) (int, error) {
+	p := c.p
+	if p == nil {
+		return c.raw.Read(b)
+	}
+	if len(p.tcp.In) == 0 {
+		if p.tcp.EOF {
+			return 0, io.EOF
+		}
+		return 0, errTLSWouldBlock
+	}
+	n := copy(b, p.tcp.In)
+	p.tcp.In = p.tcp.In[n:]
+	return n, nil
+}
+
+func (c *tlsConnIO) Write(b []byte) (int, error) {
+	if c.p == nil {
+		return c.raw.Write(b)
+	}
+	c.p.toClient = append(c.p.toClient, b...)
+	return len(b), nil
+}
+
+func (c *tlsConnIO) Close() error {
+	if c.p == nil {
+		return c.raw.Close()
+	}
+	return nil // the pump closes the socket
+}
+
+func (c *tlsConnIO) LocalAddr() net.Addr  { return c.raw.LocalAddr() }
+func (c *tlsConnIO) RemoteAddr() net.Addr { return c.raw.RemoteAddr() }
+
+func (c *tlsConnIO) SetDeadline(t time.Time) error {
+	if c.p == nil {
+		return c.raw.SetDeadline(t)
+	}
+	return nil
+}
+
+func (c *tlsConnIO) SetReadDeadline(t time.Time) error {
+	if c.p == nil {
+		return c.raw.SetReadDeadline(t)
+	}
+	return nil
+}
+
+func (c *tlsConnIO) SetWriteDeadline(t time.Time) error {
+	if c.p == nil {
+		return c.raw.SetWriteDeadline(t)
+	}
+	return nil
 }
