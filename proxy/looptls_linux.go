@@ -189,12 +189,12 @@ type (
 
 func (o pumpTCP) ready(ev uint32) {
 	o.tcp.Note(o.l.p, ev)
-	o.l.step(o.run)
+	o.run()
 }
 
 func (o pumpPair) ready(ev uint32) {
 	o.pair.Note(o.l.p, ev)
-	o.l.step(o.run)
+	o.run()
 }
 
 // run moves bytes both ways as far as the sockets allow.
