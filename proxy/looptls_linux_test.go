@@ -442,3 +442,78 @@ func TestTLSLoopsMutualTLSAndReload(t *testing.T) {
 		t.Errorf("the connection opened before the change: %d", r.StatusCode)
 	}
 }
+
+// TestTLSLoopsLargeBodies: bodies of many TLS records cross the pump
+// intact both ways: writes the loops buffer and one they hand to the
+// general engine to stream, pipelined on one connection, and a large
+// answer.
+func TestTLSLoopsLargeBodies(t *testing.T) {
+	e := newTLSLoopEnv(t, ServerOptions{}, nil)
+	answer := make([]byte, 5<<20+17)
+	for i := range answer {
+		answer[i] = byte(i*7 + i>>11)
+	}
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, _ received) bool {
+		if r.URL.Path == "/big" {
+			_, _ = w.Write(answer)
+			return true
+		}
+		return false
+	}
+	tk := tok(e.acquire("job:1", "w", time.Hour).Token)
+	var raw strings.Builder
+	var bodies []string
+	for i, size := range []int{20 << 10, 3 << 20, 1} {
+		b := strings.Repeat(string(rune('a'+i)), size-1) + "!"
+		bodies = append(bodies, b)
+		fmt.Fprintf(&raw, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: %s\r\nContent-Length: %d\r\n\r\n%s", tk, len(b), b)
+	}
+	c := e.dial(t)
+	br := bufio.NewReader(c)
+	go func() { _, _ = io.WriteString(c, raw.String()) }()
+	for i := range bodies {
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(got) != "applied "+bodies[i] {
+			t.Fatalf("write %d: %d, %d bytes back", i, resp.StatusCode, len(got))
+		}
+	}
+	if got := e.up.requests(); len(got) != len(bodies) {
+		t.Fatalf("upstream got %d writes", len(got))
+	} else {
+		for i, r := range got {
+			if r.Body != bodies[i] {
+				t.Errorf("write %d: upstream got %d bytes, want %d", i, len(r.Body), len(bodies[i]))
+			}
+		}
+	}
+	c2 := e.dial(t)
+	resp := roundTripBody(t, c2, "GET /big HTTP/1.1\r\nHost: gate\r\n\r\n")
+	if !bytes.Equal(resp, answer) {
+		t.Errorf("the large answer: %d bytes, not the upstream's %d", len(resp), len(answer))
+	}
+}
+
+// roundTripBody writes raw on c and returns the answer's body.
+func roundTripBody(t *testing.T, c net.Conn, raw string) []byte {
+	t.Helper()
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
