@@ -18,7 +18,9 @@
 #     rows, the file store's pages in use and records (`soak boltsize`,
 #     on a copy: bbolt never shrinks its file, freed pages are reused, so
 #     the file's own size stays at its peak);
-#   - bytes per resource at the peak: (peak - before) / N;
+#   - bytes per resource at the peak: (peak - before) / the records
+#     added (N when no record went yet; a retention shorter than the run
+#     removes records while it runs);
 #   - p50/p99 of acquire and of the fenced write (admission + forwarding)
 #     over the first W resources (a store of about W records) and the last
 #     W (a store of about N);
@@ -229,7 +231,9 @@ for store in $STORES; do
 	sed 's/^/  /' "$tmp/run-$store"
 	echo "  size before: $b0 bytes, $r0 $unit; peak: $b1 bytes, $r1 $unit; after the retention: $after"
 	[ "$store" = file ] && echo "  (file: bytes of the pages in use; the file itself is $(stat -c %s "$tmp/file.db") bytes and never shrinks)"
-	echo "  bytes per resource at the peak: $(awk -v a="$b0" -v b="$b1" -v n="$N" 'BEGIN{printf "%.0f", (b - a) / n}')"
+	added=$N
+	[ "$r1" != "?" ] && [ "$((r1 - r0))" -gt 0 ] && added=$((r1 - r0))
+	echo "  bytes per resource at the peak: $(awk -v a="$b0" -v b="$b1" -v n="$added" 'BEGIN{printf "%.0f", (b - a) / n}') ($added records added)"
 	echo "  gate RSS: $rss_peak MiB at the peak, $rss_end MiB at the end, $hwm MiB highest"
 	echo
 	kill "$gpid" 2>/dev/null || true
