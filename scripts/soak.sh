@@ -31,7 +31,8 @@
 #
 # Flags: -n N (2000), -c C concurrent resources (16), -W window (1000),
 # -s "stores" ("valkey postgres file"), -r retention (30s), -w longest wait
-# for the retention (300s). Bounded: every wait has a limit; everything it
+# past the retention for the records to go (300s; a sweep runs a minute or
+# so apart). Bounded: every wait has a limit; everything it
 # starts is stopped by PID on exit and its files (one temporary directory)
 # removed. Needs go, curl, and redis-server (or valkey-server) and
 # PostgreSQL's initdb/postgres for those stores (a missing one is skipped
@@ -207,15 +208,15 @@ for store in $STORES; do
 	if [ "${#retention_env[@]}" -gt 0 ]; then
 		# Wait for the records to go, by the store's count where it has
 		# one, else for the retention and a minute of sweeping.
-		deadline=$((SECONDS + RWAIT))
 		sleep "$(seconds "$RETENTION")"
+		deadline=$((SECONDS + RWAIT))
 		while [ "$SECONDS" -lt "$deadline" ]; do
 			read -r b2 r2 < <(size "$store")
 			if [ "$r2" != "?" ] && [ "$r2" -le "$((r0 + 10))" ]; then break; fi
 			if [ "$r2" = "?" ] && [ "$(removed)" -ge "$N" ]; then break; fi
 			sleep 2
 		done
-		took=$((SECONDS - deadline + RWAIT))
+		took=$((SECONDS - deadline + RWAIT + $(seconds "$RETENTION")))
 		# PostgreSQL keeps a deleted row's space until a VACUUM, which
 		# autovacuum runs in its own time: run it now, as it would.
 		[ "$store" = postgres ] && psql_q "VACUUM" >/dev/null 2>&1
