@@ -18,7 +18,9 @@
 #     rows, the file store's pages in use and records (`soak boltsize`,
 #     on a copy: bbolt never shrinks its file, freed pages are reused, so
 #     the file's own size stays at its peak);
-#   - bytes per resource at the peak: (peak - before) / N;
+#   - bytes per resource at the peak: (peak - before) / the records
+#     added (N when no record went yet; a retention shorter than the run
+#     removes records while it runs);
 #   - p50/p99 of acquire and of the fenced write (admission + forwarding)
 #     over the first W resources (a store of about W records) and the last
 #     W (a store of about N);
@@ -29,7 +31,8 @@
 #
 # Flags: -n N (2000), -c C concurrent resources (16), -W window (1000),
 # -s "stores" ("valkey postgres file"), -r retention (30s), -w longest wait
-# for the retention (300s). Bounded: every wait has a limit; everything it
+# past the retention for the records to go (300s; a sweep runs a minute or
+# so apart). Bounded: every wait has a limit; everything it
 # starts is stopped by PID on exit and its files (one temporary directory)
 # removed. Needs go, curl, and redis-server (or valkey-server) and
 # PostgreSQL's initdb/postgres for those stores (a missing one is skipped
@@ -205,15 +208,15 @@ for store in $STORES; do
 	if [ "${#retention_env[@]}" -gt 0 ]; then
 		# Wait for the records to go, by the store's count where it has
 		# one, else for the retention and a minute of sweeping.
-		deadline=$((SECONDS + RWAIT))
 		sleep "$(seconds "$RETENTION")"
+		deadline=$((SECONDS + RWAIT))
 		while [ "$SECONDS" -lt "$deadline" ]; do
 			read -r b2 r2 < <(size "$store")
 			if [ "$r2" != "?" ] && [ "$r2" -le "$((r0 + 10))" ]; then break; fi
 			if [ "$r2" = "?" ] && [ "$(removed)" -ge "$N" ]; then break; fi
 			sleep 2
 		done
-		took=$((SECONDS - deadline + RWAIT))
+		took=$((SECONDS - deadline + RWAIT + $(seconds "$RETENTION")))
 		# PostgreSQL keeps a deleted row's space until a VACUUM, which
 		# autovacuum runs in its own time: run it now, as it would.
 		[ "$store" = postgres ] && psql_q "VACUUM" >/dev/null 2>&1
@@ -229,7 +232,9 @@ for store in $STORES; do
 	sed 's/^/  /' "$tmp/run-$store"
 	echo "  size before: $b0 bytes, $r0 $unit; peak: $b1 bytes, $r1 $unit; after the retention: $after"
 	[ "$store" = file ] && echo "  (file: bytes of the pages in use; the file itself is $(stat -c %s "$tmp/file.db") bytes and never shrinks)"
-	echo "  bytes per resource at the peak: $(awk -v a="$b0" -v b="$b1" -v n="$N" 'BEGIN{printf "%.0f", (b - a) / n}')"
+	added=$N
+	[ "$r1" != "?" ] && [ "$((r1 - r0))" -gt 0 ] && added=$((r1 - r0))
+	echo "  bytes per resource at the peak: $(awk -v a="$b0" -v b="$b1" -v n="$added" 'BEGIN{printf "%.0f", (b - a) / n}') ($added records added)"
 	echo "  gate RSS: $rss_peak MiB at the peak, $rss_end MiB at the end, $hwm MiB highest"
 	echo
 	kill "$gpid" 2>/dev/null || true

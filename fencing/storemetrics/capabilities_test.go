@@ -1,6 +1,7 @@
 package storemetrics_test
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -24,15 +25,21 @@ func has(c fencing.Capabilities) map[string]bool {
 // seen through the decorator, and through two decorators; the admitting
 // capabilities come back measured (not the store's own), the others as
 // the store's own. The stores are never called: a capability is a
-// property of the store's type, so typed nil stores serve.
+// property of the store's type, so typed nil stores serve, except the file
+// store, whose commits the decorator observes from the start (an open one).
 func TestCapabilitiesThroughTheDecorator(t *testing.T) {
+	file, err := boltstore.Open(filepath.Join(t.TempDir(), "caps.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { file.Close() })
 	for _, tc := range []struct {
 		name  string
 		store fencing.Store
 		want  []string
 	}{
 		{"memory", (*memstore.Store)(nil), []string{"quick", "retain", "holds"}},
-		{"file", (*boltstore.Store)(nil), []string{"quick", "retain", "holds"}},
+		{"file", file, []string{"quick", "retain", "holds"}},
 		{"valkey", (*valkeystore.Store)(nil), []string{"batch", "marks", "shared"}},
 		{"postgres", (*pgstore.Store)(nil), []string{"retain", "shared"}},
 		{"none", struct{ fencing.Store }{(*memstore.Store)(nil)}, nil},
