@@ -172,7 +172,7 @@ func openFDs(t *testing.T) int {
 // TestTLSLoopsEndEverything: every way a TLS connection on the loops
 // ends (the client's close, its reset, the gate's close after an answer,
 // the idle ones at Shutdown, handshakes that never come at Shutdown)
-// ends its relay's goroutines and closes its descriptors: after
+// closes its pump and its descriptors and ends its goroutines: after
 // Shutdown, the goroutines and descriptors are those of before.
 func TestTLSLoopsEndEverything(t *testing.T) {
 	e := newTLSLoopEnv(t, ServerOptions{}, nil)
@@ -244,7 +244,7 @@ func TestTLSLoopsEndEverything(t *testing.T) {
 
 // TestTLSLoopsCloseWhileBusy: Close, with connections mid-request, idle,
 // mid-handshake and a client that reads nothing of a large answer, ends
-// every relay: the goroutines and descriptors are those of before.
+// every pump: the goroutines and descriptors are those of before.
 func TestTLSLoopsCloseWhileBusy(t *testing.T) {
 	e := newTLSLoopEnv(t, ServerOptions{}, nil)
 	big := bytes.Repeat([]byte("x"), 8<<20)
