@@ -153,17 +153,27 @@ func TestRemovedRecordIsNotALoss(t *testing.T) {
 	}
 }
 
+// goneAheadOfTheClock opens two gates a and b with retention on one
+// server; gate a admits X, a token issued a minute ahead of the server's
+// clock on resource "job", whose record and lease then go (as an expiry
+// removes them), while a still remembers X.
+func goneAheadOfTheClock(t *testing.T) (a, b *Store, x fencing.Lease) {
+	t.Helper()
+	srv := valkeytest.Start(t)
+	prefix := freshPrefix()
+	a = openRetention(t, srv.URL(), prefix, time.Hour)
+	b = openRetention(t, srv.URL(), prefix, time.Hour)
+	x = aheadBy(t, srv, a, "job", "x", time.Minute)
+	mustAdmit(t, a, "job", x.Token)
+	srv.MustDo("DEL", a.recKey("job"), a.liveKey("job"))
+	return a, b, x
+}
+
 // TestRecreatedBelowSeenIsLoss: a record re-created below a token this gate
 // saw (the server's clock behind it: emulated by a token issued ahead) is
 // still a loss, as before retention.
 func TestRecreatedBelowSeenIsLoss(t *testing.T) {
-	srv := valkeytest.Start(t)
-	prefix := freshPrefix()
-	a := openRetention(t, srv.URL(), prefix, time.Hour)
-	b := openRetention(t, srv.URL(), prefix, time.Hour)
-	x := aheadBy(t, srv, a, "job", "x", time.Minute)
-	mustAdmit(t, a, "job", x.Token)
-	srv.MustDo("DEL", a.recKey("job"), a.liveKey("job"))
+	a, b, x := goneAheadOfTheClock(t)
 	t1 := mustAcquire(t, b, "job", "t1") // b never saw X: its floor is the clock, below X
 	if t1.Token >= x.Token {
 		t.Fatalf("t1 %d not below X %d", t1.Token, x.Token)
@@ -180,13 +190,7 @@ func TestRecreatedBelowSeenIsLoss(t *testing.T) {
 // cannot refuse that token): the admission lifts the record past it, so
 // that no gate issues a token below it.
 func TestGoneRecordWithClockBehindIsLoss(t *testing.T) {
-	srv := valkeytest.Start(t)
-	prefix := freshPrefix()
-	a := openRetention(t, srv.URL(), prefix, time.Hour)
-	b := openRetention(t, srv.URL(), prefix, time.Hour)
-	x := aheadBy(t, srv, a, "job", "x", time.Minute)
-	mustAdmit(t, a, "job", x.Token)
-	srv.MustDo("DEL", a.recKey("job"), a.liveKey("job"))
+	a, b, x := goneAheadOfTheClock(t)
 	if err := admitToken(a, "job", x.Token); !errors.Is(err, fencing.ErrStoreLost) {
 		t.Fatalf("X on a gone record, ahead of the clock: %v, want ErrStoreLost", err)
 	}
