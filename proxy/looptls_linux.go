@@ -45,7 +45,8 @@ import (
 // loop stops. When the client closes or resets its connection, the loop
 // reads the end of its input, as from a client's TCP connection. Buffers
 // are bounded: the pump reads the client only once what it decrypted is
-// in the pair, and the pair only once what it encrypted is with the
+// in the pair and while less than maxPendingToClient waits for the
+// client's socket, and the pair only once what it encrypted is with the
 // client's socket, so a client that stops reading fills the pair and the
 // loop's own bounds for a slow reader apply.
 
@@ -162,6 +163,16 @@ func (l *eventLoop) addTLS(loopFD int, remote *net.TCPAddr, st *tls.ConnectionSt
 	p.run() // the client may have sent its request with its handshake
 }
 
+// maxPendingToClient bounds the ciphertext a pump holds for a client that
+// does not read, beyond which it stops reading that client. What the loop
+// writes is read from the pair only once the last of it is with the
+// client's socket, so the pump never holds more than one read of it
+// (loopReadBuffer, encrypted); the rest is what decrypting writes by
+// itself: the answer to a client's TLS 1.3 KeyUpdate, one per record the
+// client sends, which a client that never reads could otherwise pile up
+// without end.
+const maxPendingToClient = loopReadBuffer + 16<<10
+
 // tlsPump moves a TLS connection's bytes, on its loop's thread, between
 // the client's socket (ciphertext) and the pump's end of the socket pair
 // whose other end the loop serves (plaintext).
@@ -218,7 +229,7 @@ func (p *tlsPump) run() {
 			}
 			moved = moved || n > 0
 		}
-		if len(p.toLoop) == 0 && !p.inEnded {
+		if len(p.toLoop) == 0 && !p.inEnded && len(p.toClient) <= maxPendingToClient {
 			if p.tcp.Fill(p.l.buf) {
 				moved = true
 			}
