@@ -199,3 +199,30 @@ func TestGoneRecordWithClockBehindIsLoss(t *testing.T) {
 	}
 	wantStaleToken(t, admitToken(b, "job", x.Token), true, "X after the lift")
 }
+
+// TestCheckpointStateExpiresWhenTheRecordsTTLIsRight: a checkpoint's SET
+// takes the state's TTL away; the script gives it back even when the
+// record's TTL is already what the retention wants (a checkpoint in the
+// same millisecond as its acquisition: made exact here by a transaction,
+// whose commands share one clock on the server).
+func TestCheckpointStateExpiresWhenTheRecordsTTLIsRight(t *testing.T) {
+	srv := valkeytest.Start(t)
+	const ret, ttl = time.Hour, 10 * time.Minute
+	s := openRetention(t, srv.URL(), freshPrefix(), ret)
+	l, err := s.Acquire(context.Background(), fencing.AcquireRequest{Resource: "c", Owner: "a", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strconv.FormatInt((ret + ttl).Milliseconds(), 10)
+	tok := strconv.FormatUint(uint64(l.Token), 10)
+	got := srv.MustDoAll([]string{"MULTI"},
+		[]string{"PEXPIRE", s.recKey("c"), want},
+		[]string{"EVAL", source("checkpoint"), "3", s.recKey("c"), s.liveKey("c"), s.stateKey("c"),
+			"a", tok, `{"n":1}`, strconv.FormatInt(ret.Milliseconds(), 10)},
+		[]string{"PTTL", s.stateKey("c")},
+		[]string{"EXEC"})
+	exec := strings.Split(got[len(got)-1], "\n")
+	if n, err := strconv.ParseInt(exec[len(exec)-1], 10, 64); err != nil || n < 0 {
+		t.Fatalf("the checkpoint's state after the script: PTTL %q (transaction: %q), want an expiry", exec[len(exec)-1], got)
+	}
+}

@@ -149,7 +149,9 @@ local function fg_keep(rec, state, ret, until_ms, now_ms, slack)
     return
   end
   local want = r + math.max(until_ms - now_ms, 0)
-  if cur >= 0 and math.abs(cur - want) <= slack then return end
+  -- With slack 0 (a write: a checkpoint's SET just took the state's TTL
+  -- away) the TTLs are always written, even when the record's is right.
+  if slack > 0 and cur >= 0 and math.abs(cur - want) <= slack then return end
   redis.call('PEXPIRE', rec, want)
   if state then redis.call('PEXPIRE', state, want) end
 end

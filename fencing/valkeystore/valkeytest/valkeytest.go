@@ -366,6 +366,18 @@ func roundTrip(c net.Conn, r *bufio.Reader, args ...string) (string, error) {
 	return readReply(r)
 }
 
+// MustDoAll sends commands in order over one connection (a MULTI and its
+// EXEC, say) and returns their replies as Do renders them; it fails the
+// test on an error reply.
+func (s *Server) MustDoAll(cmds ...[]string) []string {
+	s.t.Helper()
+	r, err := s.doAll(cmds...)
+	if err != nil {
+		s.t.Fatalf("valkeytest: %q: %v", cmds, err)
+	}
+	return r
+}
+
 // MustDo is Do that fails the test on error.
 func (s *Server) MustDo(args ...string) string {
 	s.t.Helper()
