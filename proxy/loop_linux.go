@@ -64,6 +64,20 @@ const loopAheadRead = 8 << 10
 // this late.
 const loopTick = 20 * time.Millisecond
 
+// loopYield is how often a loop goes through the Go scheduler
+// (runtime.Gosched). A loop's goroutine otherwise never does: it only
+// blocks in system calls, so its processor's scheduling count never moves,
+// and the runtime's monitor (sysmon), which takes a processor whose
+// goroutine has not been rescheduled for 10 ms to be running too long,
+// then retakes it from every epoll wait and signals the thread, and keeps
+// polling every 20 µs instead of backing off to 10 ms. Measured at one
+// connection over 3 s: 0.34 monitor wake-ups per forwarded write before,
+// under 0.01 after, thread signals from 111 to 13, and a lower added
+// latency and CPU per write (docs/performance.md). A yield costs a
+// hand-off of the locked thread, a few microseconds, at most 200 times a
+// second.
+const loopYield = 5 * time.Millisecond
+
 // loopEngine is the event loops of one Server.
 type loopEngine struct {
 	s        *Server
@@ -293,6 +307,7 @@ type eventLoop struct {
 	hdr       http.Header   // the headers decide reads, reused (see decisionHeader)
 	head      h1.Request    // the request head parsed last (parseHead), reused
 	lastSweep time.Time
+	lastYield time.Time   // when the loop last went through the Go scheduler (see pass)
 	cur       *loopConn   // the connection the current step serves (loopguard_linux.go)
 	touched   []*loopConn // the connections the current pass touched
 	resp      h1.Response // the response head parsed last (readResponse), reused
@@ -358,6 +373,7 @@ func (l *eventLoop) run() {
 	events := make([]unix.EpollEvent, loopEvents)
 	l.now = time.Now()
 	l.lastSweep = l.now
+	l.lastYield = l.now
 	for !l.stopped {
 		n, err := l.p.Wait(events, loopTick)
 		if err != nil {
@@ -398,6 +414,10 @@ func (l *eventLoop) pass(events []unix.EpollEvent) {
 	if l.now.Sub(l.lastSweep) >= loopTick {
 		l.lastSweep = l.now
 		l.sweep()
+	}
+	if l.now.Sub(l.lastYield) >= loopYield {
+		l.lastYield = l.now
+		runtime.Gosched()
 	}
 	for len(l.batchIO.writes) > 0 {
 		l.writeQueued()

@@ -27,8 +27,9 @@
 #      nginx's processes) and the machine's idle CPU share meanwhile (a
 #      proxy that leaves CPU idle while the client waits on it is limited
 #      by how its work is spread over threads, not by its cost);
-#   2. latency: one connection, median latency, and what each hop adds to
-#      the direct path;
+#   2. latency: one connection, $BENCH_LAT_ROUNDS interleaved rounds; the
+#      median p50 latency over rounds and what each hop adds to the direct
+#      path, taken within each round (median and range);
 #   3. many clients: $BENCH_MANY connections at every gate: req/s, RSS
 #      sampled during the run, peak RSS (VmHWM, over the process's life) and
 #      the goroutine count (go_goroutines from /metrics) during the run;
@@ -47,11 +48,18 @@
 #      Then the TLS rows at one connection (latency) and at $BENCH_MANY
 #      connections (RSS), as in 2 and 3.
 #
+# ./scripts/bench.sh -l runs phase 2 only.
 # ./scripts/bench.sh -t runs phase 4 only (and starts only the TLS gates;
 # there, each BENCH_SWITCHES entry is one more TLS gate, say
 # BENCH_SWITCHES="memory:TLS_LOOPS=false").
 #
-# Environment: BENCH_DURATION (5s), BENCH_ROUNDS (5), BENCH_CONNS (50),
+# With BENCH_BASELINE set to a git revision (such as main), each store gets
+# one more gate built at that revision (git archive, no worktree), named
+# STORE@base and measured beside the current one in the same rounds: a
+# change to the engine measured against what it changes, in one run.
+#
+# Environment: BENCH_DURATION (5s), BENCH_ROUNDS (5), BENCH_LAT_ROUNDS
+# (BENCH_ROUNDS), BENCH_CONNS (50),
 # BENCH_MANY (1000), BENCH_RESOURCES (64), BENCH_STORES ("memory file
 # valkey"), BENCH_THREADS (wrk and h2load threads, 2), BENCH_H2_CONNS (10),
 # BENCH_H2_STREAMS (10), BENCH_SWITCHES (none): entries
@@ -67,9 +75,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TLS_ONLY=""
-while getopts ht opt; do
+LAT_ONLY=""
+while getopts hlt opt; do
 	case $opt in
 	t) TLS_ONLY=1 ;;
+	l) LAT_ONLY=1 ;;
 	*)
 		sed -n '2,/^set -e/{/^set -e/d;s/^# \{0,1\}//;p}' "$0" >&2
 		[ "$opt" = h ] && exit 0 || exit 2
@@ -79,6 +89,7 @@ done
 
 DURATION=${BENCH_DURATION:-5s}
 ROUNDS=${BENCH_ROUNDS:-5}
+LAT_ROUNDS=${BENCH_LAT_ROUNDS:-$ROUNDS}
 CONNS=${BENCH_CONNS:-50}
 MANY=${BENCH_MANY:-1000}
 RESOURCES=${BENCH_RESOURCES:-64}
@@ -87,6 +98,7 @@ THREADS=${BENCH_THREADS:-2}
 H2_CONNS=${BENCH_H2_CONNS:-10}
 H2_STREAMS=${BENCH_H2_STREAMS:-10}
 SWITCHES=${BENCH_SWITCHES:-}
+BASELINE=${BENCH_BASELINE:-}
 
 has() { command -v "$1" >/dev/null 2>&1; }
 say() { echo "bench.sh: $*" >&2; }
@@ -160,6 +172,12 @@ wait_http() {
 
 say "building fencegate"
 go build -o "$tmp/fencegate" ./cmd/fencegate
+if [ -n "$BASELINE" ]; then
+	say "building fencegate at $BASELINE"
+	mkdir "$tmp/base"
+	git archive "$BASELINE" | tar -x -C "$tmp/base"
+	(cd "$tmp/base" && go build -o "$tmp/fencegate-base" ./cmd/fencegate)
+fi
 
 # --- TLS material ----------------------------------------------------------
 # A throwaway CA and one server certificate for 127.0.0.1, which nginx,
@@ -266,6 +284,7 @@ fi
 
 # --- Valkey ----------------------------------------------------------------
 valkey_url=""
+VK=""
 case " $STORES " in *" valkey "*)
 	[ -n "$VALKEY_SERVER" ] || { say "needs valkey-server or redis-server"; exit 1; }
 	VK=$(free_port)
@@ -290,6 +309,9 @@ gates=""
 tls_gates=""
 if [ -z "$TLS_ONLY" ]; then
 	gates=$STORES
+	if [ -n "$BASELINE" ]; then
+		for store in $STORES; do gates+=" $store@base"; done
+	fi
 	for sw in $SWITCHES; do
 		case $sw in
 		*:*=*) gates+=" ${sw%%:*}+${sw#*:}" ;;
@@ -298,6 +320,9 @@ if [ -z "$TLS_ONLY" ]; then
 	done
 fi
 for store in $STORES; do tls_gates+=" tls-$store"; done
+if [ -n "$TLS_ONLY" ] && [ -n "$BASELINE" ]; then
+	for store in $STORES; do tls_gates+=" tls-$store@base"; done
+fi
 if [ -n "$TLS_ONLY" ]; then
 	for sw in $SWITCHES; do
 		case $sw in
@@ -309,12 +334,16 @@ fi
 for store in $gates $tls_gates; do
 	base=${store#tls-}
 	base=${base%%+*}
+	bin=$tmp/fencegate
+	keys=""
+	case $base in *@base) bin=$tmp/fencegate-base keys=-base ;; esac
+	base=${base%@base}
 	extra=()
-	prefix=bench-$base
+	prefix=bench-$base$keys
 	case $store in
 	tls-*)
 		extra=("FENCEGATE_PROXY_TLS_CERT=$tmp/tls/srv.crt" "FENCEGATE_PROXY_TLS_KEY=$tmp/tls/srv.key")
-		prefix=bench-tls-$base
+		prefix=bench-tls-$base$keys
 		;;
 	esac
 	case $store in *+*) extra+=("FENCEGATE_${store#*+}") ;; esac
@@ -330,7 +359,7 @@ for store in $gates $tls_gates; do
 		FENCEGATE_UPSTREAM=http://127.0.0.1:$UP FENCEGATE_STORE=$url \
 		FENCEGATE_KEY_PREFIX=$prefix FENCEGATE_RULES='PUT /jobs/{id} fence job:{id}' \
 		FENCEGATE_LOG_LEVEL=warn OTEL_SDK_DISABLED=true "${extra[@]}" \
-		"$tmp/fencegate" serve 2>"$tmp/gate-$store.log" &
+		"$bin" serve 2>"$tmp/gate-$store.log" &
 	gate_pid[$store]=$!
 	pids+=($!)
 	gate_port[$store]=$gp
@@ -496,18 +525,56 @@ rounds() {
 	done
 }
 
-# one_connection TARGET...: each target at one connection, direct first.
+# one_connection TARGET...: each target at one connection, direct first,
+# in $LAT_ROUNDS rounds whose order runs forward in odd rounds and backward
+# in even ones. A target's added latency is taken within each round (its
+# p50 minus direct's p50 of the same round); the table gives the medians
+# over rounds, and the range of the added latency.
 one_connection() {
+	local r t order
 	: >"$tmp/c1"
-	for t in "$@"; do
-		echo "$t $(run "$t" 1 1)" >>"$tmp/c1"
+	for r in $(seq "$LAT_ROUNDS"); do
+		order=("$@")
+		if [ $((r % 2)) = 0 ]; then
+			order=()
+			for t in "$@"; do order=("$t" "${order[@]}"); done
+		fi
+		for t in "${order[@]}"; do
+			echo "$r $t $(run "$t" 1 1)" >>"$tmp/c1"
+		done
 	done
-	awk '
-{ t[NR] = $1; p[NR] = $3; rps[NR] = $2; if ($1 == "direct") d = $3 }
+	awk -v targets="$*" '
+function median(a, n,   i, j, t) {
+	for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j+1] = a[j]; a[j+1] = t }
+	return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
+}
+{ rps[$2, $1] = $3; p50[$2, $1] = $4; cpu[$2, $1] = $8; if ($1 > rounds) rounds = $1 }
 END {
-	printf "  %-31s %10s %9s %11s\n", "target", "req/s", "p50 µs", "added µs"
-	for (i = 1; i <= NR; i++) printf "  %-31s %10.0f %9.0f %11s\n", t[i], rps[i], p[i], t[i] == "direct" ? "–" : sprintf("%+.0f", p[i] - d)
+	n = split(targets, t, " ")
+	printf "  %-31s %10s %9s %11s %17s %12s\n", "target", "req/s", "p50 µs", "added µs", "added range", "CPU µs/req"
+	for (i = 1; i <= n; i++) {
+		for (r = 1; r <= rounds; r++) {
+			a[r] = rps[t[i], r]; b[r] = p50[t[i], r]; c[r] = p50[t[i], r] - p50["direct", r]; u[r] = cpu[t[i], r]
+			if (r == 1 || c[r] < lo) lo = c[r]
+			if (r == 1 || c[r] > hi) hi = c[r]
+		}
+		if (t[i] == "direct") printf "  %-31s %10.0f %9.0f %11s %17s %12s\n", t[i], median(a, rounds), median(b, rounds), "–", "–", "–"
+		else printf "  %-31s %10.0f %9.0f %11s %17s %12.1f\n", t[i], median(a, rounds), median(b, rounds), sprintf("%+.0f", median(c, rounds)), sprintf("%+.0f to %+.0f", lo, hi), median(u, rounds)
+	}
 }' "$tmp/c1"
+}
+# store_round_trip prints the Valkey server's round trip at one connection
+# (PING, median of redis-benchmark's p50 over 3 runs): DESIGN's latency goal
+# for the Valkey gate is nginx's added latency plus one store round trip.
+store_round_trip() {
+	local tool
+	[ -n "$VK" ] || return 0
+	tool=$(command -v valkey-benchmark || command -v redis-benchmark || true)
+	[ -n "$tool" ] || return 0
+	for _ in 1 2 3; do
+		"$tool" -h 127.0.0.1 -p "$VK" -c 1 -n 20000 -t ping_mbulk --csv 2>/dev/null |
+			awk -F'"' 'NR == 2 { print $10 * 1000 }'
+	done | sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "  Valkey round trip at one connection (PING, p50): %.0f µs\n", v[int((NR+1)/2)] }'
 }
 kib() { awk -v k="$1" '/^'"$1"':/ {print $2}' "/proc/$2/status"; }
 # many TARGET...: each target at $MANY connections, with the gates' RSS.
@@ -543,17 +610,21 @@ many() {
 
 if [ -z "$TLS_ONLY" ]; then
 # --- 1. throughput ---------------------------------------------------------
+if [ -z "$LAT_ONLY" ]; then
 say "throughput: $ROUNDS rounds at $CONNS connections"
 rounds "$tmp/results" "${targets[@]}"
 echo "Throughput, $CONNS connections (median of $ROUNDS rounds; ratio range over rounds):"
 throughput "$tmp/results" nginx haproxy "${targets[@]}"
 echo
+fi
 
 # --- 2. one connection -----------------------------------------------------
-say "latency: one connection"
-echo "One connection (median latency; added = what the hop adds to direct):"
+say "latency: one connection, $LAT_ROUNDS rounds"
+echo "One connection (median over $LAT_ROUNDS rounds of p50 latency; added = what the hop adds to direct in the same round):"
 one_connection "${targets[@]}"
+store_round_trip
 echo
+[ -n "$LAT_ONLY" ] && exit 0
 
 # --- 3. many clients -------------------------------------------------------
 say "memory: $MANY connections"
@@ -568,8 +639,8 @@ rounds "$tmp/tls-results" "${tls_targets[@]}"
 echo "TLS (HTTPS, HTTP/1.1 keep-alive), $CONNS connections (median of $ROUNDS rounds; ÷ nginx and ÷ haproxy: their TLS rows; ÷ direct: the cleartext upstream):"
 throughput "$tmp/tls-results" nginx-tls haproxy-tls "${tls_targets[@]}"
 echo
-say "TLS latency: one connection"
-echo "TLS, one connection (median latency; added = what the hop adds to direct, the cleartext upstream):"
+say "TLS latency: one connection, $LAT_ROUNDS rounds"
+echo "TLS, one connection (median over $LAT_ROUNDS rounds of p50 latency; added = what the hop adds to direct, the cleartext upstream, in the same round):"
 one_connection "${tls_targets[@]}"
 echo
 say "TLS memory: $MANY connections"
