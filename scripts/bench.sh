@@ -67,8 +67,9 @@
 # and measured beside the others in the same rounds (say
 # "valkey:MARK_READERS=false memory:IO_URING=false"): a fast path's with and
 # without in one run. Missing nginx, wrk, redis-server, curl and openssl
-# are installed with apt-get when running as root, else it stops; so is
-# h2load, without which the HTTP/2 row is left out.
+# are installed with apt-get when running as root, else it stops; so are
+# h2load, without which the HTTP/2 row is left out, and haproxy, without
+# which its rows are.
 # Everything it starts is stopped by PID on exit; its files live in one
 # temporary directory, removed on exit.
 set -euo pipefail
@@ -105,6 +106,7 @@ say() { echo "bench.sh: $*" >&2; }
 
 missing=()
 has nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+has haproxy || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 has wrk || missing+=(wrk)
 has curl || missing+=(curl)
 has pgrep || missing+=(procps)
