@@ -307,7 +307,7 @@ type eventLoop struct {
 	hdr       http.Header   // the headers decide reads, reused (see decisionHeader)
 	head      h1.Request    // the request head parsed last (parseHead), reused
 	lastSweep time.Time
-	lastYield time.Time   // when the loop last went through the Go scheduler (see pass)
+	lastYield time.Time   // when the loop last went through the Go scheduler (see loopYield)
 	cur       *loopConn   // the connection the current step serves (loopguard_linux.go)
 	touched   []*loopConn // the connections the current pass touched
 	resp      h1.Response // the response head parsed last (readResponse), reused
@@ -381,6 +381,10 @@ func (l *eventLoop) run() {
 			return
 		}
 		l.pass(events[:n])
+		if l.now.Sub(l.lastYield) >= loopYield { // after the pass's writes went out
+			l.lastYield = l.now
+			runtime.Gosched()
+		}
 	}
 }
 
@@ -414,10 +418,6 @@ func (l *eventLoop) pass(events []unix.EpollEvent) {
 	if l.now.Sub(l.lastSweep) >= loopTick {
 		l.lastSweep = l.now
 		l.sweep()
-	}
-	if l.now.Sub(l.lastYield) >= loopYield {
-		l.lastYield = l.now
-		runtime.Gosched()
 	}
 	for len(l.batchIO.writes) > 0 {
 		l.writeQueued()

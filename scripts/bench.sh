@@ -321,7 +321,7 @@ if [ -z "$TLS_ONLY" ]; then
 		esac
 	done
 fi
-for store in $STORES; do tls_gates+=" tls-$store"; done
+[ -n "$LAT_ONLY" ] || for store in $STORES; do tls_gates+=" tls-$store"; done
 if [ -n "$TLS_ONLY" ] && [ -n "$BASELINE" ]; then
 	for store in $STORES; do tls_gates+=" tls-$store@base"; done
 fi
@@ -489,16 +489,18 @@ echo "  $(go version | cut -d' ' -f3), $(nginx -v 2>&1 | cut -d' ' -f3), $("$tmp
 echo "  upstream: nginx return 200; $RESOURCES resources; wrk -t$THREADS; $ROUNDS rounds x $DURATION per target, interleaved"
 echo
 
+# AWK_MEDIAN is the median of a[1..n] (sorts a in place), for the tables.
+AWK_MEDIAN='
+function median(a, n,   i, j, t) {
+	for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j+1] = a[j]; a[j+1] = t }
+	return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
+}'
 # throughput FILE NGINX HAPROXY TARGET...: the throughput table of the
 # rounds in FILE, with ratios to the rows NGINX, HAPROXY and direct.
 throughput() {
 	local f=$1 ng=$2 hp=$3
 	shift 3
-	awk -v targets="$*" -v nginx="$ng" -v haproxy="$hp" '
-function median(a, n,   i, j, t) {
-	for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j+1] = a[j]; a[j+1] = t }
-	return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
-}
+	awk -v targets="$*" -v nginx="$ng" -v haproxy="$hp" "$AWK_MEDIAN"'
 { rps[$2, $1] = $3; p50[$2, $1] = $4; p99[$2, $1] = $5; bad[$2] += $6 + $7; cpu[$2, $1] = $8; idle[$2, $1] = $9; if ($1 > rounds) rounds = $1 }
 END {
 	n = split(targets, T, " ")
@@ -545,11 +547,7 @@ one_connection() {
 			echo "$r $t $(run "$t" 1 1)" >>"$tmp/c1"
 		done
 	done
-	awk -v targets="$*" '
-function median(a, n,   i, j, t) {
-	for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j+1] = a[j]; a[j+1] = t }
-	return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
-}
+	awk -v targets="$*" "$AWK_MEDIAN"'
 { rps[$2, $1] = $3; p50[$2, $1] = $4; cpu[$2, $1] = $8; if ($1 > rounds) rounds = $1 }
 END {
 	n = split(targets, t, " ")
