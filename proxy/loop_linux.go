@@ -72,8 +72,8 @@ const loopTick = 20 * time.Millisecond
 // then retakes it from every epoll wait and signals the thread, and keeps
 // polling every 20 µs instead of backing off to 10 ms. Measured at one
 // connection over 3 s: 0.34 monitor wake-ups per forwarded write before,
-// under 0.01 after, thread signals from 111 to 13, and a lower added
-// latency and CPU per write (docs/performance.md). A yield costs a
+// under 0.01 after, thread signals from 111 to 13, and more writes per
+// second at 50 connections (docs/performance.md). A yield costs a
 // hand-off of the locked thread, a few microseconds, at most 200 times a
 // second.
 const loopYield = 5 * time.Millisecond
