@@ -196,17 +196,21 @@ func tooLarge(limit int64) error {
 		fmt.Sprintf("the request body exceeds the limit of %d bytes", limit))
 }
 
-// decodeJSON decodes exactly one JSON object from body into dst (a pointer
-// to a struct with json tags), refusing unknown members, members whose name
-// differs in case from the field's, and repeated members: encoding/json
-// would accept the last two silently, so {"Owner":"a","owner":"b"} could
-// mean something other than what its sender read. limit is only quoted in
-// the too-large message.
+// decodeJSONStream decodes exactly one JSON object from body into dst (a
+// pointer to a struct with json tags), refusing unknown members, members
+// whose name differs in case from the field's, and repeated members:
+// encoding/json would accept the last two silently, so
+// {"Owner":"a","owner":"b"} could mean something other than what its sender
+// read. limit is only quoted in the too-large message.
 //
-// The body is read whole and checked as JSON first, so a body that is too
-// large or malformed is refused as such (413 or invalid-json) whatever its
-// members; only then are the members decoded, each straight into its field.
-func decodeJSON(body io.Reader, limit int64, dst any) error {
+// The body is read as one JSON value first, so a body that is too large or
+// malformed is refused as such (413 or invalid-json) whatever its members;
+// only then are the members decoded, each straight into its field, in
+// order, the first wrong one named in the refusal.
+//
+// It is the reference decoder: decodeJSON (decode.go) answers with it
+// whenever its own quicker path does not accept a body.
+func decodeJSONStream(body io.Reader, limit int64, dst any) error {
 	dec := json.NewDecoder(body)
 	var raw json.RawMessage
 	if err := dec.Decode(&raw); err != nil {
