@@ -29,7 +29,8 @@
 #      by how its work is spread over threads, not by its cost);
 #   2. latency: one connection, $BENCH_LAT_ROUNDS interleaved rounds; the
 #      median p50 latency over rounds and what each hop adds to the direct
-#      path, taken within each round (median and range);
+#      path, taken within each round (median and range), and each row's p50
+#      minus nginx's, paired within each round the same way;
 #   3. many clients: $BENCH_MANY connections at every gate: req/s, RSS
 #      sampled during the run, peak RSS (VmHWM, over the process's life) and
 #      the goroutine count (go_goroutines from /metrics) during the run;
@@ -533,7 +534,11 @@ rounds() {
 # in $LAT_ROUNDS rounds whose order runs forward in odd rounds and backward
 # in even ones. A target's added latency is taken within each round (its
 # p50 minus direct's p50 of the same round); the table gives the medians
-# over rounds, and the range of the added latency.
+# over rounds, and the range of the added latency. "vs nginx" is the same
+# pairing against the nginx row of the table (nginx or nginx-tls): each
+# round's p50 minus nginx's p50 of that round, median and range over the
+# rounds, the figure the latency goal compares (a round that drifts moves
+# both of its p50s, not their difference).
 one_connection() {
 	local r t order
 	: >"$tmp/c1"
@@ -551,15 +556,22 @@ one_connection() {
 { rps[$2, $1] = $3; p50[$2, $1] = $4; cpu[$2, $1] = $8; if ($1 > rounds) rounds = $1 }
 END {
 	n = split(targets, t, " ")
-	printf "  %-31s %10s %9s %11s %17s %12s\n", "target", "req/s", "p50 µs", "added µs", "added range", "CPU µs/req"
+	ref = ""
+	for (i = 1; i <= n; i++) if (t[i] == "nginx" || t[i] == "nginx-tls") ref = t[i]
+	printf "  %-31s %10s %9s %11s %17s %12s %10s %17s\n", "target", "req/s", "p50 µs", "added µs", "added range", "CPU µs/req", "vs nginx", "vs nginx range"
 	for (i = 1; i <= n; i++) {
 		for (r = 1; r <= rounds; r++) {
 			a[r] = rps[t[i], r]; b[r] = p50[t[i], r]; c[r] = p50[t[i], r] - p50["direct", r]; u[r] = cpu[t[i], r]
+			d[r] = p50[t[i], r] - p50[ref, r]
 			if (r == 1 || c[r] < lo) lo = c[r]
 			if (r == 1 || c[r] > hi) hi = c[r]
+			if (r == 1 || d[r] < dlo) dlo = d[r]
+			if (r == 1 || d[r] > dhi) dhi = d[r]
 		}
-		if (t[i] == "direct") printf "  %-31s %10.0f %9.0f %11s %17s %12s\n", t[i], median(a, rounds), median(b, rounds), "–", "–", "–"
-		else printf "  %-31s %10.0f %9.0f %11s %17s %12.1f\n", t[i], median(a, rounds), median(b, rounds), sprintf("%+.0f", median(c, rounds)), sprintf("%+.0f to %+.0f", lo, hi), median(u, rounds)
+		vs = "–"; vsr = "–"
+		if (ref != "" && t[i] != "direct" && t[i] != ref) { vs = sprintf("%+.0f", median(d, rounds)); vsr = sprintf("%+.0f to %+.0f", dlo, dhi) }
+		if (t[i] == "direct") printf "  %-31s %10.0f %9.0f %11s %17s %12s %10s %17s\n", t[i], median(a, rounds), median(b, rounds), "–", "–", "–", "–", "–"
+		else printf "  %-31s %10.0f %9.0f %11s %17s %12.1f %10s %17s\n", t[i], median(a, rounds), median(b, rounds), sprintf("%+.0f", median(c, rounds)), sprintf("%+.0f to %+.0f", lo, hi), median(u, rounds), vs, vsr
 	}
 }' "$tmp/c1"
 }
