@@ -19,6 +19,12 @@ import (
 // the file takes a second generation of as many resources in the space the
 // first freed (bbolt reuses freed pages; the file does not shrink).
 // docs/stores.md quotes the figures from its log.
+//
+// Both are judged on the space bbolt has used (DataSize), not on the
+// file's size: the file grows in doubling steps, so a second generation
+// that needs a few pages more than the first (how the writes fell into
+// group commits moves page placement a little, more so on a busy machine)
+// can double the file while reusing nearly all the freed space.
 func TestBytesPerIdleResource(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short: thousands of fsynced commits")
@@ -65,12 +71,12 @@ func TestBytesPerIdleResource(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before := size()
+	before, usedBefore := size(), boltstore.DataSize(st)
 	generation(1)
-	peak := size()
-	t.Logf("file store: %.0f bytes per idle resource (%d resources, 14-byte names; file %d bytes before, %d at the peak)",
-		float64(peak-before)/n, n, before, peak)
-	if per := float64(peak-before) / n; per > 4096 {
+	peak, usedPeak := size(), boltstore.DataSize(st)
+	t.Logf("file store: %.0f bytes per idle resource (%d resources, 14-byte names; %d bytes used before, %d at the peak; file %d bytes before, %d at the peak)",
+		float64(usedPeak-usedBefore)/n, n, usedBefore, usedPeak, before, peak)
+	if per := float64(usedPeak-usedBefore) / n; per > 4096 {
 		t.Fatalf("%.0f bytes per idle resource, want at most 4 KiB", per)
 	}
 	clock.Advance(2 * time.Hour)
@@ -78,9 +84,14 @@ func TestBytesPerIdleResource(t *testing.T) {
 		t.Fatalf("Sweep = %d, %v; want %d removed", removed, err, n)
 	}
 	generation(2)
-	again := size()
-	t.Logf("file store: %d bytes after the retention and a second generation of %d resources", again, n)
-	if again > peak+peak/10 {
-		t.Fatalf("file grew to %d with the second generation, want it within 10%% of the first's peak %d", again, peak)
+	again, usedAgain := size(), boltstore.DataSize(st)
+	t.Logf("file store: %d bytes used (file %d) after the retention and a second generation of %d resources", usedAgain, again, n)
+	// Without reuse the second generation would add what the first did;
+	// with it, only what fragmentation and the pages still pending free
+	// when it ran cost: 0 to 7 % of the first's growth on a quiet machine,
+	// up to 11 % beside two CPU burners, and once in CI enough to double
+	// the file (at least 14 %). Half is far from both.
+	if grew, first := usedAgain-usedPeak, usedPeak-usedBefore; grew > first/2 {
+		t.Fatalf("the second generation added %d bytes to the %d used at the first's peak, want at most half the first's %d: freed pages not reused", grew, usedPeak, first)
 	}
 }

@@ -30,3 +30,16 @@ func DeleteRecord(s *Store, res string) error {
 	s.marks.forget(res)
 	return err
 }
+
+// DataSize is how much of the store file bbolt has used: the end of its
+// highest page in use or freed (a transaction's Size). The file itself
+// grows in steps beyond it (doubling up to bbolt's allocation size), so
+// this is what shows whether freed pages are reused.
+func DataSize(s *Store) int64 {
+	var n int64
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		n = tx.Size()
+		return nil
+	})
+	return n
+}
