@@ -490,18 +490,21 @@ echo "  $(go version | cut -d' ' -f3), $(nginx -v 2>&1 | cut -d' ' -f3), $("$tmp
 echo "  upstream: nginx return 200; $RESOURCES resources; wrk -t$THREADS; $ROUNDS rounds x $DURATION per target, interleaved"
 echo
 
-# AWK_MEDIAN is the median of a[1..n] (sorts a in place), for the tables.
-AWK_MEDIAN='
+# AWK_STATS are the tables' statistics over a[1..n]: the median (which
+# sorts a in place), and the least and the most.
+AWK_STATS='
 function median(a, n,   i, j, t) {
 	for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j+1] = a[j]; a[j+1] = t }
 	return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
-}'
+}
+function least(a, n,   i, v) { v = a[1]; for (i = 2; i <= n; i++) if (a[i] < v) v = a[i]; return v }
+function most(a, n,   i, v) { v = a[1]; for (i = 2; i <= n; i++) if (a[i] > v) v = a[i]; return v }'
 # throughput FILE NGINX HAPROXY TARGET...: the throughput table of the
 # rounds in FILE, with ratios to the rows NGINX, HAPROXY and direct.
 throughput() {
 	local f=$1 ng=$2 hp=$3
 	shift 3
-	awk -v targets="$*" -v nginx="$ng" -v haproxy="$hp" "$AWK_MEDIAN"'
+	awk -v targets="$*" -v nginx="$ng" -v haproxy="$hp" "$AWK_STATS"'
 { rps[$2, $1] = $3; p50[$2, $1] = $4; p99[$2, $1] = $5; bad[$2] += $6 + $7; cpu[$2, $1] = $8; idle[$2, $1] = $9; if ($1 > rounds) rounds = $1 }
 END {
 	n = split(targets, T, " ")
@@ -511,10 +514,8 @@ END {
 		t = T[k]
 		for (r = 1; r <= rounds; r++) { a[r] = rps[t, r]; b[r] = p50[t, r]; c[r] = p99[t, r]; x[r] = rps[t, r] / rps[nginx, r]; y[r] = rps[t, r] / rps["direct", r]; z[r] = hap ? rps[t, r] / rps[haproxy, r] : 0; u[r] = cpu[t, r]; v[r] = idle[t, r] }
 		m = median(a, rounds); m50 = median(b, rounds); m99 = median(c, rounds)
-		lo = hi = x[1]; dlo = dhi = y[1]; hlo = hhi = z[1]
-		for (r = 2; r <= rounds; r++) { if (x[r] < lo) lo = x[r]; if (x[r] > hi) hi = x[r]; if (y[r] < dlo) dlo = y[r]; if (y[r] > dhi) dhi = y[r]; if (z[r] < hlo) hlo = z[r]; if (z[r] > hhi) hhi = z[r] }
 		hm = hap ? median(z, rounds) : 0
-		printf "  %-31s %10.0f %9.0f %9.0f %10.2f %14s %10s %14s %10.2f %14s %8d %9s %5.0f%%\n", t, m, m50, m99, median(x, rounds), sprintf("%.2f–%.2f", lo, hi), hap ? sprintf("%.2f", hm) : "–", hap ? sprintf("%.2f–%.2f", hlo, hhi) : "–", median(y, rounds), sprintf("%.2f–%.2f", dlo, dhi), bad[t], t == "direct" ? "–" : sprintf("%.1f", median(u, rounds)), median(v, rounds)
+		printf "  %-31s %10.0f %9.0f %9.0f %10.2f %14s %10s %14s %10.2f %14s %8d %9s %5.0f%%\n", t, m, m50, m99, median(x, rounds), sprintf("%.2f–%.2f", least(x, rounds), most(x, rounds)), hap ? sprintf("%.2f", hm) : "–", hap ? sprintf("%.2f–%.2f", least(z, rounds), most(z, rounds)) : "–", median(y, rounds), sprintf("%.2f–%.2f", least(y, rounds), most(y, rounds)), bad[t], t == "direct" ? "–" : sprintf("%.1f", median(u, rounds)), median(v, rounds)
 	}
 }' "$f"
 }
@@ -552,7 +553,7 @@ one_connection() {
 			echo "$r $t $(run "$t" 1 1)" >>"$tmp/c1"
 		done
 	done
-	awk -v targets="$*" "$AWK_MEDIAN"'
+	awk -v targets="$*" "$AWK_STATS"'
 { rps[$2, $1] = $3; p50[$2, $1] = $4; cpu[$2, $1] = $8; if ($1 > rounds) rounds = $1 }
 END {
 	n = split(targets, t, " ")
@@ -563,15 +564,11 @@ END {
 		for (r = 1; r <= rounds; r++) {
 			a[r] = rps[t[i], r]; b[r] = p50[t[i], r]; c[r] = p50[t[i], r] - p50["direct", r]; u[r] = cpu[t[i], r]
 			d[r] = p50[t[i], r] - p50[ref, r]
-			if (r == 1 || c[r] < lo) lo = c[r]
-			if (r == 1 || c[r] > hi) hi = c[r]
-			if (r == 1 || d[r] < dlo) dlo = d[r]
-			if (r == 1 || d[r] > dhi) dhi = d[r]
 		}
 		vs = "–"; vsr = "–"
-		if (ref != "" && t[i] != "direct" && t[i] != ref) { vs = sprintf("%+.0f", median(d, rounds)); vsr = sprintf("%+.0f to %+.0f", dlo, dhi) }
+		if (ref != "" && t[i] != "direct" && t[i] != ref) { vs = sprintf("%+.0f", median(d, rounds)); vsr = sprintf("%+.0f to %+.0f", least(d, rounds), most(d, rounds)) }
 		if (t[i] == "direct") printf "  %-31s %10.0f %9.0f %11s %17s %12s %10s %17s\n", t[i], median(a, rounds), median(b, rounds), "–", "–", "–", "–", "–"
-		else printf "  %-31s %10.0f %9.0f %11s %17s %12.1f %10s %17s\n", t[i], median(a, rounds), median(b, rounds), sprintf("%+.0f", median(c, rounds)), sprintf("%+.0f to %+.0f", lo, hi), median(u, rounds), vs, vsr
+		else printf "  %-31s %10.0f %9.0f %11s %17s %12.1f %10s %17s\n", t[i], median(a, rounds), median(b, rounds), sprintf("%+.0f", median(c, rounds)), sprintf("%+.0f to %+.0f", least(c, rounds), most(c, rounds)), median(u, rounds), vs, vsr
 	}
 }' "$tmp/c1"
 }
