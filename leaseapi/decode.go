@@ -16,8 +16,8 @@ import (
 //
 // The usual body, a small object whose member names are the fields' own,
 // spelled exactly, each once and without escapes, takes a quicker path:
-// the body is read whole, checked as JSON, its top-level names are checked
-// against the fields, and json.Unmarshal fills dst in one pass. Anything
+// the body is read whole, its top-level names are checked against the
+// fields, and json.Unmarshal checks it as JSON and fills dst. Anything
 // else (a read error, a body over its limit, invalid JSON, a name that is
 // unknown, repeated, in another case or escaped, a value of the wrong type)
 // is decoded again by decodeJSONStream from the same bytes, followed by the
@@ -26,7 +26,10 @@ import (
 // (BenchmarkDecodeBody).
 func decodeJSON(body io.Reader, limit int64, dst any) error {
 	raw, err := io.ReadAll(body)
-	if err == nil && json.Valid(raw) && namesAreFields(raw, fieldNames(reflect.TypeOf(dst).Elem())) &&
+	// Unmarshal checks the whole body before it fills anything, so a
+	// malformed one leaves dst as it was. One it fills and then refuses (a
+	// value of the wrong type) the reference refuses too, whatever dst holds.
+	if err == nil && namesAreFields(raw, fieldNames(reflect.TypeOf(dst).Elem())) &&
 		json.Unmarshal(raw, dst) == nil {
 		return nil
 	}
@@ -47,7 +50,7 @@ func (r failingReader) Read([]byte) (int, error) { return 0, r.err }
 var fieldNamesCache sync.Map // reflect.Type -> []string
 
 // fieldNames returns the json names of t's fields, by field index ("" for
-// a field without one), as fieldIndex reads them.
+// a field without one or with "-"), read once per type.
 func fieldNames(t reflect.Type) []string {
 	if names, ok := fieldNamesCache.Load(t); ok {
 		return names.([]string)
@@ -66,11 +69,13 @@ func fieldNames(t reflect.Type) []string {
 // the names seen lives on the stack).
 const maxQuickFields = 16
 
-// namesAreFields reports whether raw, a valid JSON value, is an object
+// namesAreFields reports whether raw, if it is valid JSON, is an object
 // whose member names are all among names, spelled exactly, each at most
 // once, none with an escape sequence (those are left to the reference
-// decoder, which unescapes them). It walks the top level only: strings,
-// nested objects and arrays are skipped, which valid JSON makes safe.
+// decoder, which unescapes them). It walks the top level only, skipping
+// strings, nested objects and arrays, and does not check the JSON itself
+// (json.Unmarshal does, after it): on malformed input its answer means
+// nothing, but it never reads past raw.
 func namesAreFields(raw []byte, names []string) bool {
 	if len(names) > maxQuickFields {
 		return false
@@ -84,11 +89,14 @@ func namesAreFields(raw []byte, names []string) bool {
 				return false // a string, not an object
 			}
 			end, escaped := i+1, false
-			for ; raw[end] != '"'; end++ {
+			for ; end < len(raw) && raw[end] != '"'; end++ {
 				if raw[end] == '\\' {
 					escaped = true
 					end++ // the escaped byte, which may be a quote
 				}
+			}
+			if end >= len(raw) {
+				return false // the string does not end
 			}
 			if depth == 1 && wantName {
 				f := indexOf(names, raw[i+1:end])
@@ -121,7 +129,7 @@ func namesAreFields(raw []byte, names []string) bool {
 }
 
 // indexOf returns the index of the non-empty name equal to b, or -1.
-func indexOf(names []string, b []byte) int {
+func indexOf[S string | []byte](names []string, b S) int {
 	for i, n := range names {
 		if n != "" && n == string(b) {
 			return i

@@ -97,6 +97,8 @@ func TestDecodeTakesTheQuickPath(t *testing.T) {
 		{`[{"owner":"w"}]`, false},
 		{`"owner"`, false},
 		{`null`, false},
+		{`{"owner`, false}, // not JSON: never read past its end
+		{`{"owner":"w\`, false},
 	} {
 		if got := namesAreFields([]byte(c.body), names); got != c.quick {
 			t.Errorf("namesAreFields(%s) = %v, want %v", c.body, got, c.quick)

@@ -263,14 +263,7 @@ func decodeMembers(raw json.RawMessage, v reflect.Value) error {
 }
 
 // fieldIndex returns the index of t's field whose json name is name, or -1.
-func fieldIndex(t reflect.Type, name string) int {
-	for i := range t.NumField() {
-		if tag, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); tag == name && tag != "" && tag != "-" {
-			return i
-		}
-	}
-	return -1
-}
+func fieldIndex(t reflect.Type, name string) int { return indexOf(fieldNames(t), name) }
 
 // truncateName bounds a client-supplied member name quoted in an error.
 func truncateName(s string) string {
