@@ -30,7 +30,10 @@
 #   2. latency: one connection, $BENCH_LAT_ROUNDS interleaved rounds; the
 #      median p50 latency over rounds and what each hop adds to the direct
 #      path, taken within each round (median and range), and each row's p50
-#      minus nginx's, paired within each round the same way;
+#      minus nginx's, paired within each round the same way; after each
+#      Valkey gate's run, the Valkey server's PING round trip at one
+#      connection (redis-benchmark's p50), and the gate's p50 minus nginx's
+#      minus that PING's, paired the same way (the latency goal: at most 0);
 #   3. many clients: $BENCH_MANY connections at every gate: req/s, RSS
 #      sampled during the run, peak RSS (VmHWM, over the process's life) and
 #      the goroutine count (go_goroutines from /metrics) during the run;
@@ -551,6 +554,7 @@ one_connection() {
 		fi
 		for t in "${order[@]}"; do
 			echo "$r $t $(run "$t" 1 1)" >>"$tmp/c1"
+			case $t in *valkey*) ping_p50 | sed "s/^/$r ping:$t 0 /" >>"$tmp/c1" ;; esac
 		done
 	done
 	awk -v targets="$*" "$AWK_STATS"'
@@ -570,20 +574,26 @@ END {
 		if (t[i] == "direct") printf "  %-31s %10.0f %9.0f %11s %17s %12s %10s %17s\n", t[i], median(a, rounds), median(b, rounds), "–", "–", "–", "–", "–"
 		else printf "  %-31s %10.0f %9.0f %11s %17s %12.1f %10s %17s\n", t[i], median(a, rounds), median(b, rounds), sprintf("%+.0f", median(c, rounds)), sprintf("%+.0f to %+.0f", least(c, rounds), most(c, rounds)), median(u, rounds), vs, vsr
 	}
+	for (i = 1; i <= n; i++) {
+		pt = "ping:" t[i]
+		if (!((pt, 1) in p50)) continue
+		for (r = 1; r <= rounds; r++) { a[r] = p50[pt, r]; d[r] = p50[t[i], r] - p50[ref, r] - p50[pt, r] }
+		printf "  %s: Valkey PING p50 right after it %.0f µs (%.0f to %.0f); p50 minus %s p50 minus PING p50, in each round: %+.0f µs (%+.0f to %+.0f)\n", t[i], median(a, rounds), least(a, rounds), most(a, rounds), ref, median(d, rounds), least(d, rounds), most(d, rounds)
+	}
 }' "$tmp/c1"
 }
-# store_round_trip prints the Valkey server's round trip at one connection
-# (PING, median of redis-benchmark's p50 over 3 runs): DESIGN's latency goal
-# for the Valkey gate is nginx's added latency plus one store round trip.
-store_round_trip() {
+# ping_p50 prints the Valkey server's round trip at one connection in µs
+# (PING, redis-benchmark's p50 over 20,000), nothing without a Valkey
+# server or a benchmark tool. DESIGN's latency goal for the Valkey gate is
+# nginx's added latency plus one store round trip: one_connection measures
+# it right after each Valkey gate's run and pairs it within the round.
+ping_p50() {
 	local tool
 	[ -n "$VK" ] || return 0
 	tool=$(command -v valkey-benchmark || command -v redis-benchmark || true)
 	[ -n "$tool" ] || return 0
-	for _ in 1 2 3; do
-		"$tool" -h 127.0.0.1 -p "$VK" -c 1 -n 20000 -t ping_mbulk --csv 2>/dev/null |
-			awk -F'"' 'NR == 2 { print $10 * 1000 }'
-	done | sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "  Valkey round trip at one connection (PING, p50): %.0f µs\n", v[int((NR+1)/2)] }'
+	"$tool" -h 127.0.0.1 -p "$VK" -c 1 -n 20000 -t ping_mbulk --csv 2>/dev/null |
+		awk -F'"' 'NR == 2 { printf "%.0f\n", $10 * 1000 }'
 }
 kib() { awk -v k="$1" '/^'"$1"':/ {print $2}' "/proc/$2/status"; }
 # many TARGET...: each target at $MANY connections, with the gates' RSS.
@@ -631,7 +641,6 @@ fi
 say "latency: one connection, $LAT_ROUNDS rounds"
 echo "One connection (median over $LAT_ROUNDS rounds of p50 latency; added = what the hop adds to direct in the same round):"
 one_connection "${targets[@]}"
-store_round_trip
 echo
 [ -n "$LAT_ONLY" ] && exit 0
 
