@@ -576,7 +576,10 @@ END {
 	}
 	for (i = 1; i <= n; i++) {
 		pt = "ping:" t[i]
-		if (!((pt, 1) in p50)) continue
+		have = 0
+		for (r = 1; r <= rounds; r++) if ((pt, r) in p50) have++
+		if (have == 0) continue
+		if (have < rounds) { printf "  %s: no PING in %d of %d rounds, not paired\n", t[i], rounds - have, rounds; continue }
 		for (r = 1; r <= rounds; r++) { a[r] = p50[pt, r]; d[r] = p50[t[i], r] - p50[ref, r] - p50[pt, r] }
 		printf "  %s: Valkey PING p50 right after it %.0f µs (%.0f to %.0f); p50 minus %s p50 minus PING p50, in each round: %+.0f µs (%+.0f to %+.0f)\n", t[i], median(a, rounds), least(a, rounds), most(a, rounds), ref, median(d, rounds), least(d, rounds), most(d, rounds)
 	}
