@@ -101,6 +101,15 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				Headers: http.Header{"Retry-After": {strconv.Itoa(secs)}}})
 			return
 		}
+		if len(r.Header.Values("Authorization")) > 1 {
+			// Which one counts would depend on who reads the request: a
+			// proxy in front may judge the last where this judges the first.
+			s.limiter.Fail(addr)
+			s.refuse(w, r, &problem.Error{Status: http.StatusBadRequest, Code: "invalid-request",
+				Detail:  "send one Authorization header",
+				Headers: http.Header{"Www-Authenticate": {`Bearer realm="fencegate", error="invalid_request"`}}})
+			return
+		}
 		tok, hasTok := bearer(r.Header.Get("Authorization"))
 		ok := false
 		switch {

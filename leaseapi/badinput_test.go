@@ -25,6 +25,14 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"encoded space", "GET", "/v1/leases/a%20b", "", "", 400, "invalid-request"},
 		{"name too long", "POST", "/v1/leases/" + strings.Repeat("n", 201) + "/acquire", "application/json", `{"owner":"w9"}`, 400, "invalid-request"},
 		{"checkpoint bad name", "PUT", "/v1/leases/bad$/checkpoint", "application/json", `{"owner":"w1","token":1,"state":1}`, 400, "invalid-request"},
+		// Decoded once, as a proxy in front decodes it: job:%41, not job:A.
+		{"encoded percent", "POST", "/v1/leases/job:%2541/acquire", "application/json", `{"owner":"w9"}`, 400, "invalid-request"},
+		{"encoded percent, status", "GET", "/v1/leases/job%253A1", "", "", 400, "invalid-request"},
+		{"encoded percent beside an escape", "GET", "/v1/leases/job:%2541%2D", "", "", 400, "invalid-request"},
+		// Query parameters: the calls on one resource take none.
+		{"query on acquire", "POST", "/v1/leases/job:2/acquire?ttl_seconds=5", "application/json", `{"owner":"w9"}`, 400, "invalid-request"},
+		{"query on status", "GET", "/v1/leases/job:1?verbose=1", "", "", 400, "invalid-request"},
+		{"query on checkpoint", "PUT", "/v1/leases/job:1/checkpoint?x", "application/json", `{"owner":"w1","token":1,"state":2}`, 400, "invalid-request"},
 		// ttl_seconds and wait_seconds.
 		{"ttl 0", "POST", "/v1/leases/job:2/acquire", "application/json", `{"owner":"w9","ttl_seconds":0}`, 400, "invalid-request"},
 		{"ttl 86401", "POST", "/v1/leases/job:2/acquire", "application/json", `{"owner":"w9","ttl_seconds":86401}`, 400, "invalid-request"},
@@ -50,6 +58,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"release token 0", "POST", "/v1/leases/job:1/release", "application/json", `{"owner":"w1","token":0}`, 400, "invalid-request"},
 		{"release finished not bool", "POST", "/v1/leases/job:1/release", "application/json", `{"owner":"w1","token":1,"finished":"yes"}`, 400, "invalid-request"},
 		{"checkpoint missing state", "PUT", "/v1/leases/job:1/checkpoint", "application/json", `{"owner":"w1","token":1}`, 400, "invalid-request"},
+		{"checkpoint null state", "PUT", "/v1/leases/job:1/checkpoint", "application/json", `{"owner":"w1","token":1,"state":null}`, 400, "invalid-request"},
 		{"checkpoint token 0", "PUT", "/v1/leases/job:1/checkpoint", "application/json", `{"owner":"w1","token":0,"state":1}`, 400, "invalid-request"},
 		// Malformed and unexpected JSON.
 		{"truncated", "POST", "/v1/leases/job:2/acquire", "application/json", `{"owner":`, 400, "invalid-json"},
@@ -85,6 +94,10 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"limit negative", "GET", "/v1/leases?limit=-1", "", "", 400, "invalid-request"},
 		{"bad prefix", "GET", "/v1/leases?prefix=a/b", "", "", 400, "invalid-request"},
 		{"unknown query parameter", "GET", "/v1/leases?prefx=job:", "", "", 400, "invalid-request"},
+		{"malformed query pair", "GET", "/v1/leases?prefix=%ZZ", "", "", 400, "invalid-request"},
+		{"semicolon in query", "GET", "/v1/leases?prefix=job:;x", "", "", 400, "invalid-request"},
+		{"repeated query parameter", "GET", "/v1/leases?prefix=job:&prefix=mail:", "", "", 400, "invalid-request"},
+		{"malformed limit pair", "GET", "/v1/leases?limit=%ZZ", "", "", 400, "invalid-request"},
 		{"cursor not base64url", "GET", "/v1/leases?cursor=!!", "", "", 400, "invalid-request"},
 		{"cursor of no resource name", "GET", "/v1/leases?cursor=bm90IGEgbmFtZQ", "", "", 400, "invalid-request"},
 	}

@@ -78,9 +78,9 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// TestDecodeTakesTheQuickPath pins which bodies the quick path takes, so
-// that a change making it refuse everything (and so agree trivially with
-// the reference) fails here.
+// TestDecodeTakesTheQuickPath pins which bodies the quick path takes, and
+// that decodeJSON takes it, so that a change making it refuse everything
+// or skipping it (and so agreeing trivially with the reference) fails here.
 func TestDecodeTakesTheQuickPath(t *testing.T) {
 	names := fieldNames(reflect.TypeOf(checkpointBody{}))
 	for _, c := range []struct {
@@ -103,6 +103,23 @@ func TestDecodeTakesTheQuickPath(t *testing.T) {
 		if got := namesAreFields([]byte(c.body), names); got != c.quick {
 			t.Errorf("namesAreFields(%s) = %v, want %v", c.body, got, c.quick)
 		}
+	}
+	// decodeJSON must use it: a decodeJSON that sent every body to the
+	// reference would agree with it everywhere and pass the cases above.
+	// The quick path is the only way decodeJSON can allocate less than the
+	// reference (it reads the body whole first, then decodes it once), so
+	// the allocation counts, taken in this run, tell the paths apart.
+	const body = `{"owner":"worker-7","ttl_seconds":30}`
+	allocs := func(decode func(io.Reader, int64, any) error) float64 {
+		return testing.AllocsPerRun(50, func() {
+			var dst acquireBody
+			if err := decode(strings.NewReader(body), LeaseBodyLimit, &dst); err != nil || dst.Owner != "worker-7" {
+				t.Fatalf("%q: %v, owner %q", body, err, dst.Owner)
+			}
+		})
+	}
+	if quick, stream := allocs(decodeJSON), allocs(decodeJSONStream); quick >= stream {
+		t.Errorf("decodeJSON allocates %v times per body, the reference %v: the quick path is not taken", quick, stream)
 	}
 }
 

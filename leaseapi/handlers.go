@@ -3,6 +3,7 @@ package leaseapi
 import (
 	"errors"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -65,7 +66,11 @@ type resourceCall func(w http.ResponseWriter, r *http.Request, name string) (any
 // and the call's answer or error is written.
 func (s *Server) onResource(op access.Op, call resourceCall) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		name, err := resource(r)
+		_, err := query(r, nil)
+		var name string
+		if err == nil {
+			name, err = resource(r)
+		}
 		if err == nil {
 			err = permit(r, op, name)
 		}
@@ -81,18 +86,58 @@ func (s *Server) onResource(op access.Op, call resourceCall) http.HandlerFunc {
 	}
 }
 
-// resource returns the {resource} path parameter, percent-decoded and
-// validated.
+// resource returns the {resource} path parameter, percent-decoded once and
+// validated. chi matches the raw path when the request's path has escapes
+// that its decoded form would not repeat (r.URL.RawPath is set), and the
+// decoded path otherwise: only in the first case is the parameter still
+// encoded. Decoding it in both would decode job:%2541 twice, to job:A,
+// where a proxy in front, decoding once, saw job:%41.
 func resource(r *http.Request) (string, error) {
-	raw := chi.URLParam(r, "resource")
-	name, err := url.PathUnescape(raw)
-	if err != nil {
-		return "", &fencing.ValidationError{Field: "resource", Reason: "is not a valid percent-encoded path segment"}
+	name := chi.URLParam(r, "resource")
+	if r.URL.RawPath != "" {
+		var err error
+		if name, err = url.PathUnescape(name); err != nil {
+			return "", &fencing.ValidationError{Field: "resource", Reason: "is not a valid percent-encoded path segment"}
+		}
 	}
 	if err := fencing.ValidateResource(name); err != nil {
 		return "", err
 	}
 	return name, nil
+}
+
+// listParams are the query parameters of GET /v1/leases; every other /v1
+// call takes none.
+var listParams = []string{"prefix", "limit", "cursor"}
+
+// query parses r's query string strictly: every parameter must be one of
+// allowed and appear once, and every pair must be well formed. Like an
+// unknown JSON member, a typo (?prefx=), a parameter the call does not take
+// (?ttl_seconds= on acquire), a malformed pair (?prefix=%ZZ) or a ';'
+// separator, each of which url.Values would drop or let the first of two
+// win, is refused instead of silently ignored: a listing would otherwise
+// list everything, an acquisition take the default TTL.
+func query(r *http.Request, allowed []string) (url.Values, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, &fencing.ValidationError{Field: "query", Reason: "is not a valid query string: " + err.Error()}
+	}
+	names := slices.Sorted(maps.Keys(q)) // the first fault, the same one each time
+	for _, name := range names {
+		field := name
+		if field == "" {
+			field = "query"
+		}
+		switch {
+		case !slices.Contains(allowed, name) && len(allowed) == 0:
+			return nil, &fencing.ValidationError{Field: field, Reason: "is not a query parameter of this call (it takes none)"}
+		case !slices.Contains(allowed, name):
+			return nil, &fencing.ValidationError{Field: field, Reason: "is not a query parameter of this call (use " + strings.Join(allowed, ", ") + ")"}
+		case len(q[name]) > 1:
+			return nil, &fencing.ValidationError{Field: field, Reason: "must be given once"}
+		}
+	}
+	return q, nil
 }
 
 func (s *Server) handleLivez(w http.ResponseWriter, r *http.Request) {
@@ -199,6 +244,9 @@ func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request, name s
 	if err := decodeBody(w, r, s.checkpointLimit, &body); err != nil {
 		return nil, err
 	}
+	if string(body.State) == "null" {
+		body.State = nil // a JSON null member counts as absent: refused below
+	}
 	if err := permitOwner(r, body.Owner); err != nil {
 		return nil, err
 	}
@@ -231,14 +279,10 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request, name strin
 // next_cursor this API answered. A page as long as the limit carries a
 // next_cursor (the page after it may be empty); a shorter one is the last.
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	for name := range q {
-		if name != "prefix" && name != "limit" && name != "cursor" {
-			// Like unknown JSON members: a typo (?prefx=) must not
-			// silently list everything.
-			s.fail(w, r, &fencing.ValidationError{Field: name, Reason: "is not a query parameter of this call (use prefix, limit and cursor)"})
-			return
-		}
+	q, err := query(r, listParams)
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	req := fencing.ListRequest{Prefix: q.Get("prefix")}
 	if v := q.Get("limit"); v != "" {

@@ -133,7 +133,7 @@ func (e *env) req(method, path, contentType, body string, hdr ...string) answer 
 		r.Header.Set("Content-Type", contentType)
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
-		r.Header.Set(hdr[i], hdr[i+1])
+		r.Header.Add(hdr[i], hdr[i+1]) // a name given twice is sent twice
 	}
 	resp, err := e.srv.Client().Do(r)
 	if err != nil {

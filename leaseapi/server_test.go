@@ -50,6 +50,15 @@ func TestAuth(t *testing.T) {
 				}
 			}
 		}
+		// Two Authorization headers, even one of them right: which counts
+		// would depend on who reads them.
+		for _, auth := range [][]string{{"Bearer s3cret-token", "Bearer garbage"}, {"Bearer garbage", "Bearer s3cret-token"}} {
+			a := e.req("POST", "/v1/leases/job:1/acquire", "application/json", `{"owner":"w"}`, "Authorization", auth[0], "Authorization", auth[1])
+			wantProblem(t, "two Authorization headers", a, 400, "invalid-request")
+			if got, want := a.header.Get("WWW-Authenticate"), `Bearer realm="fencegate", error="invalid_request"`; got != want {
+				t.Fatalf("two Authorization headers: WWW-Authenticate %q, want %q", got, want)
+			}
+		}
 		// Nothing was acquired by the refused calls.
 		st := e.req("GET", "/v1/leases/job:1", "", "", "Authorization", "Bearer s3cret-token")
 		wantOK(t, "authorized status", st)
