@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -236,5 +237,72 @@ func TestSlowHeadIsCutOff(t *testing.T) {
 	}
 	if n := e.up.count(); n != 1 {
 		t.Fatalf("upstream got %d requests, want 1", n)
+	}
+}
+
+// TestHalfCloseAfterAWholeWrite: a client that half-closes its connection
+// once its whole request is sent (nc -N, HTTP/1.0 tools) still gets the
+// upstream's answer, and its write leaves the barrier at that answer: the
+// half-close is not taken for a client gone, which would answer 502 for a
+// write the upstream applied and hold the resource for the grace. On the
+// general engine (a chunked body, HTTP/1.0), with the half-close before
+// and after the write reached the upstream. Read from the upstream's
+// record and the next holder's answer.
+func TestHalfCloseAfterAWholeWrite(t *testing.T) {
+	for _, c := range []struct{ name, head, body string }{
+		{"chunked", "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: chunked\r\n", "2\r\nhc\r\n0\r\n\r\n"},
+		{"HTTP/1.0", "PUT /jobs/1 HTTP/1.0\r\nHost: gate\r\nContent-Length: 2\r\n", "hc"},
+	} {
+		for _, atUpstream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s, half-closed at the upstream %v", c.name, atUpstream), func(t *testing.T) {
+				e := newEnv(t, testRules, func(o *Options) {
+					o.BarrierTimeout = 50 * time.Millisecond
+					o.TimeoutGrace = time.Hour
+				})
+				arrived, release := make(chan struct{}), make(chan struct{})
+				e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+					if rec.Body == "hc" && atUpstream {
+						close(arrived)
+						<-release
+					}
+					return false
+				}
+				a := e.acquire("job:1", "a", 10*time.Second)
+				e.clock.Advance(11 * time.Second)
+				b := e.acquire("job:1", "b", 10*time.Second)
+				conn, err := net.Dial("tcp", e.gateSrv.Listener.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+				if _, err := io.WriteString(conn, c.head+"Fencing-Token: "+tok(a.Token)+"\r\n\r\n"+c.body); err != nil {
+					t.Fatal(err)
+				}
+				if atUpstream {
+					<-arrived
+				}
+				_ = conn.(*net.TCPConn).CloseWrite()
+				if atUpstream {
+					close(release)
+				}
+				_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+				resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+				if err != nil {
+					t.Fatalf("no answer after the half-close: %v", err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || string(body) != "applied hc" {
+					t.Fatalf("answer %d %q, want the upstream's 200", resp.StatusCode, body)
+				}
+				if r := e.do("PUT", "/jobs/1", "next", HeaderToken, tok(b.Token)); r.Status != http.StatusOK {
+					t.Fatalf("the next holder after a half-closed write: %d %s", r.Status, r.Body)
+				}
+				got := e.up.requests()
+				if len(got) != 2 || got[0].Body != "hc" || got[1].Body != "next" {
+					t.Fatalf("the upstream got %+v, want the half-closed write, then the next holder's", got)
+				}
+			})
+		}
 	}
 }

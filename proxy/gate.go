@@ -251,6 +251,7 @@ type Gate struct {
 	urlHost        string
 	upstreamConns  int
 	noWriteReuse   bool
+	upstreamHTTP2  bool // the general engine serves every request (Options.UpstreamHTTP2)
 	upstreamTO     time.Duration
 	rules          atomic.Pointer[[]Rule] // replaced whole by SetRules
 	resourceHeader bool
@@ -337,6 +338,7 @@ func New(opts Options) (*Gate, error) {
 	}
 	g.upstreamConns = cmp.Or(opts.UpstreamConns, DefaultUpstreamConns)
 	g.noWriteReuse = opts.NoWriteReuse
+	g.upstreamHTTP2 = opts.UpstreamHTTP2
 	g.dialer = newUpstreamDialer(u)
 	g.urlScheme, g.urlHost = upstreamScheme(u), u.Host
 	if u.Scheme == "unix" {
@@ -367,10 +369,10 @@ type exchange struct {
 	route    string       // the matched rule's pattern, or ""
 	audit    *auditRecord // &auditRec for a write, nil for a read
 	auditRec auditRecord
-	body     *bodyReader // a streamed body while it is forwarded, or nil
-	flight   flight      // the general engine's write in flight to the upstream, or nil
-	buffered *[]byte     // a body read in full (bufferBody), or nil
-	bodyErr  error       // the body read with the head failed (the event loops)
+	body     *bodyReader    // a streamed body while it is forwarded, or nil
+	flight   *sendingFlight // the general engine's write in flight to the upstream, or nil
+	buffered *[]byte        // a body read in full (bufferBody), or nil
+	bodyErr  error          // the body read with the head failed (the event loops)
 
 	// headerBuf holds the values upstreamHeaders makes: an address and a
 	// request id (at most reqid.MaxBytes) fit.

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -545,6 +546,135 @@ func TestRequestBodyStreams(t *testing.T) {
 	pw.Close()
 	if r := <-res; r.err != nil || r.body != "hello world" {
 		t.Fatalf("got %q %v", r.body, r.err)
+	}
+}
+
+// TestStreamedWriteHoldsTheBarrierUntilSentWhole: an upstream that answers
+// a streamed write's headers at once and reads its body afterwards (a
+// full-duplex call) does not open the barrier early: the next token is
+// sent only once the first write's body has ended, and the upstream gets
+// every byte of both (DESIGN §1.3). The gate's sends are seen by its
+// beforeSend hook, the bytes by the upstream's own record. (When the
+// upstream reads the first write's last bytes, against when it takes up
+// the next write on another connection, is up to the upstream: the gate
+// can order what it sends, not how the upstream schedules it.)
+func TestStreamedWriteHoldsTheBarrierUntilSentWhole(t *testing.T) {
+	e := newEnv(t, testRules)
+	var mu sync.Mutex
+	var events, gateEvents []string
+	note := func(s string) { mu.Lock(); events = append(events, s); mu.Unlock() }
+	noteGate := func(s string) { mu.Lock(); gateEvents = append(gateEvents, s); mu.Unlock() }
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tk := r.Header.Get(HeaderToken)
+		if r.Header.Get("X-Duplex") != "" {
+			if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+				t.Error(err)
+			}
+			w.WriteHeader(http.StatusOK) // the answer's head before the body is read
+			w.(http.Flusher).Flush()
+		}
+		buf := make([]byte, 64)
+		for {
+			n, err := r.Body.Read(buf)
+			if n > 0 {
+				note(tk + " got " + string(buf[:n]))
+			}
+			if err != nil {
+				note(tk + " end " + fmt.Sprint(err))
+				return
+			}
+		}
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	g, err := New(Options{Upstream: u, Store: e.store, Rules: e.gateOpts.Rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sends := 0
+	g.beforeSend = func() {
+		mu.Lock()
+		sends++
+		n := sends
+		mu.Unlock()
+		noteGate(fmt.Sprint("gate sends write ", n))
+	}
+	srv := serveGate(t, g)
+	a := e.acquire("job:5", "a", 10*time.Second)
+	e.clock.Advance(11 * time.Second)
+	b := e.acquire("job:5", "b", 10*time.Second)
+	ta, tb := tok(a.Token), tok(b.Token)
+
+	// a's write: its body streams, and the upstream answers at once.
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("PUT", srv.URL+"/jobs/5", pr)
+	req.Header.Set(HeaderToken, ta)
+	req.Header.Set("X-Duplex", "1")
+	respA := make(chan *http.Response, 1)
+	go func() {
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Error(err)
+			close(respA)
+			return
+		}
+		respA <- resp
+	}()
+	if _, err := io.WriteString(pw, "first"); err != nil {
+		t.Fatal(err)
+	}
+	if resp := <-respA; resp == nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("a's write: %v", resp)
+	} else {
+		defer resp.Body.Close()
+	}
+	has := func(list *[]string, ev string) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Contains(*list, ev)
+		}
+	}
+	waitFor(t, "a's first part at the upstream", has(&events, ta+" got first"))
+
+	// b's write, while a's body is still coming: admitted, then it waits.
+	resB := make(chan response, 1)
+	go func() {
+		r, _ := doReq(srv.Client(), srv.URL, "PUT", "/jobs/5", "second", HeaderToken, tb)
+		resB <- r
+	}()
+	sentB := has(&gateEvents, "gate sends write 2")
+	waitFor(t, "b's write admitted", func() bool {
+		st, err := e.store.Status(context.Background(), "job:5")
+		return sentB() || (err == nil && st.HighWater == b.Token && g.registered("job:5", b.Token) == 1)
+	})
+	noteGate("a's body ends")
+	if _, err := io.WriteString(pw, "rest"); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if r := <-resB; r.Status != http.StatusOK {
+		t.Fatalf("b's write: %d %s", r.Status, r.Body)
+	}
+	waitFor(t, "b's write at the upstream", has(&events, tb+" end EOF"))
+	mu.Lock()
+	defer mu.Unlock()
+	if got, want := strings.Join(gateEvents, ", "), "gate sends write 1, a's body ends, gate sends write 2"; got != want {
+		t.Fatalf("the gate: %s; want %s", got, want)
+	}
+	var gotA, gotB []string
+	for _, ev := range events {
+		if strings.HasPrefix(ev, ta+" ") {
+			gotA = append(gotA, ev)
+		} else {
+			gotB = append(gotB, ev)
+		}
+	}
+	if got, want := strings.Join(gotA, ", "), ta+" got first, "+ta+" got rest, "+ta+" end EOF"; got != want {
+		t.Fatalf("the upstream received of a's write: %s; want %s", got, want)
+	}
+	if got, want := strings.Join(gotB, ", "), tb+" got second, "+tb+" end EOF"; got != want {
+		t.Fatalf("the upstream received of b's write: %s; want %s", got, want)
 	}
 }
 

@@ -55,11 +55,11 @@ type exchangeKey struct{}
 
 // forwardHTTP sends x's request to the upstream and relays the answer. t
 // is the write's place at the barrier (nil for an unfenced request): it is
-// left when the upstream's response headers arrive, or held for the grace
-// period when the outcome is unknown.
+// left once the upstream's response headers have arrived and the request
+// has been written whole (see sendingFlight), or held for the grace period
+// when the outcome is unknown.
 func (g *Gate) forwardHTTP(x *exchange, t flight) {
 	defer x.releaseBody()
-	x.flight = t
 	r := x.r
 	if x.buffered == nil && r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 		g.setBodyDeadline(x) // from the start of the forwarding, after the barrier
@@ -76,9 +76,26 @@ func (g *Gate) forwardHTTP(x *exchange, t flight) {
 			return
 		}
 		x.body = &bodyReader{r: io.MultiReader(bytes.NewReader(first), r.Body), left: int(r.ContentLength)}
+		// The answer may come while the body still streams (a full-duplex
+		// call): net/http's HTTP/1 server would otherwise read the rest of
+		// the body away before it writes the answer's head, from under the
+		// transport that is forwarding it. HTTP/2 is always full duplex.
+		_ = http.NewResponseController(x.w).EnableFullDuplex()
 	}
-	ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), exchangeKey{}, x), g.upstreamTO)
+	// Not r's own context: net/http cancels it when the client's side of
+	// the connection reads EOF, which a client that half-closes after its
+	// whole request (nc -N, HTTP/1.0 tools) does too. A write that has
+	// left for the upstream stays with it until the upstream answers or
+	// UpstreamTimeout passes, whatever the client does meanwhile, as on the
+	// event loops: cancelling it would answer 502 for a write the upstream
+	// may apply, and hold the barrier for the grace.
+	ctx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(r.Context()), exchangeKey{}, x), g.upstreamTO)
 	defer cancel()
+	if t != nil {
+		x.flight = &sendingFlight{place: t, grace: g.grace}
+		defer x.flight.finish() // after the answer is relayed, or the exchange failed
+		ctx = x.flight.trace(ctx)
+	}
 	if g.beforeSend != nil {
 		g.beforeSend()
 	}
@@ -179,13 +196,13 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 }
 
 // answered runs when the upstream's response head arrives: a fenced
-// write's place at the barrier is left (the next token may go while the
-// body is relayed), and the upstream's request id gives way to the gate's.
+// write's place at the barrier is left once its request has been written
+// whole (the next token may go while the answer's body is relayed), and the
+// upstream's request id gives way to the gate's.
 func (g *Gate) answered(resp *http.Response) error {
 	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
 	if x.flight != nil {
-		x.flight.Leave()
-		x.flight = nil
+		x.flight.answer()
 		x.audit.answered(resp.StatusCode)
 		g.count(x, CodeAdmitted)
 	}
@@ -196,8 +213,10 @@ func (g *Gate) answered(resp *http.Response) error {
 // proxyError answers a request whose forwarding failed (upstreamFailed).
 func (g *Gate) proxyError(_ http.ResponseWriter, r *http.Request, err error) {
 	x := r.Context().Value(exchangeKey{}).(*exchange)
-	t := x.flight
-	x.flight = nil
+	var t flight
+	if x.flight != nil && x.flight.failed() {
+		t = x.flight.place
+	}
 	g.upstreamFailed(x, t, err)
 }
 
