@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/memstore"
 )
 
 // h2way is how a test reaches a gate over HTTP/2: with prior knowledge in
@@ -273,4 +275,72 @@ func testHTTP2Abuse(t *testing.T, w h2way) {
 		t.Fatalf("the upstream got %d requests from the abuse: %+v", len(got), got[0])
 	}
 	stillServes(t, w, addr)
+}
+
+// TestH2UpstreamWindowIsBounded: over HTTP/2 to the upstream, the gate
+// lets the upstream send each stream's answer at most 64 KiB ahead of the
+// client, whatever the client: a client that never reads makes the gate
+// hold no more per request than an HTTP/1.1 upstream connection costs.
+// Read from what the gate tells the upstream (its SETTINGS frame, the
+// flow-control window the upstream must honour), on a raw upstream.
+func TestH2UpstreamWindowIsBounded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	got := make(chan map[http2.SettingID]uint32, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		preface := make([]byte, len(http2.ClientPreface))
+		if _, err := io.ReadFull(c, preface); err != nil || string(preface) != http2.ClientPreface {
+			got <- nil
+			return
+		}
+		f := http2.NewFramer(c, c)
+		for {
+			fr, err := f.ReadFrame()
+			if err != nil {
+				got <- nil
+				return
+			}
+			if s, ok := fr.(*http2.SettingsFrame); ok && !s.IsAck() {
+				settings := map[http2.SettingID]uint32{}
+				_ = s.ForeachSetting(func(s http2.Setting) error { settings[s.ID] = s.Val; return nil })
+				got <- settings
+				return
+			}
+		}
+	}()
+	u, _ := url.Parse("http://" + ln.Addr().String())
+	rules, err := ParseRules(testRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(Options{Upstream: u, UpstreamHTTP2: true, Store: memstore.New(memstore.Options{}), Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serveGate(t, g)
+	go func() {
+		if resp, err := srv.Client().Get(srv.URL + "/report"); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	settings := <-got
+	if settings == nil {
+		t.Fatal("the gate sent no HTTP/2 SETTINGS to the upstream")
+	}
+	window, ok := settings[http2.SettingInitialWindowSize]
+	if !ok {
+		window = 65535 // the protocol's default, when none is sent
+	}
+	if window > upstreamStreamWindow {
+		t.Fatalf("the gate lets the upstream send %d bytes a stream ahead of the client, want at most %d", window, upstreamStreamWindow)
+	}
 }

@@ -104,11 +104,11 @@ type loopEngine struct {
 }
 
 // newLoopEngine returns the event loops for ln, or nil when ln cannot be
-// served by them (not a TCP listener, or an https upstream: the loops
-// speak plain TCP only).
+// served by them (not a TCP listener, or an upstream spoken to over TLS or
+// HTTP/2: the loops speak HTTP/1.1 over plain TCP only).
 func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 	tl, ok := ln.(*net.TCPListener)
-	if !ok || s.g.upstream.Scheme != "http" || s.g.noWriteReuse || s.noLoops {
+	if !ok || s.g.upstream.Scheme != "http" || s.g.upstreamHTTP2 || s.g.noWriteReuse || s.noLoops {
 		return nil, nil
 	}
 	lnFD := -1

@@ -919,3 +919,31 @@ func TestLoopsSurviveAnOverflowingChunkSize(t *testing.T) {
 		})
 	}
 }
+
+// TestLoopsAnswerABareLFHeadAtOnce: an upstream answer whose head ends its
+// lines with a bare LF, on a connection the upstream keeps open, is
+// refused at once (502), not waited on until the upstream timeout: such a
+// head never ends in CRLF CRLF.
+func TestLoopsAnswerABareLFHeadAtOnce(t *testing.T) {
+	hold := make(chan struct{})
+	t.Cleanup(func() { close(hold) })
+	gs := serveGateBefore(t, func(up net.Conn) {
+		_, _ = io.WriteString(up, "HTTP/1.1 200 OK\nContent-Length: 2\n\nok")
+		<-hold // the connection stays open
+	})
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	c, err := net.Dial("tcp", gs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /x HTTP/1.1\r\nHost: g\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second)) // the upstream timeout is longer
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	wantRawProblem(t, resp, http.StatusBadGateway, "upstream-unavailable")
+}

@@ -70,7 +70,10 @@ func (c *loopConn) readResponse() bool {
 	for {
 		end := h1.HeadEnd(u.In)
 		if end < 0 {
-			if len(u.In) > upstreamReadBuffer {
+			// A bare LF (or NUL) in the head: it would never end in CRLF
+			// CRLF, and waiting for that would hold the client until the
+			// upstream timeout. The loops do not read such an answer.
+			if len(u.In) > upstreamReadBuffer || h1.BareLineEnd(u.In) {
 				c.upstreamBroke(errUpstreamHead)
 				return true
 			}

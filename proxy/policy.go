@@ -30,9 +30,19 @@ import (
 //   - Failures are classed by upstreamFailed: never sent (dial failed, no
 //     free connection: the barrier is left) or maybe applied (the barrier
 //     is held for the grace period).
+//   - Over HTTP/2 (Options.UpstreamHTTP2), each stream takes at most
+//     upstreamStreamWindow of answer ahead of what the client has taken:
+//     net/http's default, 4 MiB a stream, let a client that never reads
+//     (an HTTP/2 window of 0, or a stalled HTTP/1.1 socket) make the gate
+//     hold 4 MiB per request. 64 KiB is what an HTTP/1.1 upstream
+//     connection costs the gate in buffers, and its flow-control window is
+//     what bounds the upstream. The connection's window stays net/http's
+//     (1 GiB): a small one would let a few stalled streams stop every
+//     other stream on that connection.
 const (
-	upstreamDialTimeout = 5 * time.Second
-	upstreamIdle        = time.Minute
+	upstreamDialTimeout  = 5 * time.Second
+	upstreamIdle         = time.Minute
+	upstreamStreamWindow = 64 << 10
 )
 
 // errNoFreeConns and errDialTimeout are the event loops' failures that
@@ -87,6 +97,9 @@ func newTransport(u *url.URL, d *upstreamDialer, conns int, tlsConfig *tls.Confi
 		DisableCompression:     true,
 		DisableKeepAlives:      !reuse,
 		Protocols:              new(http.Protocols),
+	}
+	if http2 {
+		t.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: upstreamStreamWindow}
 	}
 	switch {
 	case http2 && u.Scheme == "https":
