@@ -367,7 +367,7 @@ func openStore(ctx context.Context, cfg config.Config, environ []string, log *sl
 	}
 	switch spec.Kind {
 	case config.StoreMemory:
-		log.Warn("memory store: leases, tokens and high-water marks are forgotten when fencegate stops; tokens issued before a restart will be issued again. Use it for tests and demos only.")
+		log.Warn("memory store: leases, checkpoints and high-water marks are forgotten when fencegate stops (tokens follow the host clock, so they are not issued again unless the clock steps back). Use it for tests and demos only.")
 		// Tokens on the clock, as in every store (DESIGN §12): a token
 		// issued before a record was removed by retention stays refused.
 		return memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Retention: cfg.Retention, ClockTokens: true}), nil
