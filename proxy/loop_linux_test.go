@@ -629,10 +629,11 @@ func TestLoopReadsAheadAtMostOnce(t *testing.T) {
 
 // dialGateBefore serves a gate in front of an upstream that answers each
 // request with answer (see serveGateBefore); it returns a connection to
-// the gate.
+// the gate, made once its event loops serve.
 func dialGateBefore(t *testing.T, answer func(up net.Conn)) net.Conn {
 	t.Helper()
 	gs := serveGateBefore(t, answer)
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
 	c, err := net.Dial("tcp", gs.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -927,16 +928,10 @@ func TestLoopsSurviveAnOverflowingChunkSize(t *testing.T) {
 func TestLoopsAnswerABareLFHeadAtOnce(t *testing.T) {
 	hold := make(chan struct{})
 	t.Cleanup(func() { close(hold) })
-	gs := serveGateBefore(t, func(up net.Conn) {
+	c := dialGateBefore(t, func(up net.Conn) {
 		_, _ = io.WriteString(up, "HTTP/1.1 200 OK\nContent-Length: 2\n\nok")
 		<-hold // the connection stays open
 	})
-	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
-	c, err := net.Dial("tcp", gs.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	if _, err := io.WriteString(c, "GET /x HTTP/1.1\r\nHost: g\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
