@@ -131,6 +131,12 @@ func defaultOwner() string {
 	return host + suffix
 }
 
+// forwardedSignals are the signals fencegate run passes on to CMD's
+// process group (which no terminal signal reaches: see runUnderLease):
+// every one that would otherwise end fencegate run alone, leaving CMD
+// running on with nothing renewing its lease.
+var forwardedSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
+
 // runUnderLease is `fencegate run`: acquire, start CMD, keep the lease
 // while CMD runs, release, and exit with CMD's status.
 func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) error {
@@ -143,8 +149,11 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 	// process-wide handler in main cancels ctx, which only matters before
 	// CMD runs (it abandons the acquisition).
 	sigc := make(chan os.Signal, 4)
-	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM)
+	signal.Notify(sigc, forwardedSignals...)
 	defer signal.Stop(sigc)
+	// A stopped fencegate run could not renew the lease while CMD, in a
+	// process group of its own, went on: the job-control stop is ignored.
+	signal.Ignore(syscall.SIGTSTP)
 
 	sess, err := c.openSession(ctx, client, o)
 	switch {

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/leaseapi"
 )
@@ -244,40 +246,62 @@ func TestRunExitStatuses(t *testing.T) {
 	}
 }
 
-// TestRunForwardsSIGTERM: SIGTERM to fencegate run reaches the command and
-// its children (its process group), and the lease is released.
-func TestRunForwardsSIGTERM(t *testing.T) {
+// TestRunForwardsSignals: SIGTERM, SIGINT, SIGHUP (a closed terminal or
+// ssh session) and SIGQUIT to fencegate run reach the command and its
+// children (its process group), and the lease is released; none of them
+// ends fencegate run alone with the command running on. SIGTSTP (Ctrl-Z)
+// is ignored: a stopped fencegate run could not renew the lease.
+func TestRunForwardsSignals(t *testing.T) {
 	p := start(t, t.TempDir(), []string{"FENCEGATE_STORE=memory:"}, "api")
 	api := p.url("api", "")
-	d := t.TempDir()
-	script := `sleep 300 & echo $! > "$D/grandchild"
-trap 'echo term > "$D/term"; exit 0' TERM
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			d := t.TempDir()
+			name := strings.TrimPrefix(unix.SignalName(sig), "SIG")
+			resource := "job:" + strings.ToLower(name)
+			script := `sleep 300 & echo $! > "$D/grandchild"
+trap 'echo got > "$D/got"; exit 0' ` + name + `
 touch "$D/started"
 while :; do sleep 0.05; done`
-	r := startBG(t, []string{"FENCEGATE_API_URL=" + api, "D=" + d}, "run", "--resource", "job:term", "--ttl", "5s", "--", "sh", "-c", script)
-	waitFile(t, filepath.Join(d, "started"), 30*time.Second, r)
-	grandchild, err := strconv.Atoi(readFile(t, filepath.Join(d, "grandchild")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(grandchild, syscall.SIGKILL) })
-	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := r.wait(30 * time.Second); code != 0 {
-		t.Fatalf("run exited %d, want the command's 0 (it traps SIGTERM)\n%s", code, r.stderr)
-	}
-	if readFile(t, filepath.Join(d, "term")) != "term" {
-		t.Fatal("the command did not get SIGTERM")
-	}
-	for limit := time.Now().Add(10 * time.Second); !processGone(grandchild); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(limit) {
-			t.Fatal("the command's child did not get SIGTERM")
-		}
-	}
-	st, err := leaseapi.NewClient(api).Status(context.Background(), "job:term")
-	if err != nil || st.Lease != nil || st.Previous == nil || st.Previous.Ended != fencing.EndReleased {
-		t.Fatalf("status after SIGTERM: %+v, %v", st, err)
+			r := startBG(t, []string{"FENCEGATE_API_URL=" + api, "D=" + d}, "run", "--resource", resource, "--ttl", "5s", "--", "sh", "-c", script)
+			waitFile(t, filepath.Join(d, "started"), 30*time.Second, r)
+			grandchild, err := strconv.Atoi(readFile(t, filepath.Join(d, "grandchild")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = syscall.Kill(grandchild, syscall.SIGKILL) })
+			if sig == syscall.SIGTERM {
+				// Ctrl-Z first: ignored, fencegate run goes on.
+				if err := r.cmd.Process.Signal(syscall.SIGTSTP); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := r.cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			// A shell's background jobs ignore SIGINT and SIGQUIT (POSIX):
+			// the group gets them, but they do not end its sleep, which
+			// would keep the command's output open.
+			ignored := sig == syscall.SIGINT || sig == syscall.SIGQUIT
+			if ignored {
+				_ = syscall.Kill(grandchild, syscall.SIGKILL)
+			}
+			if code := r.wait(30 * time.Second); code != 0 {
+				t.Fatalf("run exited %d, want the command's 0 (it traps %v)\n%s", code, sig, r.stderr)
+			}
+			if readFile(t, filepath.Join(d, "got")) != "got" {
+				t.Fatalf("the command did not get %v", sig)
+			}
+			for limit := time.Now().Add(10 * time.Second); !ignored && !processGone(grandchild); time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(limit) {
+					t.Fatalf("the command's child did not get %v", sig)
+				}
+			}
+			st, err := leaseapi.NewClient(api).Status(context.Background(), resource)
+			if err != nil || st.Lease != nil || st.Previous == nil || st.Previous.Ended != fencing.EndReleased {
+				t.Fatalf("status after %v: %+v, %v", sig, st, err)
+			}
+		})
 	}
 }
 
