@@ -2,6 +2,9 @@ package deploy
 
 import (
 	"fmt"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -12,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/api/resmap"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/fencegate/fencegate/config"
@@ -21,11 +25,15 @@ import (
 // docs/performance.md): the sidecar's memory request must cover it.
 var measuredRSS = resource.MustParse("53Mi")
 
-// render builds a kustomization as kubectl apply -k would.
+// testToken is the lease API token render gives the overlays, as the
+// file each reads it from (which no checkout has: the user makes it).
+const testToken = "0123456789abcdef0123456789abcdef"
+
+// render builds a kustomization as kubectl apply -k would, on a copy of
+// the kubernetes tree in memory, with each overlay's api-token file made.
 func render(t *testing.T, dir string) []byte {
 	t.Helper()
-	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-	m, err := k.Run(filesys.MakeFsOnDisk(), dir)
+	m, err := build(t, dir, true)
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
@@ -34,6 +42,48 @@ func render(t *testing.T, dir string) []byte {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// build runs kustomize on dir in an in-memory copy of the kubernetes
+// tree, with each overlay's api-token file when withToken is set.
+func build(t *testing.T, dir string, withToken bool) (resmap.ResMap, error) {
+	t.Helper()
+	fs := filesys.MakeFsInMemory()
+	err := filepath.WalkDir("kubernetes", func(path string, d iofs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return fs.WriteFile(path, b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if withToken {
+		overlays, err := os.ReadDir("kubernetes/overlays")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range overlays {
+			if err := fs.WriteFile(filepath.Join("kubernetes/overlays", o.Name(), "api-token"), []byte(testToken)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(fs, dir)
+}
+
+// TestOverlaysShipNoToken: an overlay does not build without the API token
+// file its user makes: no token in the repository can be deployed.
+func TestOverlaysShipNoToken(t *testing.T) {
+	for _, overlay := range []string{"single", "replicated"} {
+		if _, err := build(t, "kubernetes/overlays/"+overlay, false); err == nil || !strings.Contains(err.Error(), "api-token") {
+			t.Errorf("overlay %s builds without its api-token file (err %v): it ships a token", overlay, err)
+		}
+	}
 }
 
 // TestKubernetesOverlays renders every overlay and checks what a user

@@ -132,13 +132,17 @@ func (s *Store) WaitLower(ctx context.Context, e fencing.BarrierEntry) (int, err
 	defer s.shared.leave(tp)
 	return fencing.WaitLowerLoop(ctx, barrierRecheck, tp.wakeChan, tp.done, func() error { return tp.err },
 		func(ctx context.Context) (fencing.BarrierCheck, error) {
-			r, err := s.run(ctx, "barrier check", barrierCheckScript, []string{s.barKey(e.Resource)}, []string{e.Token.String()})
+			r, err := s.run(ctx, "barrier check", barrierCheckScript, []string{s.barKey(e.Resource)}, []string{e.Token.String(), e.ID})
 			if err != nil {
 				return fencing.BarrierCheck{}, err
 			}
 			b, n := decodeBarrierCheck(r)
 			if err := n.err(); err != nil {
 				return fencing.BarrierCheck{}, err
+			}
+			if b.gone {
+				return fencing.BarrierCheck{}, fmt.Errorf("%w: barrier wait: this write's entry in the shared barrier is gone from the server, "+
+					"which lost data (the entries of the writes it waited for went with it): not forwarded", fencing.ErrUnavailable)
 			}
 			return fencing.BarrierCheck{Lower: b.lower, Wait: b.wait, Expired: b.expired}, nil
 		})

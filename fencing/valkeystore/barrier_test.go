@@ -2,6 +2,7 @@ package valkeystore
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -80,4 +81,48 @@ func serverMillis(t testing.TB, do func(...string) (string, error)) int64 {
 	sec, _ := strconv.ParseInt(f[0], 10, 64)
 	usec, _ := strconv.ParseInt(f[1], 10, 64)
 	return sec*1000 + usec/1000
+}
+
+// TestWaitLowerFailsClosedWhenTheServerLosesTheBarrier: a write waiting
+// behind a lower one whose entries the server then loses (FLUSHALL here, as
+// a restart without persistence or a failover to a replica that missed
+// them would) is refused, not let through as if the lower write had ended:
+// it would otherwise reach the upstream while the lower one is still in
+// flight, and before a higher one waiting beside it.
+func TestWaitLowerFailsClosedWhenTheServerLosesTheBarrier(t *testing.T) {
+	srv := valkeytest.Start(t)
+	prefix := freshPrefix()
+	g1, g2 := open(t, srv.URL(), prefix), open(t, srv.URL(), prefix)
+	ctx := context.Background()
+	a, err := g1.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := g1.AdmitRegister(ctx, fencing.AdmitRequest{Resource: "job:1", Token: a.Token}, "g1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g1.Release(ctx, fencing.ReleaseRequest{Resource: "job:1", Owner: "a", Token: a.Token}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := g2.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "b", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, entry, behind, err := g2.AdmitRegister(ctx, fencing.AdmitRequest{Resource: "job:1", Token: b.Token}, "g2", time.Minute)
+	if err != nil || !behind {
+		t.Fatalf("b's write admitted behind a's: %v, behind %v", err, behind)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_, err := g2.WaitLower(wctx, entry)
+		waited <- err
+	}()
+	if _, err := srv.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; !errors.Is(err, fencing.ErrUnavailable) {
+		t.Fatalf("b's write after the server lost the barrier: %v, want a refusal (ErrUnavailable)", err)
+	}
 }

@@ -297,14 +297,18 @@ type barrierReply struct {
 	lower   int           // unexpired entries with a lower token
 	wait    time.Duration // until the earliest of their deadlines
 	expired int           // expired lower entries removed
+	gone    bool          // barrier_check only: the write's own entry is gone
 }
 
 func decodeBarrierCheck(r []string) (barrierReply, *named) {
 	n := decodeNamed("barrier check", r)
 	var b barrierReply
-	if n.kind == "BARRIER" {
+	switch n.kind {
+	case "BARRIER":
 		b.lower, b.wait, b.expired = int(n.millis("lower")), time.Duration(n.millis("wait_ms"))*time.Millisecond, int(n.millis("expired"))
-	} else {
+	case "GONE":
+		b.gone = true
+	default:
 		n.fail()
 	}
 	return b, n

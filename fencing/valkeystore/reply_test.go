@@ -281,15 +281,35 @@ func TestScriptReplies(t *testing.T) {
 			}
 		}},
 		{"barrier_check/BARRIER", func(e replyEnv) {
-			l, _ := e.acquire("alice")
-			if _, _, _, err := e.s.AdmitRegister(context.Background(), fencing.AdmitRequest{Resource: e.res, Token: l.Token}, "g", time.Minute); err != nil {
+			l1, _ := e.acquire("alice")
+			if _, _, _, err := e.s.AdmitRegister(context.Background(), fencing.AdmitRequest{Resource: e.res, Token: l1.Token}, "g", time.Minute); err != nil {
 				e.t.Fatal(err)
 			}
-			r := e.raw(barrierCheckScript, []string{e.bar()}, tokStr(l.Token+1))
+			e.release(l1)
+			l2, _ := e.acquire("bob")
+			_, own, _, err := e.s.AdmitRegister(context.Background(), fencing.AdmitRequest{Resource: e.res, Token: l2.Token}, "g", time.Minute)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			r := e.raw(barrierCheckScript, []string{e.bar()}, tokStr(l2.Token), own.ID)
 			a, n := decodeBarrierCheck(r)
 			checkNamed(e.t, n)
-			if a.lower != 1 || a.wait <= 0 || a.wait > time.Minute || a.expired != 0 {
+			if a.lower != 1 || a.wait <= 0 || a.wait > time.Minute || a.expired != 0 || a.gone {
 				e.t.Fatalf("barrier check behind one entry: %+v", a)
+			}
+		}},
+		{"barrier_check/GONE", func(e replyEnv) {
+			l, _ := e.acquire("alice")
+			_, own, _, err := e.s.AdmitRegister(context.Background(), fencing.AdmitRequest{Resource: e.res, Token: l.Token}, "g", time.Minute)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			e.raw(valkey.NewLuaScript("redis.call('DEL', KEYS[1]) return {'OK'}"), []string{e.bar()}) // the server loses the set
+			r := e.raw(barrierCheckScript, []string{e.bar()}, tokStr(l.Token), own.ID)
+			a, n := decodeBarrierCheck(r)
+			checkNamed(e.t, n)
+			if !a.gone {
+				e.t.Fatalf("barrier check of an entry the server lost: %+v", a)
 			}
 		}},
 	}
