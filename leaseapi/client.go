@@ -418,14 +418,25 @@ func (c *Client) do(ctx context.Context, method, path, resource string, query ur
 
 // transportError classifies a failed round trip: a failed dial sent
 // nothing (ErrUnavailable); anything later may have reached the server
-// (ErrAmbiguous).
+// (ErrAmbiguous), and is named as the API's silence, not the store's.
 func transportError(method, path string, err error) error {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
 		return fmt.Errorf("leaseapi: %s %s: %w", method, path, &unreachableError{err: err})
 	}
-	return fmt.Errorf("leaseapi: %s %s: %w: %w", method, path, fencing.ErrAmbiguous, err)
+	return fmt.Errorf("leaseapi: %s %s: %w", method, path, &noAnswerError{err: err})
 }
+
+// noAnswerError is a round trip that failed after it may have reached the
+// lease API (a timeout, a connection lost, the caller giving up): it
+// matches fencing.ErrAmbiguous, since the call may have taken effect, but
+// says that the API did not answer; the store may never have been asked.
+type noAnswerError struct{ err error }
+
+func (e *noAnswerError) Error() string {
+	return "no answer from the lease API (the call may have taken effect): " + e.err.Error()
+}
+func (e *noAnswerError) Unwrap() []error { return []error{fencing.ErrAmbiguous, e.err} }
 
 // ErrUnreachable matches a call that could not connect to the lease API
 // at all (connection refused, no route, DNS failure): nothing was done.

@@ -211,6 +211,9 @@ func TestClientTransportErrors(t *testing.T) {
 	if !errors.Is(err, context.Canceled) || !errors.Is(err, fencing.ErrAmbiguous) || errors.Is(err, fencing.ErrUnavailable) {
 		t.Fatalf("canceled after sending: %v", err)
 	}
+	if !strings.Contains(err.Error(), "no answer from the lease API") || strings.Contains(err.Error(), "store") {
+		t.Fatalf("canceled after sending: %v, want it named as the API's silence, not the store's", err)
+	}
 
 	for _, base := range []string{"::nope", "ftp://host", "localhost:7070", ""} {
 		if _, err := leaseapi.NewClient(base).Status(context.Background(), "job:1"); err == nil {

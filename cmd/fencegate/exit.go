@@ -9,12 +9,13 @@ import (
 // to choose one; any other error exits with exitFailure.
 const (
 	exitOK          = 0
-	exitFailure     = 1  // start-up or runtime failure
-	exitUsage       = 2  // bad flags, arguments or configuration
-	exitRefused     = 3  // the server refused (lease-held, lease-lost, no-checkpoint, ...)
-	exitUnavailable = 4  // the server or its store could not be reached
-	exitNotAcquired = 75 // fencegate run: lease not acquired within --wait
-	exitLeaseLost   = 76 // fencegate run: lease lost while the command ran
+	exitFailure     = 1   // start-up or runtime failure
+	exitUsage       = 2   // bad flags, arguments or configuration
+	exitRefused     = 3   // the server refused (lease-held, lease-lost, no-checkpoint, ...)
+	exitUnavailable = 4   // the server or its store could not be reached
+	exitNotAcquired = 75  // fencegate run: lease not acquired within --wait
+	exitLeaseLost   = 76  // fencegate run: lease lost while the command ran
+	exitInterrupted = 130 // SIGINT or SIGTERM ended a call before its answer (128+SIGINT, as shells report)
 )
 
 // exitError is an error that ends the process with a given status. A nil

@@ -588,6 +588,10 @@ func (c *cli) apiFailure(err error) error {
 			return withExit(exitRefused, nil)
 		}
 	}
+	if errors.Is(err, context.Canceled) {
+		// Ctrl-C or SIGTERM (main's context): not the API's fault.
+		return withExit(exitInterrupted, errors.New("interrupted (a call in flight may have taken effect)"))
+	}
 	if errors.Is(err, leaseapi.ErrUnreachable) {
 		base, _ := c.apiURL()
 		var cause error = err

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/leaseapi"
@@ -255,5 +259,40 @@ func TestLeaseListPages(t *testing.T) {
 				t.Fatalf("list with a forged cursor: exit %d, stderr %q; want %d and invalid-request", r.code, r.stderr, exitUsage)
 			}
 		})
+	}
+}
+
+// TestLeaseCommandInterrupted: Ctrl-C (SIGINT) while a lease command waits
+// for the API's answer ends it with 130 and says so; it is not reported as
+// the API unavailable or the store's outcome unknown (exit 4).
+func TestLeaseCommandInterrupted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	arrived := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+			close(arrived)
+		}
+		_, _ = io.Copy(io.Discard, c) // never answers
+	}()
+	r := startBG(t, []string{"FENCEGATE_API_URL=http://" + ln.Addr().String()}, "lease", "acquire", "job:1", "--owner", "a", "--wait", "30s")
+	select {
+	case <-arrived:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the acquisition never reached the API")
+	}
+	if err := r.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(20 * time.Second); code != exitInterrupted || !strings.Contains(r.stderr.String(), "interrupted") || strings.Contains(r.stderr.String(), "store") {
+		t.Fatalf("interrupted acquisition: exit %d, stderr %q; want 130 and the interruption named", code, r.stderr)
 	}
 }
