@@ -97,6 +97,13 @@ func TestKubernetesOverlays(t *testing.T) {
 			dir := "kubernetes/overlays/" + overlay
 			deps, secrets, cms, svcs := k8sObjects(t, dir, render(t, dir))
 			checkSidecarDeployment(t, dir, deps, secrets, cms, svcs)
+			for _, d := range deps {
+				// A store of one instance (the example's Valkey, the
+				// single overlay's file store) must never run twice at once.
+				if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType && (d.Name != "jobs" || overlay == "single") {
+					t.Errorf("%s: Deployment %s updates by %q: an old and a new instance of its store would run at once; want Recreate", dir, d.Name, d.Spec.Strategy.Type)
+				}
+			}
 		})
 	}
 	// The base alone is one replica, whatever the overlays do.
