@@ -128,12 +128,14 @@ func query(r *http.Request, allowed []string) (url.Values, error) {
 		if field == "" {
 			field = "query"
 		}
-		switch {
-		case !slices.Contains(allowed, name) && len(allowed) == 0:
-			return nil, &fencing.ValidationError{Field: field, Reason: "is not a query parameter of this call (it takes none)"}
-		case !slices.Contains(allowed, name):
-			return nil, &fencing.ValidationError{Field: field, Reason: "is not a query parameter of this call (use " + strings.Join(allowed, ", ") + ")"}
-		case len(q[name]) > 1:
+		if !slices.Contains(allowed, name) {
+			reason := "is not a query parameter of this call (it takes none)"
+			if len(allowed) > 0 {
+				reason = "is not a query parameter of this call (use " + strings.Join(allowed, ", ") + ")"
+			}
+			return nil, &fencing.ValidationError{Field: field, Reason: reason}
+		}
+		if len(q[name]) > 1 {
 			return nil, &fencing.ValidationError{Field: field, Reason: "must be given once"}
 		}
 	}
