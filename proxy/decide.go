@@ -98,6 +98,12 @@ type Decision struct {
 	// or two for a write whose Destination is another resource; distinct
 	// and in resource order, the order they are admitted and ordered in.
 	Targets []Target
+	// Destination is the Destination value the upstream gets instead of
+	// the client's, "" for the client's own: with a base path in the
+	// upstream's URL, the judged path under that base, as the request's
+	// own path is, so that the upstream changes the resource the gate
+	// fenced (a Destination left as sent would name a path outside it).
+	Destination string
 }
 
 func refusal(status int, code, detail string) Decision {
@@ -167,8 +173,15 @@ func (g *Gate) decide(in Incoming) Decision {
 		return Decision{Verdict: Refuse, Problem: p}
 	}
 	d := Decision{Verdict: Fence}
+	// One rule set for the whole decision: a reload between the source's
+	// route and the Destination's would judge them by two sets (a source
+	// passed by the old, a Destination by the new), which neither allows.
+	rules := g.Rules()
+	if g.afterRulesLoad != nil {
+		g.afterRulesLoad()
+	}
 	var buf, destBuf [4]pathVar // the rules' variables, without allocating
-	rule, vars := g.route(in.Method, segs, buf[:0])
+	rule, vars := route(rules, in.Method, segs, buf[:0])
 	d.Rule = rule
 	if rule != nil && rule.Action == ActionDeny {
 		return denied(rule, in.Method)
@@ -177,14 +190,18 @@ func (g *Gate) decide(in Incoming) Decision {
 	var destVars pathVars
 	if vs, ok := in.Header[HeaderDestination]; ok {
 		var p *problem.Error
-		if dest, destVars, p = g.routeDestination(in, vs, destBuf[:0]); p != nil {
+		var path string
+		if dest, destVars, path, p = g.routeDestination(rules, in, vs, destBuf[:0]); p != nil {
 			return Decision{Verdict: Refuse, Problem: p, Rule: rule}
+		}
+		if g.upstreamBase != "" {
+			d.Destination = g.upstreamBase + path
 		}
 	}
 	sourcePass := rule != nil && rule.Action == ActionPass
 	destFenced := dest != nil && dest.Action == ActionFence
 	if sourcePass && !destFenced {
-		return Decision{Verdict: Forward, Rule: rule, Unfenced: true}
+		return Decision{Verdict: Forward, Rule: rule, Unfenced: true, Destination: d.Destination}
 	}
 
 	if !sourcePass {
@@ -192,7 +209,7 @@ func (g *Gate) decide(in Incoming) Decision {
 		if p != nil {
 			return Decision{Verdict: Refuse, Problem: p, Rule: rule}
 		}
-		res, p := g.resource(in.Header, rule, vars)
+		res, p := g.resource(in.Header, rule, vars, len(rules))
 		if p != nil {
 			return Decision{Verdict: Refuse, Problem: p, Rule: rule}
 		}
@@ -250,10 +267,9 @@ func notCanonical(err error) *problem.Error {
 		"the gate forwards writes only to canonical paths, which every upstream resolves alike: "+err.Error())
 }
 
-// route returns the first fence, pass or deny rule matching method and
-// the path's segments, and its pattern variables.
-func (g *Gate) route(method string, segs []string, into pathVars) (*Rule, pathVars) {
-	rules := g.Rules()
+// route returns the first fence, pass or deny rule of rules matching
+// method and the path's segments, and its pattern variables.
+func route(rules []Rule, method string, segs []string, into pathVars) (*Rule, pathVars) {
 	for i := range rules {
 		if rules[i].Action == ActionUpgrade {
 			continue
@@ -267,10 +283,11 @@ func (g *Gate) route(method string, segs []string, into pathVars) (*Rule, pathVa
 
 // routeDestination judges a write's Destination header: one value, a path
 // or an http(s) URL on the request's host (or the upstream's), canonical,
-// matched by a rule that does not deny it.
-func (g *Gate) routeDestination(in Incoming, vs []string, into pathVars) (*Rule, pathVars, *problem.Error) {
+// matched by a rule of rules that does not deny it. It returns the rule,
+// its variables and the Destination's path, as judged.
+func (g *Gate) routeDestination(rules []Rule, in Incoming, vs []string, into pathVars) (*Rule, pathVars, string, *problem.Error) {
 	if len(vs) != 1 {
-		return nil, nil, problem.New(http.StatusBadRequest, "path-not-canonical", "send at most one Destination header")
+		return nil, nil, "", problem.New(http.StatusBadRequest, "path-not-canonical", "send at most one Destination header")
 	}
 	path, err := g.destinationPath(in.Host, vs[0])
 	if err == nil {
@@ -279,21 +296,21 @@ func (g *Gate) routeDestination(in Incoming, vs []string, into pathVars) (*Rule,
 	if err != nil {
 		p := notCanonical(err)
 		p.Detail = "Destination: " + p.Detail
-		return nil, nil, p
+		return nil, nil, "", p
 	}
 	segs, err := splitPath(path)
 	if err != nil {
-		return nil, nil, notCanonical(err)
+		return nil, nil, "", notCanonical(err)
 	}
-	rule, vars := g.route(in.Method, segs, into)
+	rule, vars := route(rules, in.Method, segs, into)
 	switch {
 	case rule == nil:
-		return nil, nil, problem.New(http.StatusBadRequest, "resource-required",
+		return nil, nil, "", problem.New(http.StatusBadRequest, "resource-required",
 			"no route rule matches the Destination, so the gate cannot tell which resource it changes; a Destination is fenced only by a rule")
 	case rule.Action == ActionDeny:
-		return nil, nil, denied(rule, in.Method).Problem
+		return nil, nil, "", denied(rule, in.Method).Problem
 	}
-	return rule, vars, nil
+	return rule, vars, path, nil
 }
 
 // destinationPath returns the path of a Destination value: an absolute
@@ -459,12 +476,13 @@ func requestToken(h http.Header, name string) (fencing.Token, *problem.Error) {
 }
 
 // resource is the write's resource: the rule's, or the Fencing-Resource
-// header's when no rule matched and ResourceHeader is on.
-func (g *Gate) resource(h http.Header, rule *Rule, vars pathVars) (string, *problem.Error) {
+// header's when no rule matched and the fallback is on (ResourceHeader, or
+// ResourceHeaderWithoutRules while rules, the rule set in force, is empty).
+func (g *Gate) resource(h http.Header, rule *Rule, vars pathVars, rules int) (string, *problem.Error) {
 	if rule != nil {
 		return ruleResource(rule, vars)
 	}
-	if !g.resourceHeader {
+	if !g.resourceHeader && !(g.resourceHeaderWithoutRules && rules == 0) {
 		return "", problem.New(http.StatusBadRequest, "resource-required",
 			"no route rule matches this write, so the gate cannot tell which resource it changes")
 	}

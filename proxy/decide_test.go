@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -148,5 +151,123 @@ func TestDestinationOrderedAtBarrier(t *testing.T) {
 	st, err := e.store.Status(context.Background(), "file:T")
 	if err != nil || st.HighWater != 1 {
 		t.Fatalf("file:T: %+v %v", st, err)
+	}
+}
+
+// TestDecisionUsesOneRuleSet: a reload that lands while a COPY is being
+// judged does not judge its path by one rule set and its Destination by
+// the other. Here the old set passes the path and fences the Destination,
+// the new one the reverse: each alone refuses the COPY without tokens, and
+// so must any decision made across the reload.
+func TestDecisionUsesOneRuleSet(t *testing.T) {
+	oldRules, err := ParseRules("COPY /src/{x} pass\nCOPY /dst/{x} fence d:{x}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newRules, err := ParseRules("COPY /src/{x} fence s:{x}\nCOPY /dst/{x} pass")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, _ := url.Parse("http://upstream:1")
+	g, err := New(Options{Upstream: up, Store: memstore.New(memstore.Options{}), Rules: oldRules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.afterRulesLoad = func() { _ = g.SetRules(newRules) } // the reload, right after the decision loaded the rules
+	d := g.decide(Incoming{Method: "COPY", Target: "/src/1", Host: "gate", Header: http.Header{HeaderDestination: {"/dst/1"}}})
+	if d.Verdict != Refuse || d.Problem == nil || d.Problem.Code != "token-required" {
+		t.Fatalf("a COPY judged across a reload: %+v, want 428 token-required as under either rule set", d)
+	}
+}
+
+// TestDestinationUnderTheUpstreamBase: with a base path in the upstream's
+// URL, the Destination the upstream gets is the judged path under that
+// base, as the request's own path is, so the upstream changes the resource
+// the gate fenced; without a base it goes as the client sent it. Read from
+// the upstream's record, on each engine.
+func TestDestinationUnderTheUpstreamBase(t *testing.T) {
+	for _, chunked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("chunked %v", chunked), func(t *testing.T) {
+			rules, err := ParseRules("COPY,PUT /files/{id} fence file:{id}")
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := memstore.New(memstore.Options{})
+			up := &recorder{}
+			upSrv := httptest.NewServer(up)
+			defer upSrv.Close()
+			base, _ := url.Parse(upSrv.URL + "/base")
+			g, err := New(Options{Upstream: base, Store: st, Rules: rules})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := serveGate(t, g)
+			ctx := context.Background()
+			a, _ := st.Acquire(ctx, fencing.AcquireRequest{Resource: "file:a", Owner: "w", TTL: time.Minute})
+			b, _ := st.Acquire(ctx, fencing.AcquireRequest{Resource: "file:b", Owner: "w", TTL: time.Minute})
+			for _, dest := range []string{"/files/b", "http://" + strings.TrimPrefix(srv.URL, "http://") + "/files/b"} {
+				req, _ := http.NewRequest("COPY", srv.URL+"/files/a", strings.NewReader("x"))
+				if chunked {
+					req.ContentLength = -1
+					req.Body = io.NopCloser(strings.NewReader("x"))
+				}
+				req.Header.Set(HeaderToken, tok(a.Token))
+				req.Header.Set(HeaderDestination, dest)
+				req.Header.Set(HeaderDestinationToken, tok(b.Token))
+				resp, err := srv.Client().Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("COPY /files/a to %s: %d", dest, resp.StatusCode)
+				}
+			}
+			got := up.requests()
+			if len(got) != 2 {
+				t.Fatalf("the upstream got %d requests, want 2", len(got))
+			}
+			for _, r := range got {
+				if r.Path != "/base/files/a" || r.Header.Get(HeaderDestination) != "/base/files/b" {
+					t.Errorf("the upstream got COPY %s to %q, want /base/files/a to /base/files/b", r.Path, r.Header.Get(HeaderDestination))
+				}
+			}
+		})
+	}
+}
+
+// TestResourceHeaderFollowsTheRulesInForce: with ResourceHeaderWithoutRules
+// (the binary's default), the Fencing-Resource fallback is on while the
+// rules in force are none and off once a reload brings some, and back on
+// when a reload takes them all away; ResourceHeader keeps it on.
+func TestResourceHeaderFollowsTheRulesInForce(t *testing.T) {
+	rules, err := ParseRules("PUT /files/{id} fence file:{id}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, _ := url.Parse("http://upstream:1")
+	write := Incoming{Method: "PUT", Target: "/other/1", Host: "gate", Header: http.Header{HeaderToken: {"3"}, HeaderResource: {"scratch:1"}}}
+	for _, c := range []struct {
+		always     bool
+		rules      []Rule
+		wantHeader bool // the write is fenced on scratch:1
+	}{
+		{false, nil, true},
+		{false, rules, false},
+		{false, []Rule{}, true},
+		{true, rules, true},
+	} {
+		g, err := New(Options{Upstream: up, Store: memstore.New(memstore.Options{}), ResourceHeader: c.always, ResourceHeaderWithoutRules: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.SetRules(c.rules); err != nil {
+			t.Fatal(err)
+		}
+		d := g.decide(write)
+		fenced := d.Verdict == Fence && len(d.Targets) == 1 && d.Targets[0].Resource == "scratch:1"
+		if fenced != c.wantHeader {
+			t.Errorf("ResourceHeader %v, %d rules in force: %+v; want the header's resource used: %v", c.always, len(c.rules), d, c.wantHeader)
+		}
 	}
 }

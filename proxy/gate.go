@@ -139,6 +139,11 @@ type Options struct {
 	// off: it lets a client choose the resource of any write the rules
 	// miss (the binary turns it on by default only without rules).
 	ResourceHeader bool
+	// ResourceHeaderWithoutRules turns the fallback on while the rules in
+	// force are none, and off as soon as a reload (SetRules) brings some:
+	// the binary's default when FENCEGATE_RESOURCE_HEADER is unset.
+	// ResourceHeader, when set, keeps it on regardless.
+	ResourceHeaderWithoutRules bool
 	// Logger receives upstream and store faults; nil discards.
 	Logger *slog.Logger
 	// BarrierTimeout bounds how long an admitted write waits behind
@@ -242,40 +247,44 @@ type LogBatch interface {
 
 // Gate is the write gate. Serve it with NewServer. Safe for concurrent use.
 type Gate struct {
-	upstream       *url.URL
-	upstreamBase   string // the upstream URL's escaped path, without a trailing slash
-	upstreamHost   []byte // the upstream URL's host, as the Host header it gets
-	dialer         *upstreamDialer
-	pooled, fresh  *httputil.ReverseProxy // the general engine's forwarders: pooled connections, or one per request
-	urlScheme      string                 // the scheme and host of the URLs the transport gets
-	urlHost        string
-	upstreamConns  int
-	noWriteReuse   bool
-	upstreamHTTP2  bool // the general engine serves every request (Options.UpstreamHTTP2)
-	upstreamTO     time.Duration
-	rules          atomic.Pointer[[]Rule] // replaced whole by SetRules
-	resourceHeader bool
-	log            *slog.Logger
-	barrierTimeout time.Duration
-	grace          time.Duration
-	bodyTimeout    time.Duration
-	bodyBuffer     int
-	holds          fencing.HoldRecorder
-	barrier        *barrier.Barrier
-	order          orderer               // localOrder over barrier, or a *sharedOrder (shared.go)
-	quick          fencing.QuickAdmitter // the store's, when it can admit at once; or nil
-	batch          fencing.BatchAdmitter // the store's, when it admits in batches; or nil
-	marks          fencing.MarkReaders   // the batching store's, when the loops may read marks themselves; or nil
-	tel            telemetry
+	upstream                   *url.URL
+	upstreamBase               string // the upstream URL's escaped path, without a trailing slash
+	upstreamHost               []byte // the upstream URL's host, as the Host header it gets
+	dialer                     *upstreamDialer
+	pooled, fresh              *httputil.ReverseProxy // the general engine's forwarders: pooled connections, or one per request
+	urlScheme                  string                 // the scheme and host of the URLs the transport gets
+	urlHost                    string
+	upstreamConns              int
+	noWriteReuse               bool
+	upstreamHTTP2              bool // the general engine serves every request (Options.UpstreamHTTP2)
+	upstreamTO                 time.Duration
+	rules                      atomic.Pointer[[]Rule] // replaced whole by SetRules
+	resourceHeader             bool
+	resourceHeaderWithoutRules bool
+	log                        *slog.Logger
+	barrierTimeout             time.Duration
+	grace                      time.Duration
+	bodyTimeout                time.Duration
+	bodyBuffer                 int
+	holds                      fencing.HoldRecorder
+	barrier                    *barrier.Barrier
+	order                      orderer               // localOrder over barrier, or a *sharedOrder (shared.go)
+	quick                      fencing.QuickAdmitter // the store's, when it can admit at once; or nil
+	batch                      fencing.BatchAdmitter // the store's, when it admits in batches; or nil
+	marks                      fencing.MarkReaders   // the batching store's, when the loops may read marks themselves; or nil
+	tel                        telemetry
 	// barrierOff skips the barrier wait. Only tests set it, to show the
 	// reordering the barrier prevents.
 	barrierOff bool
 	// beforeSend, when set, runs before each request is sent upstream.
 	// Only tests set it, to add latency on the way to the upstream.
 	beforeSend func()
-	audit      Audit
-	logBatch   LogBatch // or nil
-	inFlight   auditSet // the audit record of every write still in the gate
+	// afterRulesLoad, when set, runs each time a decision has loaded the
+	// rule set. Only tests set it, to reload the rules at that moment.
+	afterRulesLoad func()
+	audit          Audit
+	logBatch       LogBatch // or nil
+	inFlight       auditSet // the audit record of every write still in the gate
 }
 
 // New builds a Gate. It checks the options but contacts neither the store
@@ -304,20 +313,21 @@ func New(opts Options) (*Gate, error) {
 		return nil, errors.New("proxy: BarrierTimeout, UpstreamTimeout, BodyTimeout and UpstreamConns must not be negative")
 	}
 	g := &Gate{
-		upstream:       u,
-		upstreamBase:   strings.TrimSuffix(u.EscapedPath(), "/"),
-		upstreamHost:   []byte(u.Host),
-		upstreamTO:     cmp.Or(opts.UpstreamTimeout, DefaultUpstreamTimeout),
-		resourceHeader: opts.ResourceHeader,
-		log:            opts.Logger,
-		barrierTimeout: cmp.Or(opts.BarrierTimeout, DefaultBarrierTimeout),
-		grace:          cmp.Or(opts.TimeoutGrace, DefaultTimeoutGrace),
-		bodyTimeout:    cmp.Or(opts.BodyTimeout, DefaultBodyTimeout),
-		bodyBuffer:     cmp.Or(opts.BodyBuffer, DefaultBodyBuffer),
-		holds:          opts.Holds,
-		barrier:        barrier.New(),
-		audit:          opts.Audit,
-		logBatch:       opts.LogBatch,
+		upstream:                   u,
+		upstreamBase:               strings.TrimSuffix(u.EscapedPath(), "/"),
+		upstreamHost:               []byte(u.Host),
+		upstreamTO:                 cmp.Or(opts.UpstreamTimeout, DefaultUpstreamTimeout),
+		resourceHeader:             opts.ResourceHeader,
+		resourceHeaderWithoutRules: opts.ResourceHeaderWithoutRules,
+		log:                        opts.Logger,
+		barrierTimeout:             cmp.Or(opts.BarrierTimeout, DefaultBarrierTimeout),
+		grace:                      cmp.Or(opts.TimeoutGrace, DefaultTimeoutGrace),
+		bodyTimeout:                cmp.Or(opts.BodyTimeout, DefaultBodyTimeout),
+		bodyBuffer:                 cmp.Or(opts.BodyBuffer, DefaultBodyBuffer),
+		holds:                      opts.Holds,
+		barrier:                    barrier.New(),
+		audit:                      opts.Audit,
+		logBatch:                   opts.LogBatch,
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
@@ -373,6 +383,9 @@ type exchange struct {
 	flight   *sendingFlight // the general engine's write in flight to the upstream, or nil
 	buffered *[]byte        // a body read in full (bufferBody), or nil
 	bodyErr  error          // the body read with the head failed (the event loops)
+	// destination replaces the client's Destination upstream, if not ""
+	// (Decision.Destination).
+	destination string
 
 	// headerBuf holds the values upstreamHeaders makes: an address and a
 	// request id (at most reqid.MaxBytes) fit.
@@ -400,6 +413,7 @@ func (g *Gate) open(c *fasthttp.RequestCtx, scratch http.Header, start time.Time
 func (g *Gate) judge(x *exchange, in Incoming) Decision {
 	x.path, _, _ = strings.Cut(in.Target, "?")
 	d := g.decide(in)
+	x.destination = d.Destination
 	if d.Rule != nil {
 		x.route = d.Rule.Pattern
 	}

@@ -185,6 +185,9 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 		h["X-Forwarded-Proto"] = []string{"http"}
 	}
 	h[reqid.Header] = []string{x.id}
+	if x.destination != "" {
+		h[HeaderDestination] = []string{x.destination} // under the upstream's base path, as judged
+	}
 	switch {
 	case x.buffered != nil:
 		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(*x.buffered)), int64(len(*x.buffered))

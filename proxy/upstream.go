@@ -110,6 +110,9 @@ func (g *Gate) upstreamHeaders(x *exchange, upgrade bool, add func(k, v []byte))
 			continue
 		}
 		if keep(k) {
+			if x.destination != "" && strings.EqualFold(string(k), HeaderDestination) {
+				v = []byte(x.destination)
+			}
 			add(k, v)
 		}
 	}

@@ -485,6 +485,8 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		upstream = &url.URL{Scheme: "unix", Path: sock}
 	}
 	resourceHeader := cfg.ResourceHeaderOn(len(rules))
+	// Unset, the fallback follows the rules in force, reloads included.
+	headerAlways, headerWithoutRules := cfg.ResourceHeader != nil && *cfg.ResourceHeader, cfg.ResourceHeader == nil
 	log.Info("write gate", "upstream", upstream.Redacted(), "rules", len(rules), "resource_header", resourceHeader)
 	if len(rules) == 0 && !resourceHeader {
 		log.Warn("write gate has no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused with resource-required")
@@ -501,27 +503,28 @@ func newGate(cfg config.Config, rules []proxy.Rule, store fencing.Store, holds f
 		return nil, err
 	}
 	return proxy.New(proxy.Options{
-		SharedBarrier:   shared,
-		GateID:          gateID,
-		Upstream:        upstream,
-		Store:           store,
-		Rules:           rules,
-		ResourceHeader:  resourceHeader,
-		Logger:          log,
-		BarrierTimeout:  cfg.BarrierTimeout,
-		TimeoutGrace:    timeoutGrace(cfg.TimeoutGrace),
-		BodyTimeout:     cfg.BodyTimeout,
-		BodyBuffer:      bodyBuffer(cfg.BodyBuffer),
-		Holds:           holds,
-		UpstreamTimeout: cfg.UpstreamTimeout,
-		UpstreamConns:   cfg.UpstreamConns,
-		UpstreamHTTP2:   cfg.UpstreamHTTP2,
-		NoWriteReuse:    !cfg.UpstreamReuseWrites,
-		MeterProvider:   tel.meterProvider,
-		TracerProvider:  tel.tracerProvider,
-		ServerName:      cfg.ProxyAddr,
-		Audit:           proxy.Audit{Off: auditOff, Sample: auditSample, Access: cfg.AccessLog},
-		LogBatch:        batch,
+		SharedBarrier:              shared,
+		GateID:                     gateID,
+		Upstream:                   upstream,
+		Store:                      store,
+		Rules:                      rules,
+		ResourceHeader:             headerAlways,
+		ResourceHeaderWithoutRules: headerWithoutRules,
+		Logger:                     log,
+		BarrierTimeout:             cfg.BarrierTimeout,
+		TimeoutGrace:               timeoutGrace(cfg.TimeoutGrace),
+		BodyTimeout:                cfg.BodyTimeout,
+		BodyBuffer:                 bodyBuffer(cfg.BodyBuffer),
+		Holds:                      holds,
+		UpstreamTimeout:            cfg.UpstreamTimeout,
+		UpstreamConns:              cfg.UpstreamConns,
+		UpstreamHTTP2:              cfg.UpstreamHTTP2,
+		NoWriteReuse:               !cfg.UpstreamReuseWrites,
+		MeterProvider:              tel.meterProvider,
+		TracerProvider:             tel.tracerProvider,
+		ServerName:                 cfg.ProxyAddr,
+		Audit:                      proxy.Audit{Off: auditOff, Sample: auditSample, Access: cfg.AccessLog},
+		LogBatch:                   batch,
 	})
 }
 
