@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"net/http/httptrace"
 	"sync"
@@ -21,19 +22,31 @@ import (
 //   - answered, then the transport gave up writing (the client's body
 //     failed or was cut off, or the upstream stopped reading it): Hold for
 //     the grace, as for any write cut off after it was sent;
-//   - the exchange ended (finish) with the place still open, the
-//     transport still writing or its report not come: Hold for the grace;
+//   - the exchange ended (finish) answered but with the transport's report
+//     not come: the report decides when it comes (the write may have
+//     completed a moment before its report, or be cut off now that the
+//     exchange's context ends), or, if none comes within lateReport
+//     (late, in tests), Hold;
+//   - the exchange ended unanswered and not failed: Hold for the grace;
 //   - the exchange failed before an answer: upstreamFailed ends the place
 //     itself (failed), Leave or Hold as it judges.
 type sendingFlight struct {
 	place flight
 	grace time.Duration
+	late  time.Duration // lateReport, but in tests
 
 	mu       sync.Mutex
 	written  bool // the transport reported the request written whole
 	answered bool // the upstream's response headers arrived
 	ended    bool // the place was left or held
 }
+
+// lateReport bounds how long after its exchange ended an answered write's
+// place waits for the transport's report. The report comes as soon as the
+// write completes or fails, and the exchange's context ends with it, which
+// fails a write still in progress; a report later than this is taken as a
+// cut-off.
+const lateReport = 5 * time.Second
 
 // trace returns ctx with a client trace that reports to s when the
 // transport has written the request, whole or not (WroteRequest, which
@@ -88,12 +101,23 @@ func (s *sendingFlight) failed() bool {
 	return true
 }
 
-// finish ends a place still open when the exchange is over: the request
-// was still being written, so the upstream got it cut off.
+// finish runs when the exchange is over. An answered place whose report
+// has not come is left to the report (see lateReport); any other place
+// still open is held: the upstream may have got it cut off.
 func (s *sendingFlight) finish() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.ended {
+	switch {
+	case s.ended:
+	case s.answered:
+		time.AfterFunc(cmp.Or(s.late, lateReport), func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if !s.ended {
+				s.end(true)
+			}
+		})
+	default:
 		s.end(true)
 	}
 }
