@@ -118,6 +118,9 @@ var listParams = []string{"prefix", "limit", "cursor"}
 // win, is refused instead of silently ignored: a listing would otherwise
 // list everything, an acquisition take the default TTL.
 func query(r *http.Request, allowed []string) (url.Values, error) {
+	if r.URL.RawQuery == "" {
+		return nil, nil // the usual call: nothing to parse, no map made
+	}
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
 		return nil, &fencing.ValidationError{Field: "query", Reason: "is not a valid query string: " + err.Error()}
