@@ -34,6 +34,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/fencegate/fencegate/internal/hangup"
 )
 
 func main() {
@@ -41,6 +43,10 @@ func main() {
 	// Only the server drains: a second signal cuts its drain short. Other
 	// commands (fencegate run forwards signals to its child) keep theirs.
 	beforeServe = func() { forceExitOnSecondSignal(afterLogs{&servedLogs, os.Stderr}, exitNow) }
+	// SIGHUP is held from the start (internal/hangup): the server takes it
+	// over for its reloads (notifyReload); every other command gives it
+	// back its default action as it starts.
+	beforeOther = hangup.Release
 	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
 	stop()
 	if code, print := exitCode(err); code != exitOK {
@@ -151,16 +157,23 @@ Run without a command, fencegate serves (see 'fencegate serve --help').`,
 
 // noteStart makes every command of the tree set c.started when it runs,
 // after cobra checked its arguments and flags (cobra's hooks run before
-// its required-flag check).
+// its required-flag check), and run beforeOther first unless it is the
+// server (the root command runs the server too).
 func (c *cli) noteStart(cmd *cobra.Command) {
+	begin := func(cmd *cobra.Command) {
+		c.started = true
+		if beforeOther != nil && cmd.Name() != "serve" && cmd.HasParent() {
+			beforeOther()
+		}
+	}
 	if run := cmd.RunE; run != nil {
 		cmd.RunE = func(cmd *cobra.Command, args []string) error {
-			c.started = true
+			begin(cmd)
 			return run(cmd, args)
 		}
 	} else if run := cmd.Run; run != nil {
 		cmd.Run = func(cmd *cobra.Command, args []string) {
-			c.started = true
+			begin(cmd)
 			run(cmd, args)
 		}
 	}
@@ -195,8 +208,8 @@ variables only ('fencegate env' lists them with their defaults).`,
 }
 
 // beforeServe, when set (by main, not by tests that drive run), runs as
-// the server starts.
-var beforeServe func()
+// the server starts; beforeOther as any other command starts.
+var beforeServe, beforeOther func()
 
 // serve runs the server (see serve in serve.go).
 func (c *cli) serve(ctx context.Context) error {

@@ -6,7 +6,8 @@ import (
 	"os"
 	"os/signal"
 	"sync"
-	"syscall"
+
+	"github.com/fencegate/fencegate/internal/hangup"
 )
 
 // reloads is what SIGHUP re-reads: a list of named reload functions, run
@@ -52,9 +53,11 @@ func (r *reloads) reload(ctx context.Context) (failed int) {
 	return failed
 }
 
-// notifyReload subscribes ch to the reload signal; tests replace it.
+// notifyReload subscribes ch to the reload signal, taking over from
+// internal/hangup, which held it since the process started (a SIGHUP it
+// held is passed on to ch); tests replace it.
 var notifyReload = func(ch chan<- os.Signal) func() {
-	signal.Notify(ch, syscall.SIGHUP)
+	hangup.Handover(ch)
 	return func() { signal.Stop(ch) }
 }
 
