@@ -180,7 +180,7 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 		"FENCEGATE_API_URL="+base,
 	)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = c.stdin, c.stdout, c.stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = commandAttr()
 	if err := cmd.Start(); err != nil {
 		c.release(bg, sess, false)
 		return withExit(127, fmt.Errorf("run: %w", err))

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -455,5 +456,37 @@ while :; do sleep 0.05; done`
 	}
 	if !strings.Contains(r.stderr.String(), "lease lost") {
 		t.Errorf("run did not say the lease was lost:\n%s", r.stderr)
+	}
+}
+
+// TestRunKilledStopsTheCommand: when fencegate run itself is killed
+// (SIGKILL, the OOM killer), so that nothing forwards a signal or renews
+// the lease, the command gets SIGTERM from the kernel (Linux) instead of
+// working on as if it held the lease.
+func TestRunKilledStopsTheCommand(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the parent-death signal is Linux's")
+	}
+	p := start(t, t.TempDir(), []string{"FENCEGATE_STORE=memory:"}, "api")
+	d := t.TempDir()
+	script := `echo $$ > "$D/pid"
+trap 'touch "$D/term"; exit 0' TERM
+touch "$D/started"
+while :; do sleep 0.05; done`
+	r := startBG(t, []string{"FENCEGATE_API_URL=" + p.url("api", ""), "D=" + d}, "run", "--resource", "job:orphan", "--ttl", "5s", "--", "sh", "-c", script)
+	waitFile(t, filepath.Join(d, "started"), 30*time.Second, r)
+	pid, err := strconv.Atoi(readFile(t, filepath.Join(d, "pid")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	if err := r.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, filepath.Join(d, "term"), 30*time.Second, r)
+	for limit := time.Now().Add(30 * time.Second); !processGone(pid); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(limit) {
+			t.Fatal("the command still runs after fencegate run was killed")
+		}
 	}
 }
