@@ -175,7 +175,7 @@ func (c Config) Validate() error {
 		}
 	}
 	check("APIAddr", validateAddr(c.APIAddr))
-	check("APIToken", validateToken(c.APIToken))
+	check("APIToken", ValidateAPIToken(c.APIToken))
 	if c.AccessFile != "" && c.APIToken != "" {
 		check("AccessFile", errors.New("set FENCEGATE_ACCESS_FILE or FENCEGATE_API_TOKEN, not both (give the token's holders a client entry with its token_sha256)"))
 	}
@@ -289,10 +289,10 @@ func validateAddr(addr string) error {
 	return nil
 }
 
-// validateToken refuses a token a client could never send in an
+// ValidateAPIToken refuses a token a client could never send in an
 // Authorization header, such as one with a trailing newline from a secret
 // file. The token itself never appears in the error.
-func validateToken(tok string) error {
+func ValidateAPIToken(tok string) error {
 	for _, r := range tok {
 		if r <= ' ' || r > '~' {
 			return errors.New("the token holds a space, a control character (a trailing newline?) or a non-ASCII character")

@@ -110,7 +110,8 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				Headers: http.Header{"Www-Authenticate": {`Bearer realm="fencegate", error="invalid_request"`}}})
 			return
 		}
-		tok, hasTok := bearer(r.Header.Get("Authorization"))
+		header := r.Header.Get("Authorization")
+		tok, hasTok := bearer(header)
 		ok := false
 		switch {
 		case s.access != nil:
@@ -118,7 +119,11 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			p := s.access.Policy()
 			if hasTok {
 				c, ok = p.ByToken(tok)
-			} else if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+			} else if header == "" && r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+				// A header that is there but holds no bearer token (an
+				// empty variable, another scheme) is refused, not passed
+				// over for the certificate: the client meant to be known
+				// by a token.
 				c, ok = p.ByCertificate(r.TLS.VerifiedChains[0][0])
 			}
 			if ok {

@@ -49,11 +49,11 @@ const maxProblemBytes = 1 << 20
 // Lease times in answers are the server's (the store's clock), never the
 // client's; compare them with the server's clock, or use TTL instead.
 type Client struct {
-	base    string // scheme://host[/prefix], no trailing slash
-	baseErr error
-	hc      *http.Client
-	tls     *tls.Config
-	token   string
+	base     string // scheme://host[/prefix], no trailing slash
+	setupErr error  // a malformed base URL or token: every call fails with it, sending nothing
+	hc       *http.Client
+	tls      *tls.Config
+	token    string
 }
 
 // ClientOption configures a Client.
@@ -78,22 +78,29 @@ func WithTLSConfig(cfg *tls.Config) ClientOption {
 }
 
 // WithToken sends "Authorization: Bearer <token>" with every call, for a
-// server configured with an API token.
+// server configured with an API token. A token that cannot be sent (a
+// space, a control character such as a trailing newline, non-ASCII) makes
+// every call fail at once, sending nothing.
 func WithToken(token string) ClientOption {
-	return func(c *Client) { c.token = token }
+	return func(c *Client) {
+		c.token = token
+		if strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r > '~' }) {
+			c.setupErr = errors.New("leaseapi: the API token holds a space, a control character (a trailing newline?) or a non-ASCII character: it cannot be sent")
+		}
+	}
 }
 
 // NewClient returns a client of the API at baseURL, such as
 // "http://127.0.0.1:7070". A malformed baseURL makes every call fail with
-// the parse error.
+// the parse error, sending nothing.
 func NewClient(baseURL string, opts ...ClientOption) *Client {
 	c := &Client{base: strings.TrimRight(baseURL, "/")}
 	u, err := url.Parse(c.base)
 	switch {
 	case err != nil:
-		c.baseErr = fmt.Errorf("leaseapi: base URL: %w", err)
+		c.setupErr = fmt.Errorf("leaseapi: base URL: %w", err)
 	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
-		c.baseErr = fmt.Errorf("leaseapi: base URL %q: want http://host:port or https://host:port", baseURL)
+		c.setupErr = fmt.Errorf("leaseapi: base URL %q: want http://host:port or https://host:port", baseURL)
 	}
 	for _, o := range opts {
 		o(c)
@@ -363,8 +370,8 @@ func (c *Client) Call(ctx context.Context, method, path string, query url.Values
 // call sends one request about resource to /v1/leases/{resource}+suffix,
 // after checking the name locally, and decodes the answer as do does.
 func (c *Client) call(ctx context.Context, method, resource, suffix string, body, out any) error {
-	if c.baseErr != nil {
-		return c.baseErr
+	if c.setupErr != nil {
+		return c.setupErr
 	}
 	if err := fencing.ValidateResource(resource); err != nil {
 		return err
@@ -375,8 +382,8 @@ func (c *Client) call(ctx context.Context, method, resource, suffix string, body
 // do sends one request to path and decodes a 2xx answer into out, or a
 // refusal into a *ProblemError about resource (empty for the collection).
 func (c *Client) do(ctx context.Context, method, path, resource string, query url.Values, body, out any) error {
-	if c.baseErr != nil {
-		return c.baseErr
+	if c.setupErr != nil {
+		return c.setupErr
 	}
 	target := c.base + path
 	if len(query) > 0 {

@@ -179,6 +179,15 @@ func TestClientAuth(t *testing.T) {
 	if _, err := leaseapi.NewClient(e.srv.URL, leaseapi.WithToken("tok")).Status(ctx, "job:1"); err != nil {
 		t.Fatalf("with token: %v", err)
 	}
+	// A token that cannot be sent fails the call at once, not as a call
+	// that may have taken effect.
+	_, err = leaseapi.NewClient(e.srv.URL, leaseapi.WithToken("tok\n")).Acquire(ctx, "job:nl", leaseapi.AcquireOptions{Owner: "a"})
+	if err == nil || errors.Is(err, fencing.ErrAmbiguous) || !strings.Contains(err.Error(), "cannot be sent") {
+		t.Fatalf("a token with a newline: %v", err)
+	}
+	if st, err := leaseapi.NewClient(e.srv.URL, leaseapi.WithToken("tok")).Status(ctx, "job:nl"); err != nil || st.Issued != 0 {
+		t.Fatalf("after a token that cannot be sent: %+v %v, want nothing done", st, err)
+	}
 }
 
 func TestClientTransportErrors(t *testing.T) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -341,6 +342,33 @@ func TestAccessCertificateClientAndReload(t *testing.T) {
 	r = fg(t, certEnv, "", "lease", "acquire", "job:a:9", "--owner", "pool-b/w1")
 	if r.code != 3 || r.problem(t)["code"] != "forbidden" {
 		t.Fatalf("pool-b outside its prefix: exit %d %s", r.code, r.stderr)
+	}
+	// An Authorization header that holds no bearer token is refused, not
+	// passed over for the certificate beside it.
+	pair, err := tls.LoadX509KeyPair(s.poolBCert, s.poolBKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(s.set.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	certClient := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: roots}}}
+	for _, h := range []string{"", "Bearer ", "Bearer", "Basic cG9vbC1iOng="} {
+		req, _ := http.NewRequest(http.MethodGet, s.api+"/v1/leases/job:b:1", nil)
+		if h != "" {
+			req.Header.Set("Authorization", h)
+		}
+		resp, err := certClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if want := map[bool]int{true: http.StatusOK, false: http.StatusUnauthorized}[h == ""]; resp.StatusCode != want {
+			t.Fatalf("pool-b's certificate with Authorization %q: %d, want %d", h, resp.StatusCode, want)
+		}
 	}
 	r = fg(t, append(certEnv, "PATH=/usr/bin:/bin"), "", "run", "--resource", "job:b:run", "--owner", "pool-b/runner", "--ttl", "5s", "--", "sh", "-c", `echo "$FENCING_OWNER"`)
 	if r.code != 0 || r.stdout != "pool-b/runner\n" {

@@ -492,7 +492,13 @@ func (c *cli) apiURL() (string, error) {
 // the command line (a Kubernetes Secret mounted as a file).
 func (c *cli) apiToken() (string, error) {
 	if c.api.tokenFile == "" {
-		return c.getenv("FENCEGATE_API_TOKEN"), nil
+		tok := c.getenv("FENCEGATE_API_TOKEN")
+		if err := config.ValidateAPIToken(tok); err != nil {
+			// It could not be sent: say so, rather than fail the call as
+			// if the API had not answered.
+			return "", withExit(exitUsage, fmt.Errorf("FENCEGATE_API_TOKEN: %w (--api-token-file reads the first line of a file)", err))
+		}
+		return tok, nil
 	}
 	raw, err := os.ReadFile(c.api.tokenFile)
 	if err != nil {

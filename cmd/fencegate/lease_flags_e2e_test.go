@@ -40,6 +40,12 @@ func TestLeaseAPIFlags(t *testing.T) {
 	if r.code != exitUsage || !strings.Contains(r.stderr, "--api-token-file") {
 		t.Fatalf("a missing token file: exit %d, stderr %q", r.code, r.stderr)
 	}
+	// A token that could not be sent in a header (a secret's trailing
+	// newline) is named as such, exit 2, not an API that did not answer.
+	r = fg(t, []string{"FENCEGATE_API_URL=" + api, "FENCEGATE_API_TOKEN=s3cret\n"}, "", "lease", "status", "job:1")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "FENCEGATE_API_TOKEN") || strings.Contains(r.stderr, "s3cret") {
+		t.Fatalf("a token with a newline: exit %d, stderr %q", r.code, r.stderr)
+	}
 	r = fg(t, env, "", "lease", "status", "job:1", "--api-url", "ftp://x")
 	if r.code != exitUsage || !strings.Contains(r.stderr, "--api-url") {
 		t.Fatalf("a bad --api-url: exit %d, stderr %q", r.code, r.stderr)

@@ -31,6 +31,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -298,6 +299,16 @@ func parseClient(cd clientDoc) (*Client, error) {
 	if cd.CertURI != "" {
 		if strings.ContainsFunc(cd.CertURI, func(r rune) bool { return r <= ' ' || r > '~' }) || !strings.Contains(cd.CertURI, ":") {
 			return nil, fmt.Errorf("cert_uri %q: want a URI such as spiffe://trust-domain/path", cd.CertURI)
+		}
+		// A certificate's URIs are known only as Go's x509 parsed them
+		// (ByCertificate), which writes some spellings another way (the
+		// scheme in lower case, an empty fragment dropped): a cert_uri in
+		// another spelling would match a URI other than the one written.
+		if u, err := url.Parse(cd.CertURI); err != nil || u.String() != cd.CertURI {
+			if err != nil {
+				return nil, fmt.Errorf("cert_uri %q: %w", cd.CertURI, err)
+			}
+			return nil, fmt.Errorf("cert_uri %q: certificates' URIs are compared in their parsed form; write it %q", cd.CertURI, u.String())
 		}
 		c.certURI = cd.CertURI
 	}
