@@ -423,12 +423,21 @@ func (c *Client) do(ctx context.Context, method, path, resource string, query ur
 	return nil
 }
 
-// transportError classifies a failed round trip: a failed dial sent
-// nothing (ErrUnavailable); anything later may have reached the server
-// (ErrAmbiguous), and is named as the API's silence, not the store's.
+// transportError classifies a failed round trip: a failed dial or TLS
+// handshake sent nothing the server acted on (ErrUnavailable); anything
+// later may have reached the server (ErrAmbiguous), and is named as the
+// API's silence, not the store's.
+//
+// A handshake counts as failed when this side refused the server's
+// certificate (nothing was sent) or the server answered with a TLS alert:
+// under TLS 1.3 the request may already be written when the server refuses
+// the client's certificate, but a server serves no request on a
+// connection whose handshake it refused.
 func transportError(method, path string, err error) error {
 	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	var verify *tls.CertificateVerificationError
+	// crypto/tls reports the peer's alert as a net.OpError "remote error".
+	if errors.As(err, &op) && (op.Op == "dial" || op.Op == "remote error") || errors.As(err, &verify) {
 		return fmt.Errorf("leaseapi: %s %s: %w", method, path, &unreachableError{err: err})
 	}
 	return fmt.Errorf("leaseapi: %s %s: %w", method, path, &noAnswerError{err: err})

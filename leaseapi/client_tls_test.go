@@ -3,10 +3,12 @@ package leaseapi_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 
+	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
 	"github.com/fencegate/fencegate/internal/certs/certstest"
 	"github.com/fencegate/fencegate/leaseapi"
@@ -47,8 +49,10 @@ func TestClientWithTLSConfig(t *testing.T) {
 	noCert := leaseapi.NewClient(srv.URL, leaseapi.WithTLSConfig(&tls.Config{RootCAs: set.CA.Pool()}))
 	noCA := leaseapi.NewClient(srv.URL, leaseapi.WithTLSConfig(&tls.Config{Certificates: []tls.Certificate{set.Client.TLS(t)}}))
 	for name, c := range map[string]*leaseapi.Client{"no client certificate": noCert, "no CA": noCA} {
-		if _, err := c.Acquire(ctx, "job:2", leaseapi.AcquireOptions{Owner: "w"}); err == nil {
-			t.Errorf("%s: acquire succeeded", name)
+		// A refused handshake did nothing: unreachable, not ambiguous.
+		_, err := c.Acquire(ctx, "job:2", leaseapi.AcquireOptions{Owner: "w"})
+		if !errors.Is(err, leaseapi.ErrUnreachable) || errors.Is(err, fencing.ErrAmbiguous) {
+			t.Errorf("%s: acquire: %v; want ErrUnreachable", name, err)
 		}
 	}
 	st, err := good.Status(ctx, "job:2")
