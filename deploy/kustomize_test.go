@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/api/resmap"
@@ -95,7 +96,7 @@ func TestKubernetesOverlays(t *testing.T) {
 	for _, overlay := range []string{"single", "replicated"} {
 		t.Run(overlay, func(t *testing.T) {
 			dir := "kubernetes/overlays/" + overlay
-			deps, secrets, cms, svcs := k8sObjects(t, dir, render(t, dir))
+			deps, secrets, cms, svcs, pols := k8sObjects(t, dir, render(t, dir))
 			checkSidecarDeployment(t, dir, deps, secrets, cms, svcs)
 			for _, d := range deps {
 				// A store of one instance (the example's Valkey, the
@@ -103,14 +104,51 @@ func TestKubernetesOverlays(t *testing.T) {
 				if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType && (d.Name != "jobs" || overlay == "single") {
 					t.Errorf("%s: Deployment %s updates by %q: an old and a new instance of its store would run at once; want Recreate", dir, d.Name, d.Spec.Strategy.Type)
 				}
+				if d.Name != "jobs" {
+					checkStoreLockedDown(t, dir, d, pols)
+				}
 			}
 		})
 	}
 	// The base alone is one replica, whatever the overlays do.
-	deps, _, _, _ := k8sObjects(t, "kubernetes/base", render(t, "kubernetes/base"))
+	deps, _, _, _, _ := k8sObjects(t, "kubernetes/base", render(t, "kubernetes/base"))
 	if len(deps) != 1 || deps[0].Spec.Replicas == nil || *deps[0].Spec.Replicas != 1 {
 		t.Errorf("the base must run one replica (the local barrier orders one gate's writes only)")
 	}
+}
+
+// checkStoreLockedDown: a store shipped with an overlay (its example
+// Valkey) runs on a read-only root file system, and a NetworkPolicy lets
+// only the fencegate sidecars reach its pods: anything else that reached
+// it could rewrite the marks fencing relies on.
+func checkStoreLockedDown(t *testing.T, where string, d appsv1.Deployment, pols []networkingv1.NetworkPolicy) {
+	t.Helper()
+	for _, c := range d.Spec.Template.Spec.Containers {
+		if c.SecurityContext == nil || c.SecurityContext.ReadOnlyRootFilesystem == nil || !*c.SecurityContext.ReadOnlyRootFilesystem {
+			t.Errorf("%s: store %s container %s has a writable root file system", where, d.Name, c.Name)
+		}
+	}
+	sidecar := map[string]string{"app.kubernetes.io/component": "fencegate-sidecar"}
+	for _, p := range pols {
+		if !matches(p.Spec.PodSelector.MatchLabels, d.Spec.Template.Labels) || !slices.Contains(p.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+			continue
+		}
+		only := len(p.Spec.Ingress) > 0
+		for _, rule := range p.Spec.Ingress {
+			if len(rule.From) == 0 {
+				only = false // from anywhere
+			}
+			for _, peer := range rule.From {
+				if peer.IPBlock != nil || peer.NamespaceSelector != nil || peer.PodSelector == nil || !matches(peer.PodSelector.MatchLabels, sidecar) || len(peer.PodSelector.MatchLabels) == 0 {
+					only = false
+				}
+			}
+		}
+		if only {
+			return
+		}
+	}
+	t.Errorf("%s: no NetworkPolicy lets only the fencegate sidecars reach store %s", where, d.Name)
 }
 
 func checkSidecarDeployment(t *testing.T, where string, deps []appsv1.Deployment, secrets []corev1.Secret, cms []corev1.ConfigMap, svcs []corev1.Service) {

@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fencegate/fencegate/config"
@@ -130,7 +131,7 @@ func TestDockerCompose(t *testing.T) {
 // kind must be one of the typed objects below, and an unknown or
 // misspelt field anywhere is an error, as kubectl's strict validation
 // would report.
-func k8sObjects(t *testing.T, file string, b []byte) (deps []appsv1.Deployment, secrets []corev1.Secret, cms []corev1.ConfigMap, svcs []corev1.Service) {
+func k8sObjects(t *testing.T, file string, b []byte) (deps []appsv1.Deployment, secrets []corev1.Secret, cms []corev1.ConfigMap, svcs []corev1.Service, pols []networkingv1.NetworkPolicy) {
 	t.Helper()
 	for i, doc := range bytes.Split(b, []byte("\n---\n")) {
 		var meta struct{ APIVersion, Kind string }
@@ -151,6 +152,9 @@ func k8sObjects(t *testing.T, file string, b []byte) (deps []appsv1.Deployment, 
 		case "v1 Service":
 			svcs = append(svcs, corev1.Service{})
 			target = &svcs[len(svcs)-1]
+		case "networking.k8s.io/v1 NetworkPolicy":
+			pols = append(pols, networkingv1.NetworkPolicy{})
+			target = &pols[len(pols)-1]
 		default:
 			t.Fatalf("%s document %d: unexpected %s %s", file, i, meta.APIVersion, meta.Kind)
 		}
@@ -158,7 +162,7 @@ func k8sObjects(t *testing.T, file string, b []byte) (deps []appsv1.Deployment, 
 			t.Fatalf("%s document %d (%s): %v", file, i, meta.Kind, err)
 		}
 	}
-	return deps, secrets, cms, svcs
+	return deps, secrets, cms, svcs, pols
 }
 
 func envFrom(c *corev1.Container, name string) *corev1.EnvVarSource {
