@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/fencegate/fencegate/fencing/problem"
 )
@@ -16,6 +17,10 @@ type bodyReader struct {
 	r    io.Reader
 	left int // bytes still due by the Content-Length; negative: chunked
 	err  error
+	// whole is set once the body has been read to its end (its
+	// Content-Length, or the end of its chunks), read from the answer's
+	// side while the transport reads the body (unfinished).
+	whole atomic.Bool
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
@@ -29,7 +34,16 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	if err != nil && err != io.EOF && b.err == nil {
 		b.err = err
 	}
+	if b.left == 0 || err == io.EOF {
+		b.whole.Store(true)
+	}
 	return n, err
+}
+
+// unfinished reports whether b (nil: no streamed body) has not yet been
+// read to its end.
+func (b *bodyReader) unfinished() bool {
+	return b != nil && !b.whole.Load()
 }
 
 // failure is the first error reading the client's body, or nil (also for a

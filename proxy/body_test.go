@@ -6,8 +6,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -304,5 +306,81 @@ func TestHalfCloseAfterAWholeWrite(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestEarlyAnswerEndsTheConnection: an upstream that answers a streamed
+// (chunked) write before reading its body may never get the rest of it;
+// the answer then closes the client's connection, so what the client
+// sends next (the rest of its chunks, or anything else) is never taken
+// for a new request and forwarded. Judged from the upstream's record, on
+// both engines (the loops hand a chunked body to the general engine).
+func TestEarlyAnswerEndsTheConnection(t *testing.T) {
+	for _, loops := range []bool{false, true} {
+		t.Run(fmt.Sprintf("loops %v", loops), func(t *testing.T) {
+			e := newEnv(t, testRules)
+			var mu sync.Mutex
+			var got []string
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				got = append(got, r.Method+" "+r.URL.Path)
+				mu.Unlock()
+				// The answer before the body is read (net/http would read
+				// it first, unless full duplex).
+				_ = http.NewResponseController(w).EnableFullDuplex()
+				w.WriteHeader(http.StatusAccepted)
+			}))
+			defer up.Close()
+			u, _ := url.Parse(up.URL)
+			g, err := New(Options{Upstream: u, Store: e.store, Rules: e.gateOpts.Rules})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := serveGateWith(t, g, ServerOptions{NoEventLoops: !loops})
+			a := e.acquire("job:1", "a", 10*time.Second)
+			for _, next := range []string{
+				"GET /smuggled-raw HTTP/1.1\r\nHost: gate\r\n\r\n",
+				"31\r\nGET /smuggled-in-chunk HTTP/1.1\r\nHost: gate\r\n\r\n\r\n0\r\n\r\n",
+			} {
+				conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+				if _, err := io.WriteString(conn, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nTransfer-Encoding: chunked\r\nFencing-Token: "+tok(a.Token)+"\r\n\r\n5\r\nfirst\r\n"); err != nil {
+					t.Fatal(err)
+				}
+				br := bufio.NewReader(conn)
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("no answer: %v", err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusAccepted {
+					t.Fatalf("the early answer: %d, want the upstream's 202", resp.StatusCode)
+				}
+				if !resp.Close {
+					t.Errorf("the early answer does not say Connection: close")
+				}
+				_, _ = io.WriteString(conn, next) // may fail: the gate closed
+				if resp, err := http.ReadResponse(br, nil); err == nil {
+					resp.Body.Close()
+					t.Errorf("after the early answer, the bytes %q got an answer of their own: %d", next, resp.StatusCode)
+				}
+				conn.Close()
+			}
+			time.Sleep(100 * time.Millisecond) // anything forwarded has arrived
+			mu.Lock()
+			defer mu.Unlock()
+			for _, r := range got {
+				if strings.Contains(r, "smuggled") {
+					t.Fatalf("the upstream got %v: bytes sent after an early answer were forwarded as a request", got)
+				}
+			}
+			if len(got) != 2 {
+				t.Fatalf("the upstream got %v, want the two writes", got)
+			}
+		})
 	}
 }

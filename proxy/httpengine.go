@@ -76,6 +76,9 @@ func (g *Gate) forwardHTTP(x *exchange, t flight) {
 			return
 		}
 		x.body = &bodyReader{r: io.MultiReader(bytes.NewReader(first), r.Body), left: int(r.ContentLength)}
+		if r.ProtoMajor == 1 {
+			x.w.body = x.body
+		}
 		// The answer may come while the body still streams (a full-duplex
 		// call): net/http's HTTP/1 server would otherwise read the rest of
 		// the body away before it writes the answer's head, from under the
@@ -230,6 +233,12 @@ type answerWriter struct {
 	http.ResponseWriter
 	id     string // the request id, on every answer
 	status int
+	// body is an HTTP/1 request's streamed body, or nil. An answer that
+	// comes before it has been read whole (the upstream answered early)
+	// closes the connection after it: the rest of the body may never be
+	// read, and what the client sends next could otherwise be taken for
+	// its next request.
+	body *bodyReader
 }
 
 func (w *answerWriter) WriteHeader(code int) {
@@ -241,6 +250,9 @@ func (w *answerWriter) WriteHeader(code int) {
 			if _, ok := h[k]; !ok {
 				h[k] = nil // present: net/http adds none
 			}
+		}
+		if w.body.unfinished() {
+			h.Set("Connection", "close")
 		}
 	}
 	w.ResponseWriter.WriteHeader(code)
