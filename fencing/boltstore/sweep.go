@@ -109,8 +109,10 @@ func (s *Store) sweepBatch(from []byte) (removed int, next []byte, err error) {
 			}
 			s.marks.forget(string(key))
 		}
-		if s.tokens == nil && top > fencing.Token(s.swept.Load()) {
-			// Counting from one: fresh records must start above what went.
+		if top > fencing.Token(s.swept.Load()) {
+			// Fresh records must start above what went: counting from one,
+			// and on the clock too, which may be behind tokens a removed
+			// record issued (stepped back further than the retention).
 			if err := tx.Bucket(bucketMeta).Put(keySwept, binary.BigEndian.AppendUint64(nil, uint64(top))); err != nil {
 				return err
 			}

@@ -109,6 +109,41 @@ func testRetentionRemovesIdle(s *suite) {
 	}
 }
 
+// testRetentionCountsFromTheExpiry: a holder that checkpointed and then
+// crashed leaves a lease that outlives the retention; its record, with the
+// checkpoint and how the lease ended, stays for the retention counted from
+// the expiry, so the next holder can read them, and only then goes.
+func testRetentionCountsFromTheExpiry(s *suite) {
+	if s.inst.Retention <= 0 {
+		s.t.Skip("store opened without retention")
+	}
+	const res = "ret:expired"
+	ttl := max(2*s.inst.Retention, fencing.MinTTL)
+	a := s.acquire(res, "alice", ttl)
+	s.checkpoint(a, `{"step":3}`)
+	// Past the expiry, well within the retention after it.
+	if s.realClock() {
+		time.Sleep(ttl + s.inst.Retention/4)
+	} else {
+		s.inst.Advance(ttl + s.inst.Retention/4)
+	}
+	if s.inst.Sweep != nil {
+		if _, err := s.inst.Sweep(s.ctx); err != nil {
+			s.t.Fatalf("Sweep: %v", err)
+		}
+	}
+	st := s.status(res)
+	if st.Previous == nil || st.Previous.Ended != fencing.EndExpired || st.Checkpoint == nil {
+		s.t.Fatalf("status just after the lease expired %+v (previous %+v), want the expired lease and its checkpoint kept for the retention", st, st.Previous)
+	}
+	if n := s.waitRetention(); n == 0 {
+		s.t.Fatalf("Sweep removed nothing a retention after the expiry")
+	}
+	if st := s.status(res); st.Issued != 0 || st.Previous != nil || st.Checkpoint != nil {
+		s.t.Fatalf("status a retention after the expiry %+v, want zeros and nils", st)
+	}
+}
+
 func testRetentionKeepsWrittenRecord(s *suite) {
 	if s.inst.Retention <= 0 || s.realClock() {
 		s.t.Skip("needs retention and a fake clock")
@@ -200,6 +235,40 @@ func testClockSteppedBack(s *suite) {
 	if r := fencing.CapabilitiesOf(s.st).Retain; r != nil {
 		if got := r.RetentionStats(); got.ClockBehind == 0 {
 			s.t.Fatalf("RetentionStats %+v: the step back was not detected", got)
+		}
+	}
+}
+
+// testRemovalAfterClockSteppedBack: while the clock is behind, a record
+// created afresh issues tokens above the clock, one after another; once
+// retention removes it (the clock still behind them: stepped back further
+// than the retention), the record created again must start above every one
+// of them.
+func testRemovalAfterClockSteppedBack(s *suite) {
+	s.needClockTokens()
+	if s.inst.Rewind == nil || s.inst.Sweep == nil || s.inst.Retention <= 0 || s.realClock() {
+		s.t.Skip("the store's clock cannot be moved back, or it has no retention sweep")
+	}
+	const res = "back:removed"
+	a := s.acquire("back:before", "alice", s.shortTTL())
+	s.release(a, false)
+	s.inst.Rewind(3 * s.inst.Retention) // still behind after the retention
+	b := s.acquire(res, "bob", s.shortTTL())
+	s.admit(res, b.Token)
+	s.release(b, false)
+	c := s.acquire(res, "carol", s.shortTTL()) // then lost: it expires
+	s.advance(s.shortTTL())
+	if n := s.waitRetention(); n < 1 {
+		s.t.Fatalf("the sweep removed nothing, want the idle record gone: %+v", s.status(res))
+	}
+	d := s.acquire(res, "dave", longTTL)
+	if d.Token <= c.Token {
+		s.t.Fatalf("token %d after the record was removed, want above %d and %d, issued for it before", d.Token, b.Token, c.Token)
+	}
+	for _, old := range []fencing.Token{b.Token, c.Token} {
+		_, err := s.st.Admit(s.ctx, fencing.AdmitRequest{Resource: res, Token: old})
+		if !errors.Is(err, fencing.ErrStaleToken) {
+			s.t.Fatalf("Admit of %d, issued before the removal: %v, want stale", old, err)
 		}
 	}
 }

@@ -94,7 +94,9 @@ var cases = []testCase{
 	{"TokensFollowClock", testTokensFollowClock, false},
 	{"RetentionRemovesIdle", testRetentionRemovesIdle, true},
 	{"RetentionKeepsWrittenRecord", testRetentionKeepsWrittenRecord, false},
+	{"RetentionCountsFromTheExpiry", testRetentionCountsFromTheExpiry, false},
 	{"DeletedRecord", testDeletedRecord, false},
 	{"ClockSteppedBack", testClockSteppedBack, false},
+	{"RemovalAfterClockSteppedBack", testRemovalAfterClockSteppedBack, false},
 	{"RestoreFromOlderCopy", testRestoreFromOlderCopy, false},
 }

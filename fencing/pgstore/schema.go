@@ -172,12 +172,14 @@ func newStatements(schema string) statements {
 	st.register, st.check, st.leave = barrierStatements(schema + ".barrier")
 	// One sweep batch (retention, DESIGN §12): at most $2 rows with no live
 	// lease, untouched for the retention $1 (an interval, against the
-	// database's clock), and no barrier entry, locked without waiting for
+	// database's clock; counted from the latest of the last touch, the
+	// lease's expiry and the checkpoint, as the embedded stores count it),
+	// and no barrier entry, locked without waiting for
 	// a row another transaction holds; their checkpoints, then the rows.
 	// It returns how many rows went.
 	st.sweep = `WITH now AS (SELECT clock_timestamp() AS t),
 		idle AS (SELECT resource FROM ` + r + ` x
-			WHERE coalesce(touched_at, greatest(expires_at, acquired_at, cp_updated_at)) <= (SELECT t FROM now) - $1::interval
+			WHERE greatest(touched_at, expires_at, acquired_at, cp_updated_at) <= (SELECT t FROM now) - $1::interval
 			AND (owner IS NULL OR released OR expires_at <= (SELECT t FROM now))
 			AND NOT EXISTS (SELECT 1 FROM ` + schema + `.barrier b WHERE b.resource = x.resource)
 			ORDER BY touched_at NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED),
