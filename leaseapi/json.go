@@ -77,8 +77,10 @@ func encodeCursor(resource string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(resource))
 }
 
-// decodeCursor returns the resource a cursor names; a cursor this server
-// never gave is invalid (field cursor).
+// decodeCursor returns the resource a cursor names; one that cannot be a
+// cursor (not base64url, not a resource name) is invalid (field cursor).
+// A well-formed cursor is not checked further: listing continues after the
+// name it holds.
 func decodeCursor(c string) (string, error) {
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil || fencing.ValidateResource(string(b)) != nil {

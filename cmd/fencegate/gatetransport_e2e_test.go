@@ -125,6 +125,25 @@ func TestGateMutualTLSUnixUpstreamAndReload(t *testing.T) {
 	if resp, err := put(c, "/jobs/1", tok, "still denied"); err != nil || resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("after a refused reload, a write: %v %+v", err, resp)
 	}
+	// An empty file (one caught while it is rewritten) is refused too: it
+	// would drop every rule and turn on the Fencing-Resource fallback.
+	for i, empty := range []string{"", "# rules\n\n"} {
+		if err := os.WriteFile(rulesFile, []byte(empty), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		p.waitLog("holds no rules while 1 are in force", i+1)
+		req, _ := http.NewRequest("PUT", gate+"/jobs/1", strings.NewReader("empty rules"))
+		req.Header.Set("Fencing-Token", tok)
+		req.Header.Set("Fencing-Resource", "scratch")
+		if resp, err := c.Do(req); err != nil || resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("after an empty rules file (%q), a write: %v %+v", empty, err, resp)
+		} else {
+			resp.Body.Close()
+		}
+	}
 	if got := seenNow(); len(got) != 2 {
 		t.Fatalf("the service saw %q after the reloads", got)
 	}

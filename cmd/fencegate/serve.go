@@ -459,11 +459,19 @@ func loadRules(cfg config.Config) ([]proxy.Rule, error) {
 }
 
 // reloadRules re-reads FENCEGATE_RULES_FILE into gate (SIGHUP): rules that
-// do not load leave the ones in force, and the error names the file.
+// do not load leave the ones in force, and the error names the file. A
+// file with no rules at all is refused while rules are in force: it is far
+// more often one caught while it is rewritten (truncated, not yet written)
+// than a wish to drop every rule, which would also turn on the
+// Fencing-Resource header's fallback (FENCEGATE_RESOURCE_HEADER unset) and
+// let clients name their writes' resources. A restart drops them all.
 func reloadRules(cfg config.Config, gate *proxy.Gate, log *slog.Logger) error {
 	rules, err := loadRules(cfg)
 	if err != nil {
 		return err
+	}
+	if n := len(gate.Rules()); len(rules) == 0 && n > 0 {
+		return fmt.Errorf("FENCEGATE_RULES_FILE %s holds no rules while %d are in force (a file being rewritten? replace it whole, by a rename); to run without rules, restart", cfg.RulesFile, n)
 	}
 	if err := gate.SetRules(rules); err != nil {
 		return err
