@@ -166,6 +166,10 @@ func (g *Gate) decide(in Incoming) Decision {
 	if safeMethod(in.Method) {
 		return Decision{Verdict: Forward}
 	}
+	if name := fencingAlias(in.Header); name != "" {
+		return refusal(http.StatusBadRequest, "invalid-request",
+			fmt.Sprintf("header %q: an upstream may read it as the fencing header of that name, which the gate judges spelt with hyphens only; send that one alone", truncate(name)))
+	}
 
 	var segBuf [8]string // the path's segments, without allocating for most paths
 	segs, p := canonicalSegments(in.Target, segBuf[:0])
@@ -425,6 +429,26 @@ func overrideHeader(h http.Header, names []string) string {
 		}
 		n := strings.ToLower(strings.ReplaceAll(k, "_", "-"))
 		if slices.Contains(names, n) {
+			return k
+		}
+	}
+	return ""
+}
+
+// fencingNames are the names of the headers the gate judges a write by,
+// in lower case.
+var fencingNames = []string{"fencing-token", "fencing-resource", "fencing-destination-token"}
+
+// fencingAlias returns the name of a header in h spelt as a fencing header
+// with underscores for hyphens (Fencing_Token), or "". CGI, WSGI, Rack and
+// PHP servers map both spellings to one variable (HTTP_FENCING_TOKEN) and
+// may hand the application the value the gate did not judge.
+func fencingAlias(h http.Header) string {
+	for k := range h {
+		if len(k) < len("fencing-token") || (k[0] != 'F' && k[0] != 'f') || strings.IndexByte(k, '_') < 0 {
+			continue
+		}
+		if slices.Contains(fencingNames, strings.ToLower(strings.ReplaceAll(k, "_", "-"))) {
 			return k
 		}
 	}

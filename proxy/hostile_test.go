@@ -479,6 +479,10 @@ func hostileCases() []hostileCase {
 		{"GET overridden to DELETE", false, req("GET /jobs/1 HTTP/1.1", "X-HTTP-Method-Override: DELETE\r\n"), []string{"403 method-override-denied"}, 0},
 		{"POST under pass overridden to DELETE", false, req("POST /public/x HTTP/1.1", "X-HTTP-Method: DELETE\r\n", cl0), []string{"403 method-override-denied"}, 0},
 		{"override spelt with underscores", false, req("GET /jobs/1 HTTP/1.1", "X_HTTP_Method_Override: PUT\r\n"), []string{"403 method-override-denied"}, 0},
+		// A fencing header spelt with underscores: CGI-style servers read
+		// it as the one the gate judged.
+		{"token spelt with underscores beside the token", false, req("PUT /jobs/1 HTTP/1.1", fresh, "Fencing_Token: 1\r\n", cl0), []string{"400 invalid-request"}, 0},
+		{"resource spelt with underscores", false, req("PUT /jobs/1 HTTP/1.1", fresh, "fencing_resource: scratch\r\n", cl0), []string{"400 invalid-request"}, 0},
 		{"_method query parameter", false, req("POST /public/x?a=1&_method=DELETE HTTP/1.1", cl0), []string{"403 method-override-denied"}, 0},
 		{"encoded _method query parameter", false, req("POST /public/x?%5Fmethod=PUT HTTP/1.1", cl0), []string{"403 method-override-denied"}, 0},
 		{"X-Original-URL", false, req("POST /public/x HTTP/1.1", "X-Original-URL: /jobs/1\r\n", cl0), []string{"400 path-not-canonical"}, 0},

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/tls"
@@ -331,7 +332,8 @@ func (h *handoffListener) Addr() net.Addr { return &net.TCPAddr{} }
 
 // decisionHeader is the subset of a request's headers decide reads, as an
 // http.Header: Connection, Upgrade, Destination, the fencing headers, and
-// any that an upstream might take for a method or path override; nil when
+// any that an upstream might take for a method or path override or for a
+// fencing header; nil when
 // there are none. into, when not nil, is cleared and filled instead of a
 // new map (an event loop reuses one).
 func decisionHeader(h *fasthttp.RequestHeader, into http.Header) http.Header {
@@ -367,8 +369,14 @@ func decisionHeaderName(k []byte) bool {
 	case HeaderToken, HeaderResource, HeaderDestination, HeaderDestinationToken, "Connection", "Upgrade":
 		return true
 	}
-	if len(k) < len("x-http-method") || (k[0] != 'X' && k[0] != 'x') {
+	if len(k) < len("fencing-token") {
 		return false
 	}
-	return true // overrideHeader decides, on the normalized name
+	switch k[0] {
+	case 'X', 'x':
+		return true // overrideHeader decides, on the normalized name
+	case 'F', 'f':
+		return bytes.IndexByte(k, '_') >= 0 // fencingAlias decides
+	}
+	return false
 }
