@@ -197,7 +197,11 @@ func (c *loopConn) flushNow() bool {
 		c.out = c.out[:copy(c.out, c.out[n:])]
 		return false
 	}
-	c.out = c.out[:0]
+	if cap(c.out) > evloop.KeepBuffer {
+		c.out = nil // a large answer does not pin its buffer on an idle connection
+	} else {
+		c.out = c.out[:0]
+	}
 	return true
 }
 

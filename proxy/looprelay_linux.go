@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -131,6 +132,13 @@ func appendAnswerHead(dst []byte, h *fasthttp.ResponseHeader, r relayState, clos
 	return appendFraming(dst, h.StatusCode(), r, len(h.Peek("Content-Length")) > 0, closeConn)
 }
 
+// relayWindow is the most of an answer's body a connection holds for its
+// client (32 KiB, as nginx's default proxy buffers): the relay writes it
+// out once it holds relayWindow/2, and a client that does not take it
+// stops the reading of the upstream, whose kernel buffers then hold the
+// rest. A thousand clients that never read thus hold some 32 MiB.
+const relayWindow = 32 << 10
+
 // relayBody moves the response body from the upstream to the client.
 func (c *loopConn) relayBody() bool {
 	u := c.up
@@ -142,10 +150,11 @@ func (c *loopConn) relayBody() bool {
 		if r.noBody || r.left == 0 {
 			break
 		}
-		if len(c.out) >= loopReadBuffer && !c.flush() {
+		if len(c.out) >= relayWindow/2 && !c.flush() {
+			u.Consumed() // its bytes are in c.out: do not pin them twice
 			return false // the client reads slowly: wait for it
 		}
-		if !u.Fill(u.l.buf) {
+		if !c.readAnswer() {
 			if u.EOF && r.left == h1.UntilClose {
 				u.reusable = false
 				c.out = append(c.out, h1.LastChunk...)
@@ -164,6 +173,24 @@ func (c *loopConn) relayBody() bool {
 	}
 	c.finish()
 	return true
+}
+
+// readAnswer reads more of the answer's body from the upstream, up to the
+// relay window: a body of known length straight into c.out, which saves a
+// copy (and never reads past its end); any other through u.In, which take
+// then moves. false as evloop.Sock.Fill.
+func (c *loopConn) readAnswer() bool {
+	u := c.up
+	room := relayWindow - len(c.out) // above relayWindow/2: c.out was flushed below it
+	if left := c.relay.left; left > 0 && len(u.In) == 0 {
+		room = int(min(int64(room), left))
+		c.out = slices.Grow(c.out, room)
+		n, ok := u.ReadInto(c.out[len(c.out) : len(c.out)+room])
+		c.out = c.out[:len(c.out)+n]
+		c.relay.left -= int64(n)
+		return ok
+	}
+	return u.Fill(u.l.buf[:room])
 }
 
 // take moves the body bytes the upstream sent so far to c.out; false when

@@ -109,6 +109,56 @@ func TestSockReadsAndWrites(t *testing.T) {
 	}
 }
 
+// TestSockReadIntoAndConsumed: ReadInto reads into the caller's buffer,
+// follows the readiness as Fill does (a short read drains the socket; the
+// end of the stream is EOF), and Consumed lets go of a large read buffer
+// once its bytes are consumed, and only then.
+func TestSockReadIntoAndConsumed(t *testing.T) {
+	fds := socketpair(t)
+	s := &Sock{FD: fds[1], Readable: true}
+	if _, err := unix.Write(fds[0], []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 16)
+	n, ok := s.ReadInto(p)
+	if !ok || string(p[:n]) != "hello" || s.Readable || len(s.In) != 0 {
+		t.Fatalf("ReadInto: %d %q %v, readable %v, In %q", n, p[:n], ok, s.Readable, s.In)
+	}
+	if n, ok := s.ReadInto(p); ok || n != 0 {
+		t.Fatalf("ReadInto on a drained socket: %d %v", n, ok)
+	}
+	s.Readable = true
+	if n, ok := s.ReadInto(p); ok || n != 0 || s.Readable || s.EOF {
+		t.Fatalf("ReadInto with nothing sent: %d %v, readable %v, EOF %v; want EAGAIN", n, ok, s.Readable, s.EOF)
+	}
+
+	big := make([]byte, KeepBuffer+1)
+	if _, err := unix.Write(fds[0], big); err != nil {
+		t.Fatal(err)
+	}
+	s.Readable = true
+	if !s.Fill(make([]byte, len(big))) || len(s.In) != len(big) {
+		t.Fatalf("Fill: %d bytes", len(s.In))
+	}
+	s.Consumed()
+	if cap(s.keep) == 0 {
+		t.Fatal("Consumed let go of a buffer whose bytes are still in In")
+	}
+	s.In = s.In[len(s.In):]
+	s.Consumed()
+	if cap(s.keep) != 0 || s.In != nil {
+		t.Fatalf("Consumed kept a %d-byte buffer once its bytes were consumed", cap(s.keep))
+	}
+
+	if err := unix.Shutdown(fds[0], unix.SHUT_WR); err != nil {
+		t.Fatal(err)
+	}
+	s.Readable = true
+	if n, ok := s.ReadInto(p); ok || n != 0 || !s.EOF {
+		t.Fatalf("ReadInto at the end of the stream: %d %v, EOF %v", n, ok, s.EOF)
+	}
+}
+
 // TestPollerPost: work posted from other goroutines runs on the loop, a
 // sleeping loop is woken for it, and after Shut a post is refused while
 // what was posted before is handed back.

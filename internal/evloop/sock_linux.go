@@ -94,10 +94,24 @@ func (s *Sock) Fill(buf []byte) bool {
 	return s.Took(buf, n, err)
 }
 
-// Took records a read into buf that gave n bytes, or err: the bytes go to
-// s.In, and the readiness follows (a short read drained the socket). It
-// reports what Fill reports.
-func (s *Sock) Took(buf []byte, n int, err error) bool {
+// ReadInto reads what the peer sent straight into p, past s.In (which the
+// caller has emptied): a relay that moves the bytes on at once saves their
+// copy. It returns how many bytes came, and false as Fill does.
+func (s *Sock) ReadInto(p []byte) (int, bool) {
+	if !s.Readable || s.EOF {
+		return 0, false
+	}
+	n, err := RawRead(s.FD, p)
+	if !s.read(len(p), n, err) || err != nil {
+		return 0, err == unix.EINTR
+	}
+	return n, true
+}
+
+// read follows a read of up to size bytes that gave n, or err: EAGAIN and
+// a short read drain the socket; the end of the stream or an error is
+// EOF. It reports whether the socket may have more (true for EINTR).
+func (s *Sock) read(size, n int, err error) bool {
 	switch {
 	case err == unix.EINTR:
 		return true
@@ -109,8 +123,18 @@ func (s *Sock) Took(buf []byte, n int, err error) bool {
 		s.Readable = false
 		return false
 	}
-	if n < len(buf) && !s.Hup {
+	if n < size && !s.Hup {
 		s.Readable = false // drained: the next byte is a new edge (the end of the stream is not)
+	}
+	return true
+}
+
+// Took records a read into buf that gave n bytes, or err: the bytes go to
+// s.In, and the readiness follows (a short read drained the socket). It
+// reports what Fill reports.
+func (s *Sock) Took(buf []byte, n int, err error) bool {
+	if !s.read(len(buf), n, err) || err != nil {
+		return err == unix.EINTR
 	}
 	if len(s.In) == 0 {
 		if cap(s.keep) > KeepBuffer {
@@ -122,6 +146,15 @@ func (s *Sock) Took(buf []byte, n int, err error) bool {
 		s.In = append(s.In, buf[:n]...)
 	}
 	return true
+}
+
+// Consumed lets go of a large read buffer once In has been consumed (a
+// relay moved it on), so that a socket whose reading waits (its data's
+// client does not read) does not pin the buffer meanwhile.
+func (s *Sock) Consumed() {
+	if len(s.In) == 0 && cap(s.keep) > KeepBuffer {
+		s.In, s.keep = nil, nil
+	}
 }
 
 // RawRead and RawWrite are read(2) and write(2) on a non-blocking socket,
