@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,6 +107,12 @@ func (u *rawUpstream) serve(c net.Conn) {
 		if _, err := io.ReadFull(br, body); err != nil {
 			return
 		}
+		if len(req.TransferEncoding) > 0 {
+			// A chunked body, read whole (as sent) before the answer.
+			if body, err = readChunkedRaw(br); err != nil {
+				return
+			}
+		}
 		u.mu.Lock()
 		u.got = append(u.got, head.String()+string(body))
 		u.mu.Unlock()
@@ -116,6 +123,41 @@ func (u *rawUpstream) serve(c net.Conn) {
 		if _, err := io.WriteString(c, resp); err != nil || strings.Contains(resp, "Connection: close") {
 			return
 		}
+	}
+}
+
+// readChunkedRaw reads a chunked body from br to the end of its trailers
+// and returns its bytes as sent.
+func readChunkedRaw(br *bufio.Reader) ([]byte, error) {
+	var raw []byte
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return nil, err
+		}
+		raw = append(raw, line...)
+		sizeText, _, _ := strings.Cut(strings.TrimRight(line, "\r\n"), ";")
+		size, err := strconv.ParseInt(strings.TrimSpace(sizeText), 16, 32)
+		if err != nil {
+			return nil, err
+		}
+		if size == 0 {
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					return nil, err
+				}
+				raw = append(raw, line...)
+				if line == "\r\n" {
+					return raw, nil
+				}
+			}
+		}
+		data := make([]byte, size+2) // and its CRLF
+		if _, err := io.ReadFull(br, data); err != nil {
+			return nil, err
+		}
+		raw = append(raw, data...)
 	}
 }
 

@@ -200,9 +200,13 @@ func TestLoopsWaitForTheirGoroutinesOnStop(t *testing.T) {
 // ENOENT when a write to the slow client blocks), the connection is
 // closed at once rather than left to stall until its deadline.
 func TestLoopClosesAConnectionItCannotWatch(t *testing.T) {
-	arrived := make(chan struct{})
+	arrived, removed := make(chan struct{}), make(chan struct{})
 	gs := serveGateBefore(t, func(up net.Conn) {
 		close(arrived)
+		// The answer only once the client is out of the epoll set: a
+		// write that blocked before would wait, watched, for a wake-up
+		// the removal takes away, and nothing would close it.
+		<-removed
 		fmt.Fprintf(up, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", 64<<20)
 		_, _ = io.Copy(up, &patternReader{n: 64 << 20})
 	})
@@ -229,6 +233,7 @@ func TestLoopClosesAConnectionItCannotWatch(t *testing.T) {
 			}
 		})
 	}
+	close(removed)
 	// The client reads nothing until the gate has let go of its
 	// connection: the gate's writes block, and a blocked write, which
 	// cannot ask to be woken, closes it. (Were the failure ignored, the
