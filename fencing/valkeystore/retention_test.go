@@ -226,3 +226,32 @@ func TestCheckpointStateExpiresWhenTheRecordsTTLIsRight(t *testing.T) {
 		t.Fatalf("the checkpoint's state after the script: PTTL %q (transaction: %q), want an expiry", exec[len(exec)-1], got)
 	}
 }
+
+// TestBarrierEntryKeepsRecord: a record with a shared-barrier entry is
+// not removed (DESIGN §12): a write registered with a hold longer than
+// the retention keeps its record, with its state, at least that long,
+// even once its lease has ended.
+func TestBarrierEntryKeepsRecord(t *testing.T) {
+	srv := valkeytest.Start(t)
+	const ret, hold = time.Second, time.Hour
+	s := openRetention(t, srv.URL(), freshPrefix(), ret)
+	ctx := context.Background()
+	l, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: "b", Owner: "a", TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Checkpoint(ctx, fencing.CheckpointRequest{Resource: "b", Owner: "a", Token: l.Token, State: []byte(`{"n":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, entry, _, err := s.AdmitRegister(ctx, fencing.AdmitRequest{Resource: "b", Token: l.Token}, "gate-1", hold); err != nil || entry.ID == "" {
+		t.Fatalf("AdmitRegister: %+v %v", entry, err)
+	}
+	if _, err := s.Release(ctx, fencing.ReleaseRequest{Resource: "b", Owner: "a", Token: l.Token}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{s.recKey("b"), s.stateKey("b")} {
+		if got := pttl(t, srv, k); got < (hold - time.Minute).Milliseconds() {
+			t.Fatalf("%s: PTTL %d ms with a barrier entry held for %v, want the record kept that long", k, got, hold)
+		}
+	}
+}

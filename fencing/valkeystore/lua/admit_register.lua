@@ -26,5 +26,13 @@ redis.call('ZADD', bar, t, member)
 if redis.call('PTTL', bar) < hold then
   redis.call('PEXPIRE', bar, hold)
 end
+-- A record with a barrier entry is not removed (DESIGN §12): with a
+-- retention, the record and its state outlive the entry (fg_keep keeps
+-- them so on every later write).
+local ret = tonumber(ARGV[4] or '0') or 0
+if ret > 0 and redis.call('PTTL', KEYS[1]) < hold then
+  redis.call('PEXPIRE', KEYS[1], hold)
+  redis.call('PEXPIRE', KEYS[2], hold)
+end
 local live, earliest, expired = fg_lower(bar, t, now_ms)
 return {r[1], r[2], r[3], r[4], r[5], member, tostring(live), fg_fmt(earliest), tostring(expired)}

@@ -132,7 +132,8 @@ end
 -- fg_keep applies the retention (DESIGN §12) after a script wrote to or
 -- admitted on a record: the record hash and its checkpoint state expire
 -- ret ms (a decimal string) after the later of now and until_ms (the live
--- lease's expiry, 0 when there is none). ret "0" (or absent) keeps them
+-- lease's expiry, 0 when there is none), and not before the record's
+-- shared-barrier entries. ret "0" (or absent) keeps them
 -- forever: a TTL left by an earlier retention is removed. The TTL is
 -- written only when it is off by more than slack ms (0: always), so that
 -- admissions at the mark, on the hot path, write at most about once per
@@ -148,7 +149,11 @@ local function fg_keep(rec, state, ret, until_ms, now_ms, slack)
     end
     return
   end
-  local want = r + math.max(until_ms - now_ms, 0)
+  -- A record with a shared-barrier entry is not removed either: its
+  -- entries' set (<record>:bar, in the record's slot by its hash tag)
+  -- expires with the last entry's deadline.
+  local bar = redis.call('PTTL', rec .. ':bar')
+  local want = math.max(r + math.max(until_ms - now_ms, 0), bar)
   -- With slack 0 (a write: a checkpoint's SET just took the state's TTL
   -- away) the TTLs are always written, even when the record's is right.
   if slack > 0 and cur >= 0 and math.abs(cur - want) <= slack then return end
