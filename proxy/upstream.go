@@ -293,11 +293,12 @@ func (g *Gate) upstreamFailed(x *exchange, t flight, err error) {
 		if fenced {
 			p.Detail += "; the write may still be applied by the upstream"
 		}
+	case !sent:
+		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream could not be reached")
 	default:
-		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream could not be reached or failed before answering")
-		if fenced && sent {
-			p.Detail += "; the write may have been applied by the upstream"
-		}
+		// Sent: also when the engine's flight had already ended (an
+		// upstream that switched protocols on a write, say).
+		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream failed before answering; the request was sent, and may have been applied")
 	}
 	p.Cause = err
 	if fenced {

@@ -139,7 +139,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		if cfg.RulesFile != "" {
 			reg.add("FENCEGATE_RULES_FILE "+cfg.RulesFile, func() error { return reloadRules(cfg, gate, log) })
 		}
-		if err := restoreHolds(ctx, gate, log); err != nil {
+		if err := restoreHolds(ctx, gate, cfg.Barrier == config.BarrierShared, log); err != nil {
 			return err
 		}
 		gateTLS, err := listenerTLS(ctx, "PROXY_TLS", cfg.ProxyTLSCert, cfg.ProxyTLSKey, cfg.ProxyTLSClientCA, cfg.TLSWatch, reg, log)
@@ -567,13 +567,18 @@ func timeoutGrace(d time.Duration) time.Duration {
 // restoreHolds applies the barrier holds the previous run left (see
 // proxy.Gate.RestoreHolds). A store that cannot answer stops start-up: the
 // gate would otherwise forward writes the previous run's may still race.
-func restoreHolds(ctx context.Context, gate *proxy.Gate, log *slog.Logger) error {
+// With the shared barrier, a cut-off write's entry in the store outlives a
+// restart until its deadline, so a store that records no holds loses
+// nothing.
+func restoreHolds(ctx context.Context, gate *proxy.Gate, shared bool, log *slog.Logger) error {
 	r, err := gate.RestoreHolds(ctx)
 	switch {
 	case err != nil:
 		return fmt.Errorf("reading the barrier holds of the previous run: %w", err)
+	case !r.Recorded && shared:
+		log.Info("writes cut off at a stop or crash stay in the shared barrier until their entries' deadlines")
 	case !r.Recorded:
-		log.Warn("this store does not record barrier holds: writes cut off at a stop or crash are not held after a restart")
+		log.Warn("this store does not record barrier holds: writes cut off at a stop or crash are not held after a restart (FENCEGATE_BARRIER=shared keeps them)")
 	case r.Unclean:
 		log.Warn("the previous run did not record a clean stop: every resource is held for FENCEGATE_TIMEOUT_GRACE, as writes it forwarded may still be applied")
 	case r.Resources > 0:
