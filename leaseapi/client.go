@@ -432,7 +432,9 @@ func (c *Client) do(ctx context.Context, method, path, resource string, query ur
 // certificate (nothing was sent) or the server answered with a TLS alert:
 // under TLS 1.3 the request may already be written when the server refuses
 // the client's certificate, but a server serves no request on a
-// connection whose handshake it refused.
+// connection whose handshake it refused. Over HTTP/2 that refusal may
+// reach here only as a connection that could not be used, without the
+// alert: it then stays ambiguous, the safe side.
 func transportError(method, path string, err error) error {
 	var op *net.OpError
 	var verify *tls.CertificateVerificationError

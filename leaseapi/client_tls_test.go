@@ -49,9 +49,16 @@ func TestClientWithTLSConfig(t *testing.T) {
 	noCert := leaseapi.NewClient(srv.URL, leaseapi.WithTLSConfig(&tls.Config{RootCAs: set.CA.Pool()}))
 	noCA := leaseapi.NewClient(srv.URL, leaseapi.WithTLSConfig(&tls.Config{Certificates: []tls.Certificate{set.Client.TLS(t)}}))
 	for name, c := range map[string]*leaseapi.Client{"no client certificate": noCert, "no CA": noCA} {
-		// A refused handshake did nothing: unreachable, not ambiguous.
 		_, err := c.Acquire(ctx, "job:2", leaseapi.AcquireOptions{Owner: "w"})
-		if !errors.Is(err, leaseapi.ErrUnreachable) || errors.Is(err, fencing.ErrAmbiguous) {
+		switch {
+		case err == nil:
+			t.Errorf("%s: acquire succeeded", name)
+		case name == "no CA" && (!errors.Is(err, leaseapi.ErrUnreachable) || errors.Is(err, fencing.ErrAmbiguous)):
+			// This side refused the server's certificate: nothing was
+			// sent, so unreachable, not ambiguous. (The server's refusal
+			// of the client's certificate comes after the client has
+			// finished its side of a TLS 1.3 handshake; over HTTP/2 it
+			// may surface only as a connection that could not be used.)
 			t.Errorf("%s: acquire: %v; want ErrUnreachable", name, err)
 		}
 	}
