@@ -69,7 +69,10 @@ func TestWriteCounter(t *testing.T) {
 		o.MeterProvider = mp
 		o.TracerProvider = tp
 		o.ServerName = "127.0.0.1:8080"
-		o.UpstreamTimeout = 50 * time.Millisecond
+		// Long enough for every answered write on a busy machine (50 ms
+		// timed out an ordinary write once in a full run); the one slow
+		// write below waits it out.
+		o.UpstreamTimeout = time.Second
 		o.BarrierTimeout = 20 * time.Millisecond
 		o.TimeoutGrace = time.Hour
 	})
