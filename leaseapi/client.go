@@ -61,7 +61,7 @@ type ClientOption func(*Client)
 
 // WithHTTPClient makes the Client send its requests through hc (for TLS
 // settings, proxies, or instrumentation). Its Timeout, if any, must allow
-// for acquire waits.
+// for acquire waits. The Client uses a copy that follows no redirect.
 func WithHTTPClient(hc *http.Client) ClientOption {
 	return func(c *Client) { c.hc = hc }
 }
@@ -111,6 +111,12 @@ func NewClient(baseURL string, opts ...ClientOption) *Client {
 	if c.tls != nil {
 		c.hc = withTLS(c.hc, c.tls)
 	}
+	// The lease API never redirects: a redirect (a proxy in between, a
+	// wrong URL) is an answer to report, not to follow; followed, a POST
+	// turns into a GET whose answer could pass for a renewal.
+	hc := *c.hc
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	c.hc = &hc
 	return c
 }
 

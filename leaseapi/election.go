@@ -55,6 +55,13 @@ func Campaign(ctx context.Context, client *Client, resource string, opts Electio
 		s, err := NewSession(ctx, client, resource, sopts)
 		switch {
 		case ctx.Err() != nil:
+			if err == nil {
+				// Acquired as the campaign ended: release it at once, or
+				// it would be renewed for as long as the process lives.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.ttl)
+				_, _ = s.Release(rctx, false)
+				cancel()
+			}
 			return ctx.Err()
 		case errors.Is(err, fencing.ErrLeaseHeld):
 			continue // the server already waited

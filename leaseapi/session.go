@@ -139,12 +139,19 @@ func NewSession(ctx context.Context, client *Client, resource string, opts Sessi
 	if err != nil {
 		return nil, err
 	}
+	if lease.Resource != resource || lease.Owner != opts.Owner || lease.TTL <= 0 {
+		return nil, fmt.Errorf("leaseapi: the lease API answered the acquisition of %s by %s with another lease (%s, %s, TTL %v)", resource, opts.Owner, lease.Resource, lease.Owner, lease.TTL)
+	}
+	ttl := lease.TTL // never longer than asked for: a longer answer is not believed
+	if opts.TTL != 0 {
+		ttl = min(ttl, opts.TTL)
+	}
 	s := &Session{
 		client:   client,
 		clock:    clock,
 		resource: resource,
 		owner:    opts.Owner,
-		ttl:      lease.TTL,
+		ttl:      ttl,
 		interval: lease.TTL / 3,
 		margin:   opts.Margin,
 		retry:    opts.RetryInterval,
@@ -165,7 +172,10 @@ func NewSession(ctx context.Context, client *Client, resource string, opts Sessi
 	}
 	if clock.Now().Sub(sent) > s.interval {
 		sent = clock.Now()
-		again, err := client.Acquire(ctx, resource, AcquireOptions{Owner: opts.Owner, TTL: lease.TTL})
+		again, err := client.Acquire(ctx, resource, AcquireOptions{Owner: opts.Owner, TTL: s.ttl})
+		if err == nil {
+			err = s.foreign(again, lease.Token)
+		}
 		if err != nil {
 			s.abandon(ctx, lease)
 			return nil, fmt.Errorf("leaseapi: confirming a slow acquisition: %w", err)
@@ -182,9 +192,23 @@ func NewSession(ctx context.Context, client *Client, resource string, opts Sessi
 	return s, nil
 }
 
-// abandon releases a lease the session will not keep, best effort.
+// abandon releases a lease the session will not keep, best effort, also
+// when ctx has ended (the caller gave up: the lease must not wait out its
+// TTL for that), within the TTL.
 func (s *Session) abandon(ctx context.Context, l fencing.Lease) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.ttl)
+	defer cancel()
 	_, _ = s.client.Release(ctx, l.Resource, l.Owner, l.Token, false)
+}
+
+// foreign returns an error when l, the server's answer to a call about the
+// session's lease with token, is another lease: a server, or anything
+// between it and here, that answers so is not believed.
+func (s *Session) foreign(l fencing.Lease, token fencing.Token) error {
+	if l.Resource != s.resource || l.Owner != s.owner || l.Token != token {
+		return fmt.Errorf("leaseapi: the lease API answered with another lease (%s, %s, token %d) than the session's (%s, %s, token %d)", l.Resource, l.Owner, l.Token, s.resource, s.owner, token)
+	}
+	return nil
 }
 
 // DefaultOwner returns an owner name unique to this call: the host name,
@@ -271,8 +295,10 @@ func (s *Session) endLocked(err error) {
 	}
 }
 
-// confirm records a successful acquire, renew or checkpoint sent at sent.
-// The deadline only moves forward, and not at all once the session ended.
+// confirm records a successful acquire, renew or checkpoint sent at sent,
+// whose answer is the session's own lease (see foreign). The deadline only
+// moves forward, by at most the session's TTL (an answer with a longer one
+// is not believed), and not at all once the session ended.
 func (s *Session) confirm(sent time.Time, l fencing.Lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -280,7 +306,7 @@ func (s *Session) confirm(sent time.Time, l fencing.Lease) {
 		return
 	}
 	s.lease = l
-	if d := sent.Add(l.TTL - s.margin); d.After(s.deadline) {
+	if d := sent.Add(min(l.TTL, s.ttl) - s.margin); d.After(s.deadline) {
 		s.deadline = d
 	}
 }
@@ -376,6 +402,9 @@ func (s *Session) renewBy(deadline time.Time) (sent time.Time, l fencing.Lease, 
 	defer t.Stop()
 	select {
 	case r := <-ch:
+		if r.err == nil {
+			r.err = s.foreign(r.l, token) // retried, as any failed renewal
+		}
 		return sent, r.l, r.err
 	case <-t.C():
 		return sent, fencing.Lease{}, ErrRenewDeadline
@@ -399,6 +428,9 @@ func (s *Session) Checkpoint(ctx context.Context, state any) (fencing.Lease, err
 			return fencing.Lease{}, err // the state was refused, not the lease
 		}
 		s.fail("checkpoint", err)
+		return fencing.Lease{}, err
+	}
+	if err := s.foreign(renewed, l.Token); err != nil {
 		return fencing.Lease{}, err
 	}
 	s.confirm(sent, renewed)

@@ -37,6 +37,9 @@ type sessionEnv struct {
 	calls     map[string]int // "POST acquire" -> count of calls served
 	afterAcq  func(n int)    // run after the n-th acquire was served
 	unhang    chan struct{}  // closed at cleanup, releasing hung calls
+	// lie, when set, answers renewals in the API's place: a server (or a
+	// proxy) that answers something else than the session's lease.
+	lie atomic.Pointer[func(w http.ResponseWriter, r *http.Request)]
 }
 
 func newSessionEnv(t *testing.T) *sessionEnv {
@@ -57,6 +60,11 @@ func newSessionEnv(t *testing.T) *sessionEnv {
 				e.abandoned.Add(1)
 			case <-e.unhang:
 			}
+			return
+		}
+		if lie := e.lie.Load(); lie != nil && strings.HasSuffix(r.URL.Path, "/renew") {
+			(*lie)(w, r)
+			e.count(op)
 			return
 		}
 		if e.fail503.Load() && strings.HasSuffix(r.URL.Path, "/renew") {
@@ -608,4 +616,76 @@ func TestTransportConcurrentWithLoss(t *testing.T) {
 			t.Fatalf("unstamped write: %v", r.Header)
 		}
 	}
+}
+
+// TestSessionBelievesOnlyItsOwnLease: a renewal answered with another
+// lease (another token and resource) or with a redirect is not believed:
+// the token stays, and the session is lost at its deadline as if every
+// renewal had failed. One answered with its own lease but a TTL far longer
+// than the session's moves the deadline by the session's TTL only.
+func TestSessionBelievesOnlyItsOwnLease(t *testing.T) {
+	answer := func(body string) func(w http.ResponseWriter, r *http.Request) {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, body)
+		}
+	}
+	const dayLong = `{"resource":"job:1","owner":"w1","token":TOKEN,"ttl_seconds":86400,"acquired_at":"2026-01-01T00:00:00.000Z","expires_at":"2026-01-02T00:00:00.000Z"}`
+	for name, lie := range map[string]func(w http.ResponseWriter, r *http.Request){
+		"another lease": answer(strings.Replace(dayLong, `"resource":"job:1","owner":"w1","token":TOKEN`, `"resource":"other:9","owner":"w1","token":999999`, 1)),
+		"a redirect": func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "/v1/leases/job:1", http.StatusFound)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newSessionEnv(t)
+			s := e.session(t, "w1")
+			token := s.Token()
+			e.lie.Store(&lie)
+			// The renewal at 10 s, then retries every 2 s (TTL/15), to
+			// the deadline at 27 s (the TTL less its tenth).
+			e.clock.waitTimer(t, e.at(10*time.Second))
+			e.clock.Advance(10 * time.Second)
+			for at := 12 * time.Second; at <= 26*time.Second; at += 2 * time.Second {
+				e.clock.waitTimer(t, e.at(at))
+				e.clock.Advance(2 * time.Second)
+			}
+			e.clock.waitTimer(t, e.at(27*time.Second))
+			e.clock.Advance(time.Second)
+			waitDone(t, s)
+			if !errors.Is(s.Err(), leaseapi.ErrSessionLost) {
+				t.Fatalf("session after renewals answered with %s: %v, want lost at its deadline", name, s.Err())
+			}
+			if s.Token() != token || s.Lease().Resource != "job:1" {
+				t.Fatalf("the session took token %d on %s from an answer it should not believe (its own %d)", s.Token(), s.Lease().Resource, token)
+			}
+			// At 10 s, then every 2 s to 26 s; the last may be cut off by
+			// the deadline before it reaches the server.
+			if got := e.served("POST renew"); got < 8 {
+				t.Fatalf("%d renewals reached the server, want 8 or 9", got)
+			}
+		})
+	}
+	t.Run("its own lease, a day long", func(t *testing.T) {
+		e := newSessionEnv(t)
+		s := e.session(t, "w1")
+		lie := answer(strings.Replace(dayLong, "TOKEN", s.Token().String(), 1))
+		e.lie.Store(&lie)
+		e.clock.waitTimer(t, e.at(10*time.Second))
+		e.clock.Advance(10 * time.Second) // renewed at 10 s: deadline 37 s, not a day
+		e.clock.waitTimer(t, e.at(20*time.Second))
+		e.lie.Store(nil)
+		e.fail503.Store(true) // from here on every renewal fails
+		e.clock.Advance(10 * time.Second)
+		for at := 22 * time.Second; at <= 36*time.Second; at += 2 * time.Second {
+			e.clock.waitTimer(t, e.at(at))
+			e.clock.Advance(2 * time.Second)
+		}
+		e.clock.waitTimer(t, e.at(37*time.Second))
+		e.clock.Advance(time.Second)
+		waitDone(t, s)
+		if !errors.Is(s.Err(), leaseapi.ErrSessionLost) {
+			t.Fatalf("after a renewal answered with a day-long TTL, then failures: %v, want lost 27 s after that renewal", s.Err())
+		}
+	})
 }
