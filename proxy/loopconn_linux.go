@@ -197,12 +197,19 @@ func (c *loopConn) flushNow() bool {
 		c.out = c.out[:copy(c.out, c.out[n:])]
 		return false
 	}
-	if cap(c.out) > evloop.KeepBuffer {
-		c.out = nil // a large answer does not pin its buffer on an idle connection
-	} else {
-		c.out = c.out[:0]
-	}
+	c.out = c.out[:0]
+	c.dropLargeOut()
 	return true
+}
+
+// dropLargeOut lets go of an empty output buffer larger than
+// evloop.KeepBuffer once no answer is being relayed, so a large answer
+// does not pin its buffer on an idle connection (a relay keeps its window
+// from one write to the next).
+func (c *loopConn) dropLargeOut() {
+	if len(c.out) == 0 && cap(c.out) > evloop.KeepBuffer && c.state != stRelay {
+		c.out = nil
+	}
 }
 
 // expire fires c's deadline.

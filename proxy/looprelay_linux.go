@@ -170,6 +170,14 @@ func (c *loopConn) relayBody() bool {
 	}
 	if len(u.In) > 0 {
 		u.reusable = false // bytes past the response's end
+	} else if u.reusable && u.Readable && !u.EOF {
+		// The last read filled its buffer exactly (a body read to its
+		// end, not past it): bytes the upstream sent after the response
+		// may wait in the socket, whose readiness edge has come already,
+		// so the idle pool would not see them. One more read tells.
+		if u.Fill(u.l.buf[:1]) || u.EOF {
+			u.reusable = false
+		}
 	}
 	c.finish()
 	return true

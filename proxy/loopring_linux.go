@@ -184,7 +184,5 @@ func (l *eventLoop) wroteOne(tag uint64, res int32) {
 		return
 	}
 	c.out = c.out[:copy(c.out, c.out[n:])]
-	if len(c.out) == 0 && cap(c.out) > evloop.KeepBuffer {
-		c.out = nil // as flushNow: a large answer does not pin its buffer
-	}
+	c.dropLargeOut()
 }
