@@ -53,9 +53,12 @@ var errRaise = errors.New("pgstore: the admission raises the mark")
 //	register  $1 resource, $2 token, $3 gate, $4 hold ms: inserts the entry,
 //	          deletes the expired lower ones; returns the entry's id and
 //	          check's columns.
-//	check     $1 resource, $2 token: deletes the expired entries below the
-//	          token; returns how many, how many unexpired ones remain and
-//	          the milliseconds until the earliest of their deadlines.
+//	check     $1 resource, $2 token, $3 the waiting write's own entry id:
+//	          deletes the expired entries below the token; returns how many,
+//	          how many unexpired ones remain, the milliseconds until the
+//	          earliest of their deadlines, and whether the own entry is
+//	          still there (gone: the table lost rows, and the entries of the
+//	          writes it waited for may have gone with them).
 //	leave     $1 resource, $2 id, $3 payload: deletes the entry and
 //	          notifies when there was one, without waiting for the
 //	          commit's flush.
@@ -75,7 +78,9 @@ func barrierStatements(b string) (register, check, leave string) {
 			SELECT $1::text, $2::bigint, $3::text, t + $4::bigint * interval '1 millisecond' FROM now RETURNING id),
 		` + lower + `
 		SELECT (SELECT id FROM ins), ` + counts
-	check = `WITH now AS (SELECT clock_timestamp() AS t), ` + lower + ` SELECT ` + counts
+	check = `WITH now AS (SELECT clock_timestamp() AS t), ` + lower + ` SELECT ` + strings.Replace(counts, "FROM "+b+" WHERE", `,
+		EXISTS (SELECT 1 FROM `+b+` WHERE resource = $1 AND id = $3::bigint)
+		FROM `+b+` WHERE`, 1)
 	// A removal need not be durable: one lost to a crash of the database
 	// leaves the entry until its deadline, which delays writes and never
 	// reorders them. So it does not wait for the commit's flush.
@@ -186,6 +191,10 @@ func (s *Store) WaitLower(ctx context.Context, e fencing.BarrierEntry) (int, err
 	if s.closed.Load() {
 		return 0, fmt.Errorf("%w: barrier wait: the postgres store is closed", fencing.ErrUnavailable)
 	}
+	id, err := entryID(e)
+	if err != nil {
+		return 0, err
+	}
 	w, err := s.listen.join(ctx, s, e.Resource)
 	if err != nil {
 		return 0, err
@@ -195,9 +204,14 @@ func (s *Store) WaitLower(ctx context.Context, e fencing.BarrierEntry) (int, err
 		w.gen.done, func() error { return w.gen.err }, func(ctx context.Context) (fencing.BarrierCheck, error) {
 			var c fencing.BarrierCheck
 			var waitMs int64
+			var own bool
 			err := s.repeatable(ctx, "barrier check", func(ctx context.Context) error {
-				return s.pool.QueryRow(ctx, s.sql.check, e.Resource, int64(e.Token)).Scan(&c.Expired, &c.Lower, &waitMs)
+				return s.pool.QueryRow(ctx, s.sql.check, e.Resource, int64(e.Token), id).Scan(&c.Expired, &c.Lower, &waitMs, &own)
 			})
+			if err == nil && !own {
+				return fencing.BarrierCheck{}, fmt.Errorf("%w: barrier wait: this write's entry in the shared barrier is gone from the database, "+
+					"which lost rows (the entries of the writes it waited for may have gone with them): not forwarded", fencing.ErrUnavailable)
+			}
 			c.Wait = time.Duration(waitMs) * time.Millisecond
 			return c, err
 		})

@@ -156,6 +156,40 @@ func TestSharedBarrierFailsClosed(t *testing.T) {
 	_ = g1.Leave(ctx, ea)
 }
 
+// TestWaitLowerFailsClosedWhenTheBarrierRowsGo: a write waiting behind a
+// lower one whose entries the database then loses (deleted here, as a
+// failover to a standby that missed them or a restore would) is refused,
+// not let through as if the lower write had ended: it would otherwise
+// reach the upstream while the lower one is still in flight.
+func TestWaitLowerFailsClosedWhenTheBarrierRowsGo(t *testing.T) {
+	ctx := context.Background()
+	schema := freshSchema()
+	g1, g2 := open(t, schema), open(t, schema)
+	const res = "lost-rows"
+	a := newHolder(t, g1, res, "a")
+	ea, _ := registerEntry(t, g1, res, "g1", a, time.Minute)
+	b := newHolder(t, g1, res, "b")
+	eb, behind := registerEntry(t, g2, res, "g2", b, time.Minute)
+	if !behind {
+		t.Fatal("b's write is not behind a's")
+	}
+	done := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_, err := g2.WaitLower(wctx, eb)
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // waiting
+	if _, err := g1.pool.Exec(ctx, `DELETE FROM `+schema+`.barrier WHERE resource = $1`, res); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, fencing.ErrUnavailable) {
+		t.Fatalf("b's write after the database lost the barrier rows: %v, want a refusal (ErrUnavailable)", err)
+	}
+	_ = g1.Leave(ctx, ea)
+}
+
 // TestAdmitRegisterLostCommitIsAmbiguous: a registration whose COMMIT
 // reply is lost is ErrAmbiguous, as Admit's would be.
 func TestAdmitRegisterLostCommitIsAmbiguous(t *testing.T) {
