@@ -110,7 +110,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				Headers: http.Header{"Www-Authenticate": {`Bearer realm="fencegate", error="invalid_request"`}}})
 			return
 		}
-		header := r.Header.Get("Authorization")
+		header, sent := r.Header.Get("Authorization"), len(r.Header.Values("Authorization")) > 0
 		tok, hasTok := bearer(header)
 		ok := false
 		switch {
@@ -119,7 +119,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			p := s.access.Policy()
 			if hasTok {
 				c, ok = p.ByToken(tok)
-			} else if header == "" && r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+			} else if !sent && r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
 				// A header that is there but holds no bearer token (an
 				// empty variable, another scheme) is refused, not passed
 				// over for the certificate: the client meant to be known

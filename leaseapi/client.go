@@ -429,23 +429,17 @@ func (c *Client) do(ctx context.Context, method, path, resource string, query ur
 	return nil
 }
 
-// transportError classifies a failed round trip: a failed dial or TLS
-// handshake sent nothing the server acted on (ErrUnavailable); anything
-// later may have reached the server (ErrAmbiguous), and is named as the
-// API's silence, not the store's.
-//
-// A handshake counts as failed when this side refused the server's
-// certificate (nothing was sent) or the server answered with a TLS alert:
-// under TLS 1.3 the request may already be written when the server refuses
-// the client's certificate, but a server serves no request on a
-// connection whose handshake it refused. Over HTTP/2 that refusal may
-// reach here only as a connection that could not be used, without the
-// alert: it then stays ambiguous, the safe side.
+// transportError classifies a failed round trip: a failed dial, or a TLS
+// handshake in which this side refused the server's certificate, sent
+// nothing (ErrUnavailable); anything later may have reached the server
+// (ErrAmbiguous), and is named as the API's silence, not the store's. A
+// TLS alert from the server stays ambiguous: it may refuse the client's
+// certificate (nothing done), but it may also come after a request was
+// read, from the server or a proxy in front of it.
 func transportError(method, path string, err error) error {
 	var op *net.OpError
 	var verify *tls.CertificateVerificationError
-	// crypto/tls reports the peer's alert as a net.OpError "remote error".
-	if errors.As(err, &op) && (op.Op == "dial" || op.Op == "remote error") || errors.As(err, &verify) {
+	if errors.As(err, &op) && op.Op == "dial" || errors.As(err, &verify) {
 		return fmt.Errorf("leaseapi: %s %s: %w", method, path, &unreachableError{err: err})
 	}
 	return fmt.Errorf("leaseapi: %s %s: %w", method, path, &noAnswerError{err: err})

@@ -294,11 +294,13 @@ func (g *Gate) upstreamFailed(x *exchange, t flight, err error) {
 			p.Detail += "; the write may still be applied by the upstream"
 		}
 	case !sent:
-		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream could not be reached")
-	default:
+		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream could not be reached (or no connection to it was free in time)")
+	case fenced || x.flight != nil:
 		// Sent: also when the engine's flight had already ended (an
 		// upstream that switched protocols on a write, say).
-		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream failed before answering; the request was sent, and may have been applied")
+		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream failed before answering; the write was sent, and may have been applied")
+	default:
+		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream failed before answering")
 	}
 	p.Cause = err
 	if fenced {

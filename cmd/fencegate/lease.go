@@ -509,6 +509,9 @@ func (c *cli) apiToken() (string, error) {
 	if tok == "" {
 		return "", withExit(exitUsage, fmt.Errorf("--api-token-file %s: the first line is empty", c.api.tokenFile))
 	}
+	if err := config.ValidateAPIToken(tok); err != nil {
+		return "", withExit(exitUsage, fmt.Errorf("--api-token-file %s: %w", c.api.tokenFile, err))
+	}
 	return tok, nil
 }
 
