@@ -207,11 +207,18 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 		}
 	}
 	status := childStatus(waitErr)
+	// Whatever CMD left running in its group (a background job) must not
+	// work on past the release, or past a loss: it goes first.
+	signalGroup(cmd.Process.Pid, syscall.SIGKILL)
 	// A loss decided while CMD was exiting still counts (Err also checks
 	// the local deadline): the work may not be complete under the lease,
 	// and a lost lease is not released.
 	if sess.Err() == nil {
-		c.release(bg, sess, o.finishOnSuccess && status == 0)
+		if gone := c.release(bg, sess, o.finishOnSuccess && status == 0); gone {
+			// The server says the lease had ended before the release: the
+			// work may have ended outside it, as after a loss.
+			return withExit(exitLeaseLost, nil)
+		}
 	}
 	if err := sess.Err(); errors.Is(err, leaseapi.ErrSessionLost) {
 		if lostc != nil {
@@ -255,12 +262,26 @@ func (c *cli) openSession(ctx context.Context, client *leaseapi.Client, o runOpt
 
 // release ends the session and its lease after CMD exited; a failure is
 // reported, not fatal: the lease then expires on its own.
-func (c *cli) release(ctx context.Context, sess *leaseapi.Session, finished bool) {
+//
+// It reports whether the server answered that the lease had already ended
+// (released false, or lease-lost): the session was then lost without
+// knowing it (a store that failed over, a pause the local clock did not
+// see).
+func (c *cli) release(ctx context.Context, sess *leaseapi.Session, finished bool) (gone bool) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	if _, err := sess.Release(ctx, finished); err != nil {
+	released, err := sess.Release(ctx, finished)
+	switch {
+	case err == nil && !released:
+		fmt.Fprintln(c.stderr, "fencegate run: the lease had already ended when the command exited (the server released nothing): its work may have ended outside it")
+		return true
+	case errors.Is(err, fencing.ErrLeaseLost):
+		fmt.Fprintf(c.stderr, "fencegate run: the lease had already ended when the command exited: its work may have ended outside it: %v\n", err)
+		return true
+	case err != nil:
 		fmt.Fprintf(c.stderr, "fencegate run: releasing the lease: %v\n", err)
 	}
+	return false
 }
 
 // signalGroup sends sig to CMD's process group (CMD leads it).

@@ -490,3 +490,47 @@ while :; do sleep 0.05; done`
 		}
 	}
 }
+
+// TestRunEndsWhatTheCommandLeftBehind: a background job the command left
+// in its process group when it exited is killed before the lease is
+// released, so it cannot work on with the token once another owner may
+// hold the lease; and a lease that had already ended when the command
+// exited (released behind run's back here) makes run exit 76, not 0.
+func TestRunEndsWhatTheCommandLeftBehind(t *testing.T) {
+	p := start(t, t.TempDir(), []string{"FENCEGATE_STORE=memory:"}, "api")
+	api := p.url("api", "")
+	d := t.TempDir()
+	r := startBG(t, []string{"FENCEGATE_API_URL=" + api, "D=" + d}, "run", "--resource", "job:left", "--ttl", "5s", "--", "sh", "-c",
+		`sleep 300 </dev/null >/dev/null 2>&1 & echo $! > "$D/job"; exit 0`)
+	if code := r.wait(30 * time.Second); code != 0 {
+		t.Fatalf("run exited %d\n%s", code, r.stderr)
+	}
+	job, err := strconv.Atoi(readFile(t, filepath.Join(d, "job")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(job, syscall.SIGKILL) })
+	for limit := time.Now().Add(10 * time.Second); !processGone(job); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(limit) {
+			t.Fatal("the command's background job still runs after run released the lease")
+		}
+	}
+
+	client := leaseapi.NewClient(api)
+	script := `touch "$D/started"; while [ ! -e "$D/go" ]; do sleep 0.05; done`
+	r = startBG(t, []string{"FENCEGATE_API_URL=" + api, "D=" + d}, "run", "--resource", "job:gone", "--owner", "w", "--ttl", "30s", "--", "sh", "-c", script)
+	waitFile(t, filepath.Join(d, "started"), 30*time.Second, r)
+	st, err := client.Status(context.Background(), "job:gone")
+	if err != nil || st.Lease == nil {
+		t.Fatalf("status: %+v %v", st, err)
+	}
+	if ok, err := client.Release(context.Background(), "job:gone", "w", st.Lease.Token, false); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(30 * time.Second); code != 76 {
+		t.Fatalf("run whose lease had ended before the command exited: exit %d, want 76\n%s", code, r.stderr)
+	}
+}
