@@ -424,7 +424,7 @@ func (s *Session) Checkpoint(ctx context.Context, state any) (fencing.Lease, err
 	sent := s.clock.Now()
 	renewed, err := s.client.Checkpoint(ctx, s.resource, s.owner, l.Token, state)
 	if err != nil {
-		if errors.Is(err, fencing.ErrTooLarge) {
+		if errors.Is(err, fencing.ErrTooLarge) || errors.Is(err, fencing.ErrInvalid) {
 			return fencing.Lease{}, err // the state was refused, not the lease
 		}
 		s.fail("checkpoint", err)

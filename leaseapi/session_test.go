@@ -386,6 +386,20 @@ func TestSessionCheckpoint(t *testing.T) {
 	}
 }
 
+// TestSessionCheckpointOfABadStateKeepsTheSession: a state the server
+// refuses (400: not JSON it takes) is the state's fault, not the lease's:
+// the session holds on. (A nil state is sent as null, which is no state.)
+func TestSessionCheckpointOfABadStateKeepsTheSession(t *testing.T) {
+	e := newSessionEnv(t)
+	s := e.session(t, "w1")
+	if _, err := s.Checkpoint(context.Background(), nil); !errors.Is(err, fencing.ErrInvalid) {
+		t.Fatalf("Checkpoint of a nil state: %v, want ErrInvalid", err)
+	}
+	if err := s.Err(); err != nil {
+		t.Fatalf("after a refused state: %v, want the session live", err)
+	}
+}
+
 func TestSessionCheckpointRefusedEndsSession(t *testing.T) {
 	e := newSessionEnv(t)
 	s := e.session(t, "w1")
@@ -523,6 +537,30 @@ func TestTransportStampsUnsafeRequests(t *testing.T) {
 		case !safe && (got.Get("Fencing-Token") != "1" || got.Get("Fencing-Resource") != "job:1"):
 			t.Fatalf("%s: fenced request sent with %v", m, got)
 		}
+	}
+	// The caller's token or resource in another spelling does not go out
+	// beside the session's; a destination token does, as set.
+	req, _ := http.NewRequest("COPY", "http://gate.invalid/jobs/1", nil)
+	req.Header["fencing-token"] = []string{"998"}
+	req.Header["Fencing_Token"] = []string{"997"}
+	req.Header["FENCING-RESOURCE"] = []string{"other:1"}
+	req.Header["Fencing_Destination_Token"] = []string{"996"}
+	req.Header.Set("Fencing-Destination-Token", "995")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	sent := net.sent()
+	got := sent[len(sent)-1].Header
+	want := http.Header{"Fencing-Token": {"1"}, "Fencing-Resource": {"job:1"}, "Fencing-Destination-Token": {"995"}}
+	for k, v := range got {
+		if strings.HasPrefix(strings.ToLower(strings.ReplaceAll(k, "_", "-")), "fencing-") && (len(v) != 1 || want.Get(k) != v[0]) {
+			t.Fatalf("a fenced request went out with %s: %q (all: %v)", k, v, got)
+		}
+	}
+	if got.Get("Fencing-Destination-Token") != "995" {
+		t.Fatalf("the caller's destination token was not sent: %v", got)
 	}
 	if leaseapiHeaders := [2]string{"Fencing-Token", "Fencing-Resource"}; leaseapiHeaders != [2]string{proxy.HeaderToken, proxy.HeaderResource} {
 		t.Fatal("the gate reads other headers than the transport stamps")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // The headers the write gate reads (proxy.HeaderToken and
@@ -26,8 +27,11 @@ var ErrWriteRefused = errors.New("leaseapi: session ended, fenced request not se
 //   - Safe requests (GET, HEAD, OPTIONS, TRACE) pass through untouched: the
 //     gate does not fence them.
 //   - Every other request gets the Fencing-Token and Fencing-Resource
-//     headers of the session's lease (replacing any the caller set) and is
-//     sent while the session holds its lease.
+//     headers of the session's lease and is sent while the session holds
+//     its lease. A token or resource header the caller set, in any case or
+//     with underscores, is dropped, and so is any fencing header spelt with
+//     underscores (which the gate refuses); a Fencing-Destination-Token
+//     the caller sets (a COPY's or MOVE's other resource) goes as set.
 //   - Once the session has ended (lost, past its local deadline, or
 //     released), such a request is not sent at all: RoundTrip closes its
 //     body and returns an error matching ErrWriteRefused, without touching
@@ -64,6 +68,15 @@ func (t *fencedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("%w: %s %s: %w", ErrWriteRefused, req.Method, req.URL.Redacted(), err)
 	}
 	out := req.Clone(req.Context())
+	for k := range out.Header {
+		// The caller's token or resource in any spelling (fencing-token,
+		// Fencing_Token), and any fencing header spelt with underscores,
+		// which the gate refuses: only the session's go out.
+		n := strings.ToLower(strings.ReplaceAll(k, "_", "-"))
+		if n == "fencing-token" || n == "fencing-resource" || strings.HasPrefix(n, "fencing-") && strings.Contains(k, "_") {
+			delete(out.Header, k)
+		}
+	}
 	out.Header.Set(tokenHeader, lease.Token.String())
 	out.Header.Set(resourceHeader, lease.Resource)
 	return t.base.RoundTrip(out)
