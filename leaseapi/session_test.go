@@ -656,6 +656,20 @@ func TestTransportConcurrentWithLoss(t *testing.T) {
 	}
 }
 
+// failedRenewalsUntilLost moves the clock through the retries of failing
+// renewals, every 2 s (TTL/15) from first, to the session's deadline, and
+// waits for the session to end there.
+func (e *sessionEnv) failedRenewalsUntilLost(t *testing.T, s *leaseapi.Session, first, deadline time.Duration) {
+	t.Helper()
+	for at := first; at < deadline; at += 2 * time.Second {
+		e.clock.waitTimer(t, e.at(at))
+		e.clock.Advance(2 * time.Second)
+	}
+	e.clock.waitTimer(t, e.at(deadline))
+	e.clock.Advance(time.Second)
+	waitDone(t, s)
+}
+
 // TestSessionBelievesOnlyItsOwnLease: a renewal answered with another
 // lease (another token and resource) or with a redirect is not believed:
 // the token stays, and the session is lost at its deadline as if every
@@ -684,13 +698,7 @@ func TestSessionBelievesOnlyItsOwnLease(t *testing.T) {
 			// the deadline at 27 s (the TTL less its tenth).
 			e.clock.waitTimer(t, e.at(10*time.Second))
 			e.clock.Advance(10 * time.Second)
-			for at := 12 * time.Second; at <= 26*time.Second; at += 2 * time.Second {
-				e.clock.waitTimer(t, e.at(at))
-				e.clock.Advance(2 * time.Second)
-			}
-			e.clock.waitTimer(t, e.at(27*time.Second))
-			e.clock.Advance(time.Second)
-			waitDone(t, s)
+			e.failedRenewalsUntilLost(t, s, 12*time.Second, 27*time.Second)
 			if !errors.Is(s.Err(), leaseapi.ErrSessionLost) {
 				t.Fatalf("session after renewals answered with %s: %v, want lost at its deadline", name, s.Err())
 			}
@@ -715,13 +723,7 @@ func TestSessionBelievesOnlyItsOwnLease(t *testing.T) {
 		e.lie.Store(nil)
 		e.fail503.Store(true) // from here on every renewal fails
 		e.clock.Advance(10 * time.Second)
-		for at := 22 * time.Second; at <= 36*time.Second; at += 2 * time.Second {
-			e.clock.waitTimer(t, e.at(at))
-			e.clock.Advance(2 * time.Second)
-		}
-		e.clock.waitTimer(t, e.at(37*time.Second))
-		e.clock.Advance(time.Second)
-		waitDone(t, s)
+		e.failedRenewalsUntilLost(t, s, 22*time.Second, 37*time.Second)
 		if !errors.Is(s.Err(), leaseapi.ErrSessionLost) {
 			t.Fatalf("after a renewal answered with a day-long TTL, then failures: %v, want lost 27 s after that renewal", s.Err())
 		}
