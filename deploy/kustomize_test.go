@@ -98,6 +98,12 @@ func TestKubernetesOverlays(t *testing.T) {
 			dir := "kubernetes/overlays/" + overlay
 			deps, secrets, cms, svcs, pols := k8sObjects(t, dir, render(t, dir))
 			checkSidecarDeployment(t, dir, deps, secrets, cms, svcs)
+			var jobsPodLabels map[string]string
+			for _, d := range deps {
+				if d.Name == "jobs" {
+					jobsPodLabels = d.Spec.Template.Labels
+				}
+			}
 			for _, d := range deps {
 				// A store of one instance (the example's Valkey, the
 				// single overlay's file store) must never run twice at once.
@@ -105,7 +111,7 @@ func TestKubernetesOverlays(t *testing.T) {
 					t.Errorf("%s: Deployment %s updates by %q: an old and a new instance of its store would run at once; want Recreate", dir, d.Name, d.Spec.Strategy.Type)
 				}
 				if d.Name != "jobs" {
-					checkStoreLockedDown(t, dir, d, pols)
+					checkStoreLockedDown(t, dir, d, jobsPodLabels, pols)
 				}
 			}
 		})
@@ -119,9 +125,10 @@ func TestKubernetesOverlays(t *testing.T) {
 
 // checkStoreLockedDown: a store shipped with an overlay (its example
 // Valkey) runs on a read-only root file system, and a NetworkPolicy lets
-// only the fencegate sidecars reach its pods: anything else that reached
-// it could rewrite the marks fencing relies on.
-func checkStoreLockedDown(t *testing.T, where string, d appsv1.Deployment, pols []networkingv1.NetworkPolicy) {
+// only the fencegate sidecars reach its pods (whose labels, jobsPodLabels,
+// must carry the one it admits): anything else that reached it could
+// rewrite the marks fencing relies on.
+func checkStoreLockedDown(t *testing.T, where string, d appsv1.Deployment, jobsPodLabels map[string]string, pols []networkingv1.NetworkPolicy) {
 	t.Helper()
 	for _, c := range d.Spec.Template.Spec.Containers {
 		if c.SecurityContext == nil || c.SecurityContext.ReadOnlyRootFilesystem == nil || !*c.SecurityContext.ReadOnlyRootFilesystem {
@@ -129,6 +136,9 @@ func checkStoreLockedDown(t *testing.T, where string, d appsv1.Deployment, pols 
 		}
 	}
 	sidecar := map[string]string{"app.kubernetes.io/component": "fencegate-sidecar"}
+	if !matches(sidecar, jobsPodLabels) {
+		t.Errorf("%s: the fencegate pods' labels %v lack %v, which the store's NetworkPolicy admits", where, jobsPodLabels, sidecar)
+	}
 	for _, p := range pols {
 		if !matches(p.Spec.PodSelector.MatchLabels, d.Spec.Template.Labels) || !slices.Contains(p.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
 			continue
