@@ -1,10 +1,13 @@
 package leaseapi_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -156,3 +159,42 @@ func TestCampaignStepsDownWhenLeadReturns(t *testing.T) {
 		t.Fatalf("after the campaign: %+v issued %d", st.Lease, st.Issued)
 	}
 }
+
+// TestCampaignReleasesALeaseAcquiredAsItEnds: a campaign whose context
+// ends just as its acquisition succeeds returns without leading, and
+// releases that lease rather than leave its session renewing it for as
+// long as the process lives.
+func TestCampaignReleasesALeaseAcquiredAsItEnds(t *testing.T) {
+	e := newSessionEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The acquisition's answer arrives, then the campaign ends.
+	client := leaseapi.NewClient(e.srv.URL, leaseapi.WithHTTPClient(&http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := http.DefaultTransport.RoundTrip(r)
+		if err == nil && strings.HasSuffix(r.URL.Path, "/acquire") {
+			body, rerr := io.ReadAll(resp.Body) // whole, before the end
+			resp.Body.Close()
+			if rerr != nil {
+				return nil, rerr
+			}
+			resp.Body = io.NopCloser(bytes.NewReader(body))
+			cancel()
+		}
+		return resp, err
+	})}))
+	led := false
+	err := leaseapi.Campaign(ctx, client, "job:1", leaseapi.ElectionOptions{
+		Session: leaseapi.SessionOptions{Owner: "a", TTL: 30 * time.Second, Clock: e.clock},
+	}, func(context.Context, *leaseapi.Session) error { led = true; return nil })
+	if !errors.Is(err, context.Canceled) || led {
+		t.Fatalf("Campaign: %v, led %v; want context.Canceled without leading", err, led)
+	}
+	st := e.status(t)
+	if st.Issued != 1 || st.Lease != nil || st.Previous == nil || st.Previous.Ended != fencing.EndReleased {
+		t.Fatalf("after the campaign: lease %+v, previous %+v; want the lease acquired and released", st.Lease, st.Previous)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
