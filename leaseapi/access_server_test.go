@@ -186,6 +186,32 @@ func TestAccessLogNamesTheClient(t *testing.T) {
 	}
 }
 
+// A flood of refused calls logs at most RefusalLinesPerSecond refusal
+// lines a second, while every call is still answered as refused.
+func TestRefusalLinesBounded(t *testing.T) {
+	p, err := access.Parse([]byte(accessDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuf
+	e := newEnv(t, storeKinds[0], func(o *leaseapi.Options) {
+		o.Access = access.Static(p)
+		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	})
+	const calls = 5 * leaseapi.RefusalLinesPerSecond
+	first := time.Now().Unix()
+	for i := range calls {
+		if got := e.req("GET", "/v1/leases/job:a:1", "", "", bearerOf("tok-b")...); got.status != 403 {
+			t.Fatalf("call %d: %d %s, want 403", i, got.status, got.raw)
+		}
+	}
+	seconds := time.Now().Unix() - first + 1 // the wall-clock seconds the flood touched
+	lines := int64(strings.Count(logs.String(), `"msg":"lease API refusal"`))
+	if lines == 0 || lines > leaseapi.RefusalLinesPerSecond*seconds {
+		t.Fatalf("%d refusal lines over %d second(s), want 1 to %d a second", lines, seconds, leaseapi.RefusalLinesPerSecond)
+	}
+}
+
 type syncBuf struct {
 	mu sync.Mutex
 	b  strings.Builder

@@ -172,7 +172,18 @@ func forbidden(c *access.Client, what string) *problem.Error {
 	return problem.New(http.StatusForbidden, "forbidden", "client "+c.Name+" may not "+what)
 }
 
+// RefusalLinesPerSecond bounds the refusal lines (401, 403, 429) the API
+// logs, so that a flood of refused calls cannot flood the log: beyond it a
+// refusal is only counted (MetricRefusals counts every one), and the next
+// line logged says in its "suppressed" attribute how many were left out.
+const RefusalLinesPerSecond = 20
+
+// logRefusal logs a refusal at warn, within RefusalLinesPerSecond.
 func (s *Server) logRefusal(r *http.Request, p *problem.Error) {
+	ok, suppressed := s.refusalLines.Allow(time.Now())
+	if !ok {
+		return
+	}
 	attrs := []slog.Attr{
 		slog.String("request_id", reqid.From(r)), slog.Int("status", p.Status), slog.String("code", p.Code),
 		slog.String("method", r.Method), slog.String("path", r.URL.Path),
@@ -181,6 +192,9 @@ func (s *Server) logRefusal(r *http.Request, p *problem.Error) {
 		attrs = append(attrs, slog.String("client", name))
 	} else {
 		attrs = append(attrs, slog.String("client_addr", remoteHost(r)))
+	}
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int64("suppressed", suppressed))
 	}
 	s.log.LogAttrs(r.Context(), slog.LevelWarn, "lease API refusal", attrs...)
 }

@@ -66,6 +66,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/internal/loglimit"
 	"github.com/fencegate/fencegate/leaseapi/access"
 )
 
@@ -149,6 +150,7 @@ type Server struct {
 	access          *access.File
 	limiter         *access.Limiter
 	refusals        metric.Int64Counter // nil without a MeterProvider
+	refusalLines    loglimit.Limiter    // the refusal lines' budget (RefusalLinesPerSecond)
 	defaultTTL      time.Duration
 	checkpointLimit int64
 	metrics         http.Handler
@@ -199,6 +201,7 @@ func NewServer(opts Options) *Server {
 		limiter:         access.NewLimiter(access.DefaultBurst, access.DefaultEvery, nil),
 		accessLog:       opts.AccessLog,
 		readyNoStore:    opts.ReadyWithoutStore,
+		refusalLines:    loglimit.Limiter{PerSecond: RefusalLinesPerSecond},
 	}
 	if opts.MeterProvider != nil {
 		// An instrument that cannot be made is left out: refusals are

@@ -8,11 +8,11 @@ import (
 	"net"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/internal/loglimit"
 )
 
 // AuditMessage is the message of the gate's audit log lines: one per
@@ -64,24 +64,10 @@ type Audit struct {
 	// Access also logs one line (AccessMessage) per read through the gate.
 	Access bool
 
-	// limit is the refusal lines' rate limit under Off; its zero value is
-	// ready. Plain integers used atomically (not atomic types), so an
-	// Audit can be copied into Options before use.
-	limit struct{ second, count, suppressed int64 }
-}
-
-// allowRefusal reports whether a refusal line may be logged now under
-// Off, and how many were suppressed since the last one logged.
-func (a *Audit) allowRefusal(now time.Time) (ok bool, suppressed int64) {
-	sec := now.Unix()
-	if old := atomic.LoadInt64(&a.limit.second); old != sec && atomic.CompareAndSwapInt64(&a.limit.second, old, sec) {
-		atomic.StoreInt64(&a.limit.count, 0)
-	}
-	if atomic.AddInt64(&a.limit.count, 1) > RefusalsPerSecond {
-		atomic.AddInt64(&a.limit.suppressed, 1)
-		return false, 0
-	}
-	return true, atomic.SwapInt64(&a.limit.suppressed, 0)
+	// limit is the refusal lines' rate limit under Off, set up by NewGate
+	// (a Limiter can be copied until it is used, so an Audit can be
+	// copied into Options).
+	limit loglimit.Limiter
 }
 
 // auditRecord is what the audit line of one write says. Its fields are
@@ -186,7 +172,7 @@ func (g *Gate) auditEnd(x *exchange, code string) {
 	}
 	var suppressed int64
 	if g.audit.Off {
-		ok, n := g.audit.allowRefusal(time.Now())
+		ok, n := g.audit.limit.Allow(time.Now())
 		if !ok {
 			return
 		}

@@ -332,6 +332,7 @@ func New(opts Options) (*Gate, error) {
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
+	g.audit.limit.PerSecond = RefusalsPerSecond
 	g.rules.Store(&opts.Rules)
 	g.order = localOrder{b: g.barrier, store: opts.Store}
 	caps := fencing.CapabilitiesOf(opts.Store)
