@@ -27,9 +27,13 @@ import (
 
 var (
 	admitRegisterScript = valkey.NewLuaScript(admitRegisterSource())
-	barrierCheckScript  = valkey.NewLuaScriptRetryable(source("barrier_lib") + mustRead("barrier_check"))
-	barrierLeaveScript  = valkey.NewLuaScript(source("barrier_lib") + mustRead("barrier_leave"))
+	barrierCheckScript  = valkey.NewLuaScriptRetryable(barrierSource("barrier_check"))
+	barrierLeaveScript  = valkey.NewLuaScript(barrierSource("barrier_leave"))
 )
+
+// barrierSource is lua/<name>.lua with lib.lua and barrier_lib.lua
+// prepended: the text the server runs.
+func barrierSource(name string) string { return source("barrier_lib") + mustRead(name) }
 
 // admitRegisterSource runs admit.lua's body as a function, so admission in
 // the shared barrier is exactly Admit's, followed by the registration.
@@ -84,7 +88,7 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 	before, known := s.seen.resource(req.Resource)
 	top := s.seen.floor()
 	args := []string{req.Token.String(), live, "0", s.retention, id, strconv.FormatInt(hold.Milliseconds(), 10)}
-	r, err := s.run(ctx, "admit", admitRegisterScript, []string{s.recKey(req.Resource), s.stateKey(req.Resource), s.barKey(req.Resource)}, args)
+	r, err := s.run(ctx, "admit", admitRegisterScript, s.admitKeys(req.Resource), args)
 	if err != nil {
 		return fencing.Admission{}, none, false, err
 	}

@@ -127,7 +127,7 @@ func (b *batch) runScripts(ctx context.Context, calls []batchCall) {
 		if req.RequireLive {
 			live = "1"
 		}
-		cmds[k] = s.client.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(2).Key(s.admitKeys(req.Resource)...).Arg(req.Token.String(), live, "0", s.retention).Build()
+		cmds[k] = s.client.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(3).Key(s.admitKeys(req.Resource)...).Arg(req.Token.String(), live, "0", s.retention).Build()
 	}
 	for k, res := range s.client.DoMulti(ctx, cmds...) {
 		c := calls[k]

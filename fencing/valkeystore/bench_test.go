@@ -114,8 +114,8 @@ func TestCompareRedisBenchmark(t *testing.T) {
 	}
 	sha := srv.MustDo("SCRIPT", "LOAD", admitSrc)
 	port := srv.Addr()[len("127.0.0.1:"):]
-	out, err := exec.Command(path, "-h", "127.0.0.1", "-p", port, "-n", "200000", "-c", "50", "-P", "1", "-q",
-		"evalsha", sha, "1", prefix+":{hot}", l.Token.String(), "0").CombinedOutput()
+	args := append([]string{"-h", "127.0.0.1", "-p", port, "-n", "200000", "-c", "50", "-P", "1", "-q", "evalsha", sha, "3"}, s.admitKeys("hot")...)
+	out, err := exec.Command(path, append(args, l.Token.String(), "0")...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", tool, err, out)
 	}

@@ -28,7 +28,7 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 	if known {
 		seenFloor = seen.floor.String()
 	}
-	r, err := s.run(ctx, "acquire", acquireScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource), s.stateKey(req.Resource)},
+	r, err := s.run(ctx, "acquire", acquireScript, s.leaseKeys(req.Resource),
 		[]string{req.Owner, strconv.FormatInt(req.TTL.Milliseconds(), 10), hint.String(), seen.issued.String(), seenFloor, s.retention})
 	if err != nil {
 		return fencing.Lease{}, err
@@ -53,7 +53,7 @@ func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest) (fencing.Le
 	if req.TTL != 0 {
 		ttl = strconv.FormatInt(req.TTL.Milliseconds(), 10)
 	}
-	r, err := s.run(ctx, "renew", renewScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource), s.stateKey(req.Resource)},
+	r, err := s.run(ctx, "renew", renewScript, s.leaseKeys(req.Resource),
 		[]string{req.Owner, req.Token.String(), ttl, s.retention})
 	if err != nil {
 		return fencing.Lease{}, err
@@ -83,7 +83,7 @@ func (s *Store) Release(ctx context.Context, req fencing.ReleaseRequest) (bool, 
 	if req.Finished {
 		fin = "1"
 	}
-	r, err := s.run(ctx, "release", releaseScript, []string{s.recKey(req.Resource), s.liveKey(req.Resource), s.stateKey(req.Resource)},
+	r, err := s.run(ctx, "release", releaseScript, s.leaseKeys(req.Resource),
 		[]string{req.Owner, req.Token.String(), fin, s.retention})
 	if err != nil {
 		return false, err
@@ -104,7 +104,7 @@ func (s *Store) Checkpoint(ctx context.Context, req fencing.CheckpointRequest) (
 		return fencing.Lease{}, err
 	}
 	r, err := s.run(ctx, "checkpoint", checkpointScript,
-		[]string{s.recKey(req.Resource), s.liveKey(req.Resource), s.stateKey(req.Resource)},
+		s.leaseKeys(req.Resource),
 		[]string{req.Owner, req.Token.String(), string(req.State), s.retention})
 	if err != nil {
 		return fencing.Lease{}, err
@@ -263,7 +263,7 @@ func (s *Store) storeLost(ctx context.Context, res string, top fencing.Token, se
 		"resource", res, "issued", issued, "floor", floor, "seen_issued", seen.issued, "seen_floor", seen.floor, "lift_to", to)
 	lost := fmt.Errorf("%w: %q: the record (issued %d, floor %d) is not the one seen before (issued %d, floor %d)",
 		fencing.ErrStoreLost, res, issued, floor, seen.issued, seen.floor)
-	r, err := s.run(ctx, "lift", liftScript, []string{s.recKey(res), s.liveKey(res), s.stateKey(res)}, []string{to.String(), s.retention})
+	r, err := s.run(ctx, "lift", liftScript, s.leaseKeys(res), []string{to.String(), s.retention})
 	if err != nil {
 		return fmt.Errorf("%w; lifting it failed: %w", lost, err)
 	}

@@ -27,6 +27,10 @@ func (e replyEnv) live() string  { return e.s.liveKey(e.res) }
 func (e replyEnv) state() string { return e.s.stateKey(e.res) }
 func (e replyEnv) bar() string   { return e.s.barKey(e.res) }
 
+// leaseKeys and admitKeys are the KEYS the Store calls the scripts with.
+func (e replyEnv) leaseKeys() []string { return e.s.leaseKeys(e.res) }
+func (e replyEnv) admitKeys() []string { return e.s.admitKeys(e.res) }
+
 // raw runs a script and returns its reply undecoded.
 func (e replyEnv) raw(sc *valkey.Lua, keys []string, args ...string) []string {
 	e.t.Helper()
@@ -94,7 +98,7 @@ func TestScriptReplies(t *testing.T) {
 		run  func(e replyEnv)
 	}{
 		{"acquire/OK new", func(e replyEnv) {
-			r := e.raw(acquireScript, []string{e.rec(), e.live(), e.state()}, "alice", ttl, "0", "0", "")
+			r := e.raw(acquireScript, e.leaseKeys(), "alice", ttl, "0", "0", "")
 			a, n := decodeAcquire(r)
 			checkNamed(e.t, n)
 			if a.held || a.lease.token == 0 || a.lease.ttlMs != 60000 || a.lease.expiresMs-a.lease.acquiredMs != 60000 || a.floor == 0 || a.floor >= a.lease.token {
@@ -103,7 +107,7 @@ func TestScriptReplies(t *testing.T) {
 		}},
 		{"acquire/OK extended", func(e replyEnv) {
 			l, floor := e.acquire("alice")
-			r := e.raw(acquireScript, []string{e.rec(), e.live(), e.state()}, "alice", "90000", "0", tokStr(l.Token), tokStr(floor))
+			r := e.raw(acquireScript, e.leaseKeys(), "alice", "90000", "0", tokStr(l.Token), tokStr(floor))
 			a, n := decodeAcquire(r)
 			checkNamed(e.t, n)
 			if a.held || a.lease.token != l.Token || a.lease.ttlMs != 90000 || a.lease.acquiredMs != l.AcquiredAt.UnixMilli() || a.floor != floor {
@@ -112,7 +116,7 @@ func TestScriptReplies(t *testing.T) {
 		}},
 		{"acquire/HELD", func(e replyEnv) {
 			l, _ := e.acquire("alice")
-			r := e.raw(acquireScript, []string{e.rec(), e.live(), e.state()}, "bob", ttl, "0", "0", "")
+			r := e.raw(acquireScript, e.leaseKeys(), "bob", ttl, "0", "0", "")
 			a, n := decodeAcquire(r)
 			checkNamed(e.t, n)
 			if !a.held || a.holder != "alice" || a.expiresMs != l.ExpiresAt.UnixMilli() || a.nowMs <= 0 || a.nowMs > a.expiresMs {
@@ -121,7 +125,7 @@ func TestScriptReplies(t *testing.T) {
 		}},
 		{"renew/OK", func(e replyEnv) {
 			l, _ := e.acquire("alice")
-			r := e.raw(renewScript, []string{e.rec(), e.live(), e.state()}, "alice", tokStr(l.Token), "5000")
+			r := e.raw(renewScript, e.leaseKeys(), "alice", tokStr(l.Token), "5000")
 			a, n := decodeLease("renew", r)
 			checkNamed(e.t, n)
 			if a.lost || a.lease.token != l.Token || a.lease.ttlMs != 5000 || a.lease.acquiredMs != l.AcquiredAt.UnixMilli() {
@@ -130,7 +134,7 @@ func TestScriptReplies(t *testing.T) {
 		}},
 		{"renew/LOST", func(e replyEnv) {
 			l, _ := e.acquire("alice")
-			r := e.raw(renewScript, []string{e.rec(), e.live(), e.state()}, "bob", tokStr(l.Token), "")
+			r := e.raw(renewScript, e.leaseKeys(), "bob", tokStr(l.Token), "")
 			a, n := decodeLease("renew", r)
 			checkNamed(e.t, n)
 			if !a.lost {
@@ -139,7 +143,7 @@ func TestScriptReplies(t *testing.T) {
 		}},
 		{"checkpoint/OK", func(e replyEnv) {
 			l, _ := e.acquire("alice")
-			r := e.raw(checkpointScript, []string{e.rec(), e.live(), e.state()}, "alice", tokStr(l.Token), `{"n":1}`)
+			r := e.raw(checkpointScript, e.leaseKeys(), "alice", tokStr(l.Token), `{"n":1}`)
 			a, n := decodeLease("checkpoint", r)
 			checkNamed(e.t, n)
 			if a.lost || a.lease.token != l.Token || a.lease.ttlMs != 60000 {
@@ -148,7 +152,7 @@ func TestScriptReplies(t *testing.T) {
 		}},
 		{"checkpoint/LOST", func(e replyEnv) {
 			l, _ := e.acquire("alice")
-			r := e.raw(checkpointScript, []string{e.rec(), e.live(), e.state()}, "alice", tokStr(l.Token+1), `{}`)
+			r := e.raw(checkpointScript, e.leaseKeys(), "alice", tokStr(l.Token+1), `{}`)
 			a, n := decodeLease("checkpoint", r)
 			checkNamed(e.t, n)
 			if !a.lost {
@@ -157,7 +161,7 @@ func TestScriptReplies(t *testing.T) {
 		}},
 		{"release/OK released", func(e replyEnv) {
 			l, _ := e.acquire("alice")
-			r := e.raw(releaseScript, []string{e.rec(), e.live(), e.state()}, "alice", tokStr(l.Token), "1")
+			r := e.raw(releaseScript, e.leaseKeys(), "alice", tokStr(l.Token), "1")
 			a, n := decodeRelease(r)
 			checkNamed(e.t, n)
 			if a.lost || !a.released {
@@ -167,7 +171,7 @@ func TestScriptReplies(t *testing.T) {
 		{"release/OK already ended", func(e replyEnv) {
 			l, _ := e.acquire("alice")
 			e.release(l)
-			r := e.raw(releaseScript, []string{e.rec(), e.live(), e.state()}, "alice", tokStr(l.Token), "0")
+			r := e.raw(releaseScript, e.leaseKeys(), "alice", tokStr(l.Token), "0")
 			a, n := decodeRelease(r)
 			checkNamed(e.t, n)
 			if a.lost || a.released {
@@ -176,7 +180,7 @@ func TestScriptReplies(t *testing.T) {
 		}},
 		{"release/LOST", func(e replyEnv) {
 			l, _ := e.acquire("alice")
-			r := e.raw(releaseScript, []string{e.rec(), e.live(), e.state()}, "bob", tokStr(l.Token), "0")
+			r := e.raw(releaseScript, e.leaseKeys(), "bob", tokStr(l.Token), "0")
 			a, n := decodeRelease(r)
 			checkNamed(e.t, n)
 			if !a.lost {
@@ -273,7 +277,7 @@ func TestScriptReplies(t *testing.T) {
 		{"lift/OK", func(e replyEnv) {
 			l, _ := e.acquire("alice")
 			to := l.Token + 1000
-			r := e.raw(liftScript, []string{e.rec(), e.live(), e.state()}, tokStr(to))
+			r := e.raw(liftScript, e.leaseKeys(), tokStr(to))
 			a, n := decodeLift(r)
 			checkNamed(e.t, n)
 			if a.issued != to || a.floor != to {
@@ -320,18 +324,18 @@ func TestScriptReplies(t *testing.T) {
 	}{
 		{"admit/OK raised", func(e replyEnv) ([]string, bool, admitReply) {
 			l, floor := e.acquire("alice")
-			return e.raw(admitScript, []string{e.rec(), e.state()}, tokStr(l.Token), "0"), false,
+			return e.raw(admitScript, e.admitKeys(), tokStr(l.Token), "0"), false,
 				admitReply{kind: admitOK, issued: l.Token, hw: l.Token, floor: floor, raised: true}
 		}},
 		{"admit/OK at the mark", func(e replyEnv) ([]string, bool, admitReply) {
 			l, floor := e.acquire("alice")
 			e.admit(l.Token)
-			return e.raw(admitScript, []string{e.rec(), e.state()}, tokStr(l.Token), "1"), false,
+			return e.raw(admitScript, e.admitKeys(), tokStr(l.Token), "1"), false,
 				admitReply{kind: admitOK, issued: l.Token, hw: l.Token, floor: floor}
 		}},
 		{"admit/NOTISSUED", func(e replyEnv) ([]string, bool, admitReply) {
 			l, floor := e.acquire("alice")
-			return e.raw(admitScript, []string{e.rec(), e.state()}, tokStr(l.Token+1), "0"), false,
+			return e.raw(admitScript, e.admitKeys(), tokStr(l.Token+1), "0"), false,
 				admitReply{kind: admitNotIssued, issued: l.Token, floor: floor}
 		}},
 		{"admit/STALE", func(e replyEnv) ([]string, bool, admitReply) {
@@ -339,18 +343,18 @@ func TestScriptReplies(t *testing.T) {
 			e.release(l1)
 			l2, _ := e.acquire("bob")
 			e.admit(l2.Token)
-			return e.raw(admitScript, []string{e.rec(), e.state()}, tokStr(l1.Token), "0"), false,
+			return e.raw(admitScript, e.admitKeys(), tokStr(l1.Token), "0"), false,
 				admitReply{kind: admitStale, hw: l2.Token}
 		}},
 		{"admit/FLOOR", func(e replyEnv) ([]string, bool, admitReply) {
 			_, floor := e.acquire("alice")
-			return e.raw(admitScript, []string{e.rec(), e.state()}, tokStr(floor), "0"), false,
+			return e.raw(admitScript, e.admitKeys(), tokStr(floor), "0"), false,
 				admitReply{kind: admitFloor, hw: floor + 1}
 		}},
 		{"admit/FLOOR no record", func(e replyEnv) ([]string, bool, admitReply) {
 			// Below the server's clock on a resource with no record: stale,
 			// with the clock as the mark a record created now starts at.
-			r := e.raw(admitScript, []string{e.rec(), e.state()}, "1", "0")
+			r := e.raw(admitScript, e.admitKeys(), "1", "0")
 			if len(r) == 2 {
 				if clock, ok := parseToken(r[1]); ok && clock > fencing.Token(time.Now().Add(-time.Hour).UnixMicro()) {
 					return r, false, admitReply{kind: admitFloor, hw: clock}
@@ -359,32 +363,32 @@ func TestScriptReplies(t *testing.T) {
 			return r, false, admitReply{kind: admitFloor}
 		}},
 		{"admit/NOTISSUED no record", func(e replyEnv) ([]string, bool, admitReply) {
-			return e.raw(admitScript, []string{e.rec(), e.state()}, tokStr(1<<60), "0"), false,
+			return e.raw(admitScript, e.admitKeys(), tokStr(1<<60), "0"), false,
 				admitReply{kind: admitNotIssued}
 		}},
 		{"admit/NOTHELD", func(e replyEnv) ([]string, bool, admitReply) {
 			l, _ := e.acquire("alice")
 			e.release(l)
-			return e.raw(admitScript, []string{e.rec(), e.state()}, tokStr(l.Token), "1"), false,
+			return e.raw(admitScript, e.admitKeys(), tokStr(l.Token), "1"), false,
 				admitReply{kind: admitNotHeld}
 		}},
 		{"admit/WAIT (probe mode)", func(e replyEnv) ([]string, bool, admitReply) {
 			l, _ := e.acquire("alice")
-			return e.raw(admitScript, []string{e.rec(), e.state()}, tokStr(l.Token), "0", "1"), false,
+			return e.raw(admitScript, e.admitKeys(), tokStr(l.Token), "0", "1"), false,
 				admitReply{kind: admitWait}
 		}},
 		{"admit/OK write mode", func(e replyEnv) ([]string, bool, admitReply) {
 			l, floor := e.acquire("alice")
-			return e.raw(admitScript, []string{e.rec(), e.state()}, tokStr(l.Token), "0", "2"), true,
+			return e.raw(admitScript, e.admitKeys(), tokStr(l.Token), "0", "2"), true,
 				admitReply{kind: admitOK, issued: l.Token, hw: l.Token, floor: floor, raised: true, confirm: true}
 		}},
 		{"admit/OK write mode, confirmed", func(e replyEnv) ([]string, bool, admitReply) {
 			l, floor := e.acquire("alice")
-			e.raw(admitScript, []string{e.rec(), e.state()}, tokStr(l.Token), "0", "2")
+			e.raw(admitScript, e.admitKeys(), tokStr(l.Token), "0", "2")
 			if r, err := confirmScript.Exec(context.Background(), e.s.client, []string{e.rec()}, []string{tokStr(l.Token)}).ToString(); err != nil || r != "1" {
 				e.t.Fatalf("confirm: %q, %v", r, err)
 			}
-			return e.raw(admitScript, []string{e.rec(), e.state()}, tokStr(l.Token), "0", "2"), true,
+			return e.raw(admitScript, e.admitKeys(), tokStr(l.Token), "0", "2"), true,
 				admitReply{kind: admitOK, issued: l.Token, hw: l.Token, floor: floor}
 		}},
 	}
@@ -407,8 +411,8 @@ func TestScriptReplies(t *testing.T) {
 	t.Run("admit_register/OK", func(t *testing.T) {
 		e := replyEnv{t: t, s: s, res: "register:ok"}
 		l, floor := e.acquire("alice")
-		e.raw(admitRegisterScript, []string{e.rec(), e.state(), e.bar()}, tokStr(l.Token), "0", "0", "0", "g:1", "60000")
-		r := e.raw(admitRegisterScript, []string{e.rec(), e.state(), e.bar()}, tokStr(l.Token), "0", "0", "0", "g:2", "60000")
+		e.raw(admitRegisterScript, e.admitKeys(), tokStr(l.Token), "0", "0", "0", "g:1", "60000")
+		r := e.raw(admitRegisterScript, e.admitKeys(), tokStr(l.Token), "0", "0", "0", "g:2", "60000")
 		a, ok := decodeAdmitRegister(r)
 		want := admitReply{kind: admitOK, issued: l.Token, hw: l.Token, floor: floor}
 		if !ok || a.admit != want || a.member == "" || a.barrier.lower != 0 || a.barrier.expired != 0 {
@@ -418,7 +422,7 @@ func TestScriptReplies(t *testing.T) {
 	t.Run("admit_register/refusal", func(t *testing.T) {
 		e := replyEnv{t: t, s: s, res: "register:stale"}
 		l, floor := e.acquire("alice")
-		r := e.raw(admitRegisterScript, []string{e.rec(), e.state(), e.bar()}, tokStr(l.Token+1), "0", "0", "0", "g:1", "60000")
+		r := e.raw(admitRegisterScript, e.admitKeys(), tokStr(l.Token+1), "0", "0", "0", "g:1", "60000")
 		a, ok := decodeAdmitRegister(r)
 		want := admitReply{kind: admitNotIssued, issued: l.Token, floor: floor}
 		if !ok || a.admit != want || a.member != "" {

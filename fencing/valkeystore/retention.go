@@ -8,7 +8,9 @@ import "time"
 //   - Every script that changes a record (acquire, renew, release,
 //     checkpoint, lift) sets the TTL of the record hash P:{R} and of its
 //     checkpoint state P:{R}:state to the retention past the later of now
-//     and the end of the live lease (lua/lib.lua, fg_keep). A live lease
+//     and the end of the live lease, and not before the last entry of
+//     P:{R}:bar (lua/lib.lua, fg_keep; the scripts receive all three
+//     keys in KEYS). A live lease
 //     therefore always outlives nothing: its record expires no sooner than
 //     the retention after the lease ends, by release or expiry. P:{R}:live
 //     expires with the lease and P:{R}:bar with its last barrier entry, as
@@ -55,8 +57,9 @@ func (s *Store) keptRecently(before seenRecord, known bool) bool {
 	return known && before.keptAt > 0 && s.now()-before.keptAt < s.slack
 }
 
-// admitKeys are admit.lua's keys for res: the record and its checkpoint
-// state (whose expiry follows the record's).
+// admitKeys are admit.lua's (and admit_register.lua's) keys for res: the
+// record, its checkpoint state (whose expiry follows the record's) and
+// the barrier entries (the record outlives them; fg_keep reads their TTL).
 func (s *Store) admitKeys(res string) []string {
-	return []string{s.recKey(res), s.stateKey(res)}
+	return []string{s.recKey(res), s.stateKey(res), s.barKey(res)}
 }

@@ -217,8 +217,8 @@ func TestCheckpointStateExpiresWhenTheRecordsTTLIsRight(t *testing.T) {
 	tok := strconv.FormatUint(uint64(l.Token), 10)
 	got := srv.MustDoAll([]string{"MULTI"},
 		[]string{"PEXPIRE", s.recKey("c"), want},
-		[]string{"EVAL", source("checkpoint"), "3", s.recKey("c"), s.liveKey("c"), s.stateKey("c"),
-			"a", tok, `{"n":1}`, strconv.FormatInt(ret.Milliseconds(), 10)},
+		append(append([]string{"EVAL", source("checkpoint"), "4"}, s.leaseKeys("c")...),
+			"a", tok, `{"n":1}`, strconv.FormatInt(ret.Milliseconds(), 10)),
 		[]string{"PTTL", s.stateKey("c")},
 		[]string{"EXEC"})
 	exec := strings.Split(got[len(got)-1], "\n")

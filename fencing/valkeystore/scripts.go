@@ -68,6 +68,18 @@ func (s *Store) recKey(res string) string   { return s.prefix + ":{" + res + "}"
 func (s *Store) liveKey(res string) string  { return s.prefix + ":{" + res + "}:live" }
 func (s *Store) stateKey(res string) string { return s.prefix + ":{" + res + "}:state" }
 
+// A script is called with every key it touches in KEYS, never a name it
+// builds itself (Valkey and Redis Cluster, their proxies and tooling
+// require it; TestScriptsDeclareTheirKeys checks it on a real server).
+
+// leaseKeys are the KEYS of the scripts that write a lease (acquire,
+// renew, release, checkpoint, lift): the record, the live-lease index, the
+// checkpoint state and the barrier entries, whose TTL the retention reads
+// (fg_keep).
+func (s *Store) leaseKeys(res string) []string {
+	return []string{s.recKey(res), s.liveKey(res), s.stateKey(res), s.barKey(res)}
+}
+
 // run executes one script with the command timeout and returns its array
 // reply, classifying faults.
 func (s *Store) run(ctx context.Context, op string, sc *valkey.Lua, keys, args []string) ([]string, error) {

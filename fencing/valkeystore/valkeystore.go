@@ -22,6 +22,13 @@
 //	P:{R}:state  the last checkpoint state, expiring with the record.
 //	P:{R}:live   the live lease's token, expiring with the lease; the index
 //	             List scans.
+//	P:{R}:bar    the shared barrier's entries (see barrier.go), expiring
+//	             with the last one; a record with retention outlives them.
+//
+// Every script receives each key it reads or writes in KEYS and builds no
+// key name itself, as Valkey and Redis Cluster (and their proxies) require;
+// the names above are computed once, in Go (scripts.go, leaseKeys and
+// admitKeys).
 //
 // A checkpoint exists when the record has checkpoint metadata and P:{R}:state
 // holds a state. Metadata whose state key is gone (deleted outside

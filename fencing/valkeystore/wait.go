@@ -106,11 +106,11 @@ func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live
 			// Whole ms, at least 1: WAIT's 0 blocks for ever.
 			return c.B().Wait().Numreplicas(int64(s.waitReplicas)).Timeout(max(s.waitTimeout.Milliseconds(), 1)).Build()
 		}
-		res = c.DoMulti(ctx, c.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(2).Key(keys...).Arg(args...).Build(), wait())
+		res = c.DoMulti(ctx, c.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
 		if verr, ok := valkey.IsValkeyErr(res[0].Error()); ok && verr.IsNoScript() {
 			// Not loaded (SCRIPT FLUSH, restart): nothing ran and nothing
 			// was written; the WAIT's answer is meaningless. EVAL loads it.
-			res = c.DoMulti(ctx, c.B().Eval().Script(admitSrc).Numkeys(2).Key(keys...).Arg(args...).Build(), wait())
+			res = c.DoMulti(ctx, c.B().Eval().Script(admitSrc).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), wait())
 		}
 		for _, r := range res {
 			if r.NonValkeyError() != nil {
@@ -147,7 +147,7 @@ func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live
 	}
 	// Confirmed. Recording it spares later admissions of this token a WAIT;
 	// if it fails, they wait again, which is safe.
-	if err := confirmScript.Exec(ctx, s.client, keys, []string{req.Token.String()}).Error(); err != nil {
+	if err := confirmScript.Exec(ctx, s.client, []string{s.recKey(req.Resource)}, []string{req.Token.String()}).Error(); err != nil {
 		s.log.Debug("valkeystore: could not record a confirmed high-water mark; the next admission waits again",
 			"resource", req.Resource, "error", err)
 	}

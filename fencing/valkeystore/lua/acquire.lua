@@ -3,6 +3,7 @@
 -- KEYS[1] -> <prefix>:{R}        record hash
 -- KEYS[2] -> <prefix>:{R}:live   live-lease index key
 -- KEYS[3] -> <prefix>:{R}:state  checkpoint state (its expiry follows the record's)
+-- KEYS[4] -> <prefix>:{R}:bar    shared-barrier entries (only their TTL is read; see fg_keep)
 -- ARGV[1] -> owner
 -- ARGV[2] -> ttl in milliseconds (validated by the caller)
 -- ARGV[3] -> the gate's floor hint (decimal token string, "0" for none):
@@ -41,7 +42,7 @@
 --
 -- NOT idempotent (issues a token): the client never retries it.
 local now_ms, now_us = fg_now()
-local rec, live, state = KEYS[1], KEYS[2], KEYS[3]
+local rec, live, state, bar = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl = ARGV[1], tonumber(ARGV[2])
 local hint, seen, seen_floor, ret = ARGV[3] or '0', ARGV[4] or '0', ARGV[5] or '', ARGV[6] or '0'
 local before = redis.call('HMGET', rec, 'issued', 'floor')
@@ -60,7 +61,7 @@ if issued then
     if cur ~= owner then
       return {'HELD', 'holder', cur, 'expires_ms', exp, 'now_ms', fg_fmt(now_ms)}
     end
-    local r = fg_extend(rec, live, tok, ARGV[2], acq, now_ms, state, ret)
+    local r = fg_extend(rec, live, tok, ARGV[2], acq, now_ms, state, bar, ret)
     r[#r + 1] = 'floor'
     r[#r + 1] = redis.call('HGET', rec, 'floor') or '0'
     return r
@@ -86,7 +87,7 @@ end
 local acq, exp = fg_fmt(now_ms), fg_fmt(now_ms + ttl)
 redis.call('HSET', rec, 'owner', owner, 'token', token, 'ttl', ARGV[2], 'acq', acq, 'exp', exp, 'rel', '0', 'fin', '0')
 redis.call('SET', live, token, 'PXAT', exp)
-fg_keep(rec, state, ret, tonumber(exp), now_ms, 0)
+fg_keep(rec, state, bar, ret, tonumber(exp), now_ms, 0)
 local r = fg_lease(token, ARGV[2], acq, exp)
 r[#r + 1] = 'floor'
 r[#r + 1] = redis.call('HGET', rec, 'floor') or '0'

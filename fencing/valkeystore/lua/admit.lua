@@ -2,6 +2,7 @@
 --
 -- KEYS[1] -> <prefix>:{R}        record hash
 -- KEYS[2] -> <prefix>:{R}:state  checkpoint state (its expiry follows the record's)
+-- KEYS[3] -> <prefix>:{R}:bar    shared-barrier entries (only their TTL is read; see fg_keep)
 -- ARGV[1] -> token (decimal string, 1 to 20 digits, no leading zeros)
 -- ARGV[2] -> "1" to also require a live lease holding the token, else "0"
 -- ARGV[3] -> replication mode (absent means "0"; see valkeystore/wait.go):
@@ -49,7 +50,7 @@
 -- at or above the clock is "not issued" (NOTISSUED, issued and floor "0"),
 -- every one below it stale (FLOOR). Idempotent: a retry of an admitted
 -- token admits again.
-local rec, state = KEYS[1], KEYS[2]
+local rec, state, bar = KEYS[1], KEYS[2], KEYS[3]
 local t = ARGV[1]
 local f = redis.call('HMGET', rec, 'issued', 'hw', 'floor', 'owner', 'token', 'exp', 'rel')
 if not f[1] then
@@ -66,7 +67,7 @@ local function keep()
   local now_ms = fg_now()
   local until_ms = 0
   if fg_live(f[4], f[6], f[7], now_ms) then until_ms = tonumber(f[6]) end
-  fg_keep(rec, state, ARGV[4], until_ms, now_ms, fg_slack(ARGV[4]))
+  fg_keep(rec, state, bar, ARGV[4], until_ms, now_ms, fg_slack(ARGV[4]))
 end
 if fg_cmp(t, issued) > 0 then
   return {'NOTISSUED', issued, floor}

@@ -3,7 +3,7 @@
 --
 -- KEYS[1] -> <prefix>:{R}        record hash
 -- KEYS[2] -> <prefix>:{R}:state  checkpoint state: as admit.lua
--- KEYS[3] -> <prefix>:{R}:bar    barrier entries (see barrier_lib.lua)
+-- KEYS[3] -> <prefix>:{R}:bar    barrier entries (see barrier_lib.lua); as admit.lua
 -- ARGV[1] -> token, ARGV[2] -> "1"/"0" require live: as admit.lua
 -- ARGV[3] -> "0" (admit.lua's plain mode)
 -- ARGV[4] -> the retention in ms: as admit.lua

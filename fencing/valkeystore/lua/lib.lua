@@ -1,7 +1,7 @@
 -- fencegate: helpers prepended to every script (see scripts.go).
 --
 -- Conventions shared by all scripts:
---   * A resource R has three keys, all hash-tagged with {R} so that every
+--   * A resource R has these keys, all hash-tagged with {R} so that every
 --     script touches a single cluster slot:
 --       <prefix>:{R}        hash: the record; with a retention it expires
 --                           `retention` after its last change or the end
@@ -10,6 +10,12 @@
 --                           with the record
 --       <prefix>:{R}:live   string: the live lease's token, expiring with
 --                           the lease (PXAT); an index used only by List
+--       <prefix>:{R}:bar    sorted set: the shared barrier's entries (see
+--                           barrier_lib.lua); fg_keep reads its TTL
+--   * Every key a script touches comes from its KEYS, never from a name
+--     built here (Valkey and Redis Cluster, their proxies and tooling
+--     require a script to declare the keys it accesses): the helpers take
+--     the keys from their caller, and each script's header lists its KEYS.
 --   * Record fields: issued, hw, floor, hwc (tokens, decimal strings; hwc,
 --     the highest mark a WAIT confirmed, only with WaitReplicas); owner,
 --     token, ttl (ms), acq, exp (server ms), rel, fin ("1"/"0") for the most
@@ -73,7 +79,8 @@ end
 -- fg_extend sets the live lease's ttl (ms, a decimal string) and its expiry
 -- to now_ms + ttl, moves the live-lease index key's expiry with it, and
 -- returns the lease reply (fg_lease). It is defined after fg_keep, which
--- it calls (the record and state then expire ret after the lease).
+-- it calls with state, bar and ret (the record and state then expire ret
+-- after the lease).
 
 -- fg_has_state reports whether the checkpoint state key holds a state: a
 -- non-empty string (a checkpoint's state is JSON, never empty).
@@ -133,12 +140,13 @@ end
 -- admitted on a record: the record hash and its checkpoint state expire
 -- ret ms (a decimal string) after the later of now and until_ms (the live
 -- lease's expiry, 0 when there is none), and not before the record's
--- shared-barrier entries. ret "0" (or absent) keeps them
+-- shared-barrier entries (bar, the record's <prefix>:{R}:bar, which the
+-- caller passes in its KEYS: its TTL is read). ret "0" (or absent) keeps them
 -- forever: a TTL left by an earlier retention is removed. The TTL is
 -- written only when it is off by more than slack ms (0: always), so that
 -- admissions at the mark, on the hot path, write at most about once per
 -- slack. Nothing is done for a record that does not exist.
-local function fg_keep(rec, state, ret, until_ms, now_ms, slack)
+local function fg_keep(rec, state, bar, ret, until_ms, now_ms, slack)
   local r = tonumber(ret or '0') or 0
   local cur = redis.call('PTTL', rec)
   if cur == -2 then return end
@@ -150,10 +158,8 @@ local function fg_keep(rec, state, ret, until_ms, now_ms, slack)
     return
   end
   -- A record with a shared-barrier entry is not removed either: its
-  -- entries' set (<record>:bar, in the record's slot by its hash tag)
-  -- expires with the last entry's deadline.
-  local bar = redis.call('PTTL', rec .. ':bar')
-  local want = math.max(r + math.max(until_ms - now_ms, 0), bar)
+  -- entries' set (bar) expires with the last entry's deadline.
+  local want = math.max(r + math.max(until_ms - now_ms, 0), redis.call('PTTL', bar))
   -- With slack 0 (a write: a checkpoint's SET just took the state's TTL
   -- away) the TTLs are always written, even when the record's is right.
   if slack > 0 and cur >= 0 and math.abs(cur - want) <= slack then return end
@@ -169,10 +175,10 @@ local function fg_slack(ret)
 end
 
 -- fg_extend: see above.
-local function fg_extend(rec, live, token, ttl, acq, now_ms, state, ret)
+local function fg_extend(rec, live, token, ttl, acq, now_ms, state, bar, ret)
   local exp = fg_fmt(now_ms + tonumber(ttl))
   redis.call('HSET', rec, 'ttl', ttl, 'exp', exp)
   redis.call('SET', live, token, 'PXAT', exp)
-  fg_keep(rec, state, ret, tonumber(exp), now_ms, 0)
+  fg_keep(rec, state, bar, ret, tonumber(exp), now_ms, 0)
   return fg_lease(token, ttl, acq, exp)
 end

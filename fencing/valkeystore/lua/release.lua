@@ -3,6 +3,7 @@
 -- KEYS[1] -> <prefix>:{R}        record hash
 -- KEYS[2] -> <prefix>:{R}:live   live-lease index key
 -- KEYS[3] -> <prefix>:{R}:state  checkpoint state (its expiry follows the record's)
+-- KEYS[4] -> <prefix>:{R}:bar    shared-barrier entries (only their TTL is read; see fg_keep)
 -- ARGV[1] -> owner
 -- ARGV[2] -> token (decimal string)
 -- ARGV[3] -> "1" when the holder finished the work, else "0"
@@ -25,7 +26,7 @@ end
 if fg_live(f[1], f[3], f[4], now_ms) then
   redis.call('HSET', rec, 'rel', '1', 'fin', ARGV[3], 'exp', fg_fmt(now_ms))
   redis.call('DEL', live)
-  fg_keep(KEYS[1], KEYS[3], ARGV[4], 0, now_ms, 0)
+  fg_keep(KEYS[1], KEYS[3], KEYS[4], ARGV[4], 0, now_ms, 0)
   return {'OK', 'released', '1'}
 end
 if f[5] == ARGV[2] then

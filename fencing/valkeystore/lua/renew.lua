@@ -3,6 +3,7 @@
 -- KEYS[1] -> <prefix>:{R}        record hash
 -- KEYS[2] -> <prefix>:{R}:live   live-lease index key
 -- KEYS[3] -> <prefix>:{R}:state  checkpoint state (its expiry follows the record's)
+-- KEYS[4] -> <prefix>:{R}:bar    shared-barrier entries (only their TTL is read; see fg_keep)
 -- ARGV[1] -> owner
 -- ARGV[2] -> token (decimal string)
 -- ARGV[3] -> new ttl in milliseconds, or "" to keep the lease's TTL
@@ -21,4 +22,4 @@ if not f then
 end
 local ttl = f[3]
 if ARGV[3] ~= '' then ttl = ARGV[3] end
-return fg_extend(rec, live, ARGV[2], ttl, f[4], now_ms, KEYS[3], ARGV[4])
+return fg_extend(rec, live, ARGV[2], ttl, f[4], now_ms, KEYS[3], KEYS[4], ARGV[4])
