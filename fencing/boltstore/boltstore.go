@@ -35,9 +35,11 @@
 // away is refused as stale. Options.CountFromOne counts from one instead.
 //
 // Retention: with Options.Retention, a background sweep removes records
-// with no live lease untouched for the retention, in write transactions of
-// at most Options.SweepBatch records each; admissions at the mark read the
-// mark cache and are never held by it.
+// with no live lease untouched for the retention. It finds them in read
+// transactions of Options.SweepBatch records and removes them in calls of
+// at most 256 records that ride in the group commits of the writes (see
+// sweep.go), re-checking each record there; admissions at the mark read
+// the mark cache and are never held by it.
 //
 // Limits: one process at a time. bbolt takes an exclusive file lock; a
 // second opener fails after Options.Timeout with an error naming the file.
@@ -112,8 +114,9 @@ type Options struct {
 	// Close; Sweep runs one pass now.
 	Retention     time.Duration
 	SweepInterval time.Duration
-	// SweepBatch is how many records a sweep examines per write
-	// transaction; 0 means retention.DefaultBatch.
+	// SweepBatch is how many records a sweep examines per read
+	// transaction; 0 means retention.DefaultBatch. It removes the idle
+	// ones in group-committed calls of at most 256 records (sweep.go).
 	SweepBatch int
 }
 
@@ -174,6 +177,9 @@ type hooks struct {
 	// beforeCommit runs before a group's transaction commits, with the
 	// number of calls in the group.
 	beforeCommit func(calls int)
+	// sweepScanned runs after each scan of a sweep, before its removals,
+	// with the keys it found idle.
+	sweepScanned func(idle [][]byte)
 }
 
 var (

@@ -63,6 +63,13 @@ import (
 // A caller whose context ends while its call is still queued takes it back
 // (nothing done, the context's error); once a group has taken it, the
 // caller waits for the outcome.
+//
+// The retention sweep's removals are calls too (sweep.go): a call with
+// sweep set removes a bounded set of records in the group's transaction,
+// after the calls queued before it and before those queued after it, so
+// it shares their commit and flush instead of holding bbolt's writer lock
+// in transactions of its own, and it sees every write committed or
+// queued before it. It counts as one write in CommitStats.
 
 const (
 	// maxGroupCalls bounds a group: beyond it the rest waits for the next
@@ -79,7 +86,13 @@ type call struct {
 	// tx at now, and reports whether it changed r. It keeps its result
 	// itself. An error it returns as *storageError is a storage failure,
 	// anything else a refusal.
-	run   func(tx *bolt.Tx, r *record.Record, now time.Time) (changed bool, err error)
+	run func(tx *bolt.Tx, r *record.Record, now time.Time) (changed bool, err error)
+	// sweep, set instead of resource and run, acts on tx itself (the
+	// retention sweep's removals) and reports whether it wrote anything.
+	// Any error it returns is a storage failure. It keeps its result
+	// itself and must only act on tx, its result and the mark cache
+	// (forget), since it runs again when a neighbour fails.
+	sweep func(tx *bolt.Tx, now time.Time) (wrote bool, err error)
 	bytes int // checkpoint state it writes, for maxGroupBytes
 
 	// Set by the group that ran the call, read by its caller after wake.
@@ -298,6 +311,7 @@ func (s *Store) tryGroup(live []*call) int {
 	txid := tx.ID()
 	var (
 		touched []string // resources this transaction put in the mark cache
+		wrote   bool
 		raised  bool
 		top     fencing.Token
 	)
@@ -323,6 +337,10 @@ func (s *Store) tryGroup(live []*call) int {
 		if !changed {
 			continue
 		}
+		wrote = true
+		if r.rec == nil {
+			continue // a sweep: no record to cache
+		}
 		if r.bumped {
 			raised = true
 			top = max(top, r.rec.Issued)
@@ -330,7 +348,7 @@ func (s *Store) tryGroup(live []*call) int {
 		s.marks.saving(c.resource, r.rec, txid)
 		touched = append(touched, c.resource)
 	}
-	if len(touched) == 0 {
+	if !wrote {
 		_ = tx.Rollback() // nothing to write: no commit, no flush
 		return -1
 	}
@@ -376,13 +394,14 @@ func (s *Store) tryGroup(live []*call) int {
 
 // ran is what one call did to its record.
 type ran struct {
-	rec    *record.Record
-	bumped bool // issued or the mark moved: the lineage generation moves
+	rec    *record.Record // nil for a sweep
+	bumped bool           // issued or the mark moved: the lineage generation moves
 }
 
 // runCall runs c in tx: loads the record, applies the operation, and saves
-// the record when the operation changed it. A storage failure comes back
-// as *storageError; a refusal as itself.
+// the record when the operation changed it (a sweep call acts on tx
+// itself). A storage failure comes back as *storageError; a refusal as
+// itself.
 func (s *Store) runCall(tx *bolt.Tx, c *call) (_ ran, _ bool, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -393,6 +412,13 @@ func (s *Store) runCall(tx *bolt.Tx, c *call) (_ ran, _ bool, err error) {
 		}
 	}()
 	now := s.clock.Now()
+	if c.sweep != nil {
+		wrote, err := c.sweep(tx, now)
+		if err != nil {
+			return ran{}, false, &storageError{err}
+		}
+		return ran{}, wrote, nil
+	}
 	r, err := s.load(tx, c.resource, now)
 	if err != nil {
 		return ran{}, false, &storageError{err}

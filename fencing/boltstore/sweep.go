@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"io"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -35,11 +35,26 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 	return retention.Run(ctx, s.sweep, &s.stats)
 }
 
-// sweep walks the records in key order, one write transaction per batch
-// of s.batch records, removing the idle ones (record.Record.Idle at the
-// store's clock) with their checkpoint state. Between batches nothing is
-// held, so acquisitions and raises wait for one batch at most, and
-// admissions at the mark not at all (they read the mark cache).
+// maxSweepRemovals bounds the records one sweep call removes, and so what
+// it adds to the group commit that carries it (its deletions and the pages
+// they dirty).
+const maxSweepRemovals = 256
+
+// sweep walks the records in key order, s.batch records per read
+// transaction, and removes the idle ones (record.Record.Idle at the
+// store's clock) with their checkpoint state, in calls of at most
+// maxSweepRemovals records run by the group committer (group.go): each
+// call queues behind the writes waiting before it and shares their
+// transaction and flush, so a sweep over many records holds no write for
+// longer than one bounded call, and admissions at the mark (read from the
+// mark cache) not at all.
+//
+// A record the scan found idle may be written to before its call runs
+// (an acquisition, a renewal, an admission's touch): the call reads every
+// record again in its own transaction and removes only those still idle
+// then, so a write ordered before the removal keeps the record and one
+// ordered after it finds no record and starts a fresh one above every
+// token the removed record issued (keySwept, tokenClock).
 func (s *Store) sweep(ctx context.Context) (int, error) {
 	if s.retention <= 0 {
 		return 0, nil
@@ -52,10 +67,21 @@ func (s *Store) sweep(ctx context.Context) (int, error) {
 		if err := ctx.Err(); err != nil {
 			return removed, err
 		}
-		n, next, err := s.sweepBatch(from)
-		removed += n
+		idle, next, err := s.sweepScan(from)
 		if err != nil {
-			return removed, s.classify(err, n > 0)
+			return removed, s.classify(err, false)
+		}
+		if s.hooks.sweepScanned != nil {
+			s.hooks.sweepScanned(idle)
+		}
+		for len(idle) > 0 {
+			chunk := idle[:min(len(idle), maxSweepRemovals)]
+			idle = idle[len(chunk):]
+			n, err := s.sweepRemove(ctx, chunk)
+			removed += n
+			if err != nil {
+				return removed, err
+			}
 		}
 		if next == nil {
 			return removed, nil
@@ -64,24 +90,17 @@ func (s *Store) sweep(ctx context.Context) (int, error) {
 	}
 }
 
-// errNothingSwept rolls back a batch that removed nothing, sparing its
-// commit's flush.
-var errNothingSwept = errors.New("boltstore: nothing swept")
-
-// sweepBatch examines at most s.batch records from key from (nil: the
-// first) in one write transaction and removes the idle ones. It returns
-// the key to start the next batch at, nil when the walk is done.
-func (s *Store) sweepBatch(from []byte) (removed int, next []byte, err error) {
-	err = s.db.Update(func(tx *bolt.Tx) error {
+// sweepScan examines at most s.batch records from key from (nil: the
+// first) in one read transaction and returns the keys of the idle ones
+// and the key to start the next scan at, nil when the walk is done.
+func (s *Store) sweepScan(from []byte) (idle [][]byte, next []byte, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
 		now := s.clock.Now()
-		recs, states := tx.Bucket(bucketRecords), tx.Bucket(bucketStates)
-		c := recs.Cursor()
+		c := tx.Bucket(bucketRecords).Cursor()
 		k, v := c.First()
 		if from != nil {
 			k, v = c.Seek(from)
 		}
-		var idle [][]byte
-		top := fencing.Token(s.swept.Load())
 		for i := 0; k != nil && i < s.batch; i++ {
 			r, err := decode(string(k), v)
 			if err != nil {
@@ -90,44 +109,71 @@ func (s *Store) sweepBatch(from []byte) (removed int, next []byte, err error) {
 			r.Lift(s.floor, now)
 			if r.Idle(now, s.retention) {
 				idle = append(idle, bytes.Clone(k))
-				top = max(top, r.Issued)
 			}
 			k, v = c.Next()
 		}
 		if k != nil {
 			next = bytes.Clone(k)
 		}
-		if len(idle) == 0 {
-			return errNothingSwept
-		}
-		for _, key := range idle {
+		return nil
+	})
+	return idle, next, err
+}
+
+// sweepRemove removes, in one call of a group commit, those of keys whose
+// records are idle when the call runs, and returns how many it removed
+// once they are committed. Keys whose record is gone or no longer idle
+// are left alone.
+func (s *Store) sweepRemove(ctx context.Context, keys [][]byte) (int, error) {
+	removed := 0
+	c := &call{sweep: func(tx *bolt.Tx, now time.Time) (bool, error) {
+		removed = 0 // run again after a neighbour's failure: count afresh
+		recs, states := tx.Bucket(bucketRecords), tx.Bucket(bucketStates)
+		top := fencing.Token(s.swept.Load())
+		for _, key := range keys {
+			v := recs.Get(key)
+			if v == nil {
+				continue
+			}
+			r, err := decode(string(key), v)
+			if err != nil {
+				return false, err
+			}
+			r.Lift(s.floor, now)
+			if !r.Idle(now, s.retention) {
+				continue // written to since the scan
+			}
+			top = max(top, r.Issued)
 			if err := recs.Delete(key); err != nil {
-				return err
+				return false, err
 			}
 			if err := states.Delete(key); err != nil {
-				return err
+				return false, err
 			}
+			// Before the commit: no admission is answered from the
+			// removed record once it is gone (marks.forget).
 			s.marks.forget(string(key))
+			removed++
+		}
+		if removed == 0 {
+			return false, nil
 		}
 		if top > fencing.Token(s.swept.Load()) {
 			// Fresh records must start above what went: counting from one,
 			// and on the clock too, which may be behind tokens a removed
 			// record issued (stepped back further than the retention).
 			if err := tx.Bucket(bucketMeta).Put(keySwept, binary.BigEndian.AppendUint64(nil, uint64(top))); err != nil {
-				return err
+				return false, err
 			}
-			// Raised before the commit: an acquisition that follows it
-			// must see it, and one that fails leaves it only higher.
+			// Raised before the commit: an acquisition that follows it,
+			// in this transaction or a later one, must see it, and one
+			// that fails leaves it only higher.
 			s.swept.Store(uint64(top))
 		}
-		removed = len(idle)
-		return nil
-	})
-	if errors.Is(err, errNothingSwept) {
-		err = nil
+		return true, nil
+	}}
+	if err := s.do(ctx, c); err != nil {
+		return 0, err
 	}
-	if err != nil {
-		removed = 0
-	}
-	return removed, next, err
+	return removed, nil
 }
