@@ -15,7 +15,8 @@ package memstore
 
 import (
 	"context"
-	"sort"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -224,8 +225,11 @@ func (s *Store) Status(ctx context.Context, resource string) (fencing.Status, er
 	return s.rec(resource).Status(resource, s.clock.Now()), nil
 }
 
-// List implements fencing.Store. It sorts the matching names on every call:
-// fine for tests and demos, not for millions of resources.
+// List implements fencing.Store. It takes the live leases under the prefix
+// and after the cursor as they are at one instant, under the store's lock,
+// and sorts them after releasing it, so writers wait only for the copy. It
+// walks every record and sorts on every call: fine for tests and demos,
+// not for millions of resources.
 func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Lease, error) {
 	if err := req.Validate(); err != nil {
 		return nil, err
@@ -233,25 +237,18 @@ func (s *Store) List(ctx context.Context, req fencing.ListRequest) ([]fencing.Le
 	if err := s.lock(); err != nil {
 		return nil, err
 	}
-	defer s.mu.Unlock()
 	now := s.clock.Now()
-	names := make([]string, 0, len(s.records))
-	for name := range s.records {
-		if req.Wants(name) {
-			names = append(names, name)
-		}
-	}
-	sort.Strings(names)
 	leases := []fencing.Lease{}
-	for _, name := range names {
-		if l, ok := s.records[name].Live(name, now); ok {
-			leases = append(leases, l)
-			if len(leases) == req.EffectiveLimit() {
-				break
+	for name, r := range s.records {
+		if req.Wants(name) {
+			if l, ok := r.Live(name, now); ok {
+				leases = append(leases, l)
 			}
 		}
 	}
-	return leases, nil
+	s.mu.Unlock()
+	slices.SortFunc(leases, func(a, b fencing.Lease) int { return strings.Compare(a.Resource, b.Resource) })
+	return leases[:min(len(leases), req.EffectiveLimit())], nil
 }
 
 // Admit implements fencing.Store.
