@@ -49,8 +49,10 @@ type SharedBarrier interface {
 	// Expired reports how many expired entries this call removed.
 	WaitLower(ctx context.Context, e BarrierEntry) (expired int, err error)
 	// Leave removes e and wakes the writes waiting on it. A failed Leave
-	// leaves the entry until its deadline: that delays writes, it never
-	// reorders them. Leaving an entry twice is harmless.
+	// leaves the entry until its deadline or a Leave that succeeds (the
+	// gate retries one that failed with a store fault while the entry
+	// lives): that delays writes, it never reorders them. Leaving an entry
+	// twice, or one that has expired, is harmless.
 	Leave(ctx context.Context, e BarrierEntry) error
 }
 

@@ -57,7 +57,14 @@ func (g *Gate) RestoreHolds(ctx context.Context) (RestoredHolds, error) {
 // records nothing, so the next start sees an unclean stop again. Call it
 // once the gate's listener has stopped (http.Server.Shutdown returned). It
 // reports how many resources it recorded as held.
+//
+// With Options.SharedBarrier, it first stops retrying the removals of
+// entries that failed (they stay until their deadlines) and waits for the
+// removals still in progress, each bounded by 5 s.
 func (g *Gate) Close(ctx context.Context) (int, error) {
+	if o, ok := g.order.(*sharedOrder); ok {
+		o.close()
+	}
 	holds := g.barrier.Close(max(g.grace, 0))
 	if g.holds == nil {
 		return len(holds), nil

@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"context"
+	"net"
+	neturl "net/url"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -37,14 +40,31 @@ func postgresKit(t testing.TB) storeKit {
 		}
 		return ms
 	}
+	open := func(t testing.TB, url, ns string, timeout time.Duration) sharedStore {
+		st, err := pgstore.Open(context.Background(), pgstore.Options{URL: url, Schema: ns, StatementTimeout: timeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		return st
+	}
 	return storeKit{
-		open: func(t testing.TB, ns string) sharedStore {
-			st, err := pgstore.Open(context.Background(), pgstore.Options{URL: url, Schema: ns, StatementTimeout: 10 * time.Second})
+		open: func(t testing.TB, ns string) sharedStore { return open(t, url, ns, 10*time.Second) },
+		addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Port())),
+		via: func(t testing.TB, ns, addr string) sharedStore {
+			u, err := neturl.Parse(c.URL("postgres"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = st.Close() })
-			return st
+			u.Host = addr
+			return open(t, u.String()+"&connect_timeout=1", ns, time.Second)
+		},
+		gateEntries: func(t testing.TB, ns, resource, gate string) int {
+			var n int
+			if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM `+ns+`.barrier WHERE resource = $1 AND gate = $2`, resource, gate).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
 		},
 		now: func(t testing.TB) int64 {
 			return millis(t, `SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint`)

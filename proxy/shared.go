@@ -45,10 +45,10 @@ type sharedOrder struct {
 	sb      fencing.SharedBarrier
 	gateID  string
 	hold    time.Duration
-	log     *slog.Logger
 	waits   metric.Int64Counter
 	waitDur metric.Float64Histogram
 	expired metric.Int64Counter
+	leaves  *leaver // removes the entries of ended writes, retrying failures
 }
 
 func newSharedOrder(sb fencing.SharedBarrier, opts Options, log *slog.Logger, barrierTimeout, grace time.Duration) (*sharedOrder, error) {
@@ -59,7 +59,7 @@ func newSharedOrder(sb fencing.SharedBarrier, opts Options, log *slog.Logger, ba
 	if ut == 0 {
 		ut = DefaultUpstreamTimeout
 	}
-	o := &sharedOrder{sb: sb, gateID: opts.GateID, hold: barrierTimeout + ut + max(grace, 0), log: log}
+	o := &sharedOrder{sb: sb, gateID: opts.GateID, hold: barrierTimeout + ut + max(grace, 0)}
 	var m metric.Meter = metricnoop.Meter{}
 	if opts.MeterProvider != nil {
 		m = opts.MeterProvider.Meter(ScopeName)
@@ -74,6 +74,10 @@ func newSharedOrder(sb fencing.SharedBarrier, opts Options, log *slog.Logger, ba
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return nil, fmt.Errorf("proxy: creating the shared barrier's metrics: %w", err)
 	}
+	var err error
+	if o.leaves, err = newLeaver(sb, log, m); err != nil {
+		return nil, err
+	}
 	return o, nil
 }
 
@@ -84,9 +88,15 @@ func (o *sharedOrder) admit(ctx context.Context, target Target) (flight, fencing
 	if err != nil {
 		return nil, adm, err
 	}
+	// The store set the entry's deadline hold after its clock's reading,
+	// taken before this answer: hold from now ends no earlier.
+	until := time.Now().Add(o.hold)
 	o.countExpired(ctx, e.Expired)
-	return &sharedFlight{o: o, entry: e, lower: lower}, adm, nil
+	return &sharedFlight{o: o, entry: e, until: until, lower: lower}, adm, nil
 }
+
+// close stops retrying removals and waits for those in progress.
+func (o *sharedOrder) close() { o.leaves.close() }
 
 // heldUntil is unknown to this gate: the entries may be another gate's.
 func (o *sharedOrder) heldUntil(Target) time.Time { return time.Time{} }
@@ -101,7 +111,8 @@ func (o *sharedOrder) countExpired(ctx context.Context, n int) {
 type sharedFlight struct {
 	o     *sharedOrder
 	entry fencing.BarrierEntry
-	lower bool // a lower-token entry existed at admission
+	until time.Time // the entry's lifetime has passed, by this host's clock
+	lower bool      // a lower-token entry existed at admission
 	once  sync.Once
 }
 
@@ -133,23 +144,11 @@ func (f *sharedFlight) Wait(ctx context.Context, timeout time.Duration) error {
 	return err
 }
 
-// leaveTimeout bounds a removal sent after the write's response: a removal
-// that fails leaves the entry until its deadline.
-const leaveTimeout = 5 * time.Second
-
 // Leave removes the entry in the background: the response does not wait
-// for it.
+// for it. A removal that fails is retried until the entry's lifetime
+// passes (see leaver).
 func (f *sharedFlight) Leave() {
-	f.once.Do(func() {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
-			defer cancel()
-			if err := f.o.sb.Leave(ctx, f.entry); err != nil {
-				f.o.log.Warn("shared barrier: removing an entry failed; it stays until its deadline",
-					slog.String("resource", f.entry.Resource), slog.String("entry", f.entry.ID), slog.Any("error", err))
-			}
-		}()
-	})
+	f.once.Do(func() { f.o.leaves.leave(f.entry, f.until) })
 }
 
 // Hold keeps the entry until its deadline, which covers the grace: the

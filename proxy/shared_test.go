@@ -49,28 +49,50 @@ type sharedStore interface {
 // storeKit is how the shared-barrier tests reach one kind of store: open
 // a client in namespace ns (a key prefix or a schema: lower-case letters
 // and digits), the store's clock in Unix ms, and the deadline (by that
-// clock) of the one barrier entry of a resource.
+// clock) of the one barrier entry of a resource. A kit whose store is one
+// server also has its TCP address, a client through another address (a
+// proxy in front of it), and the count of a gate's entries for a resource.
 type storeKit struct {
-	open     func(t testing.TB, ns string) sharedStore
-	now      func(t testing.TB) int64
-	deadline func(t testing.TB, ns, resource string) int64
+	open        func(t testing.TB, ns string) sharedStore
+	now         func(t testing.TB) int64
+	deadline    func(t testing.TB, ns, resource string) int64
+	addr        string
+	via         func(t testing.TB, ns, addr string) sharedStore
+	gateEntries func(t testing.TB, ns, resource, gate string) int
 }
 
 func valkeyKit(storeURL string, nodes []*valkeytest.Server) storeKit {
-	return storeKit{
+	open := func(t testing.TB, opts valkeystore.Options) sharedStore {
+		st, err := valkeystore.Open(context.Background(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		return st
+	}
+	kit := storeKit{
 		open: func(t testing.TB, ns string) sharedStore {
-			st, err := valkeystore.Open(context.Background(), valkeystore.Options{URL: storeURL, KeyPrefix: ns})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = st.Close() })
-			return st
+			return open(t, valkeystore.Options{URL: storeURL, KeyPrefix: ns})
 		},
 		now: func(t testing.TB) int64 { return storeMillis(t, nodes[0]) },
 		deadline: func(t testing.TB, ns, resource string) int64 {
 			return entryDeadline(t, nodes, ns, resource)
 		},
 	}
+	if len(nodes) == 1 { // a cluster announces its nodes' own addresses: no proxy
+		kit.addr = nodes[0].Addr()
+		kit.via = func(t testing.TB, ns, addr string) sharedStore {
+			return open(t, valkeystore.Options{URL: "valkey://" + addr, KeyPrefix: ns, DialTimeout: time.Second, CommandTimeout: time.Second})
+		}
+		kit.gateEntries = func(t testing.TB, ns, resource, gate string) int {
+			out, err := nodes[0].Do("ZRANGE", ns+":{"+resource+"}:bar", "0", "-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return strings.Count(out, "|"+gate+":") // members "<deadline ms>|<gate id>:<seq>"
+		}
+	}
+	return kit
 }
 
 func testSharedBarrierOn(t *testing.T, kit storeKit) {

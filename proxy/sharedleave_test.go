@@ -1,0 +1,317 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/valkeystore/valkeytest"
+)
+
+// TestSharedBarrierLeaveRetried: the store becomes unreachable from a gate
+// exactly when a write's answer is over, so removing its entry fails. Once
+// the store is reachable again, the gate removes the entry before its
+// deadline by the store's clock, and the next holder's write through
+// another gate reaches the upstream before that deadline too: it does not
+// wait out the lifetime of an entry whose write has ended.
+func TestSharedBarrierLeaveRetried(t *testing.T) {
+	t.Run("valkey", func(t *testing.T) {
+		srv := valkeytest.Start(t)
+		testLeaveRetried(t, valkeyKit(srv.URL(), []*valkeytest.Server{srv}))
+	})
+	t.Run("postgres", func(t *testing.T) { testLeaveRetried(t, postgresKit(t)) })
+}
+
+func testLeaveRetried(t *testing.T, kit storeKit) {
+	prefix := fmt.Sprintf("leave%d", time.Now().UnixNano())
+	const resource = "doc:leave"
+	ctx := context.Background()
+	cut := newCutProxy(t, kit.addr)
+
+	arrived := make(chan struct{}) // the first write is at the upstream
+	answer := make(chan struct{})  // let the upstream answer it
+	var secondAt atomic.Int64      // the store's clock (ms) when the second write arrived
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.Header.Get("X-First") != "" {
+			close(arrived)
+			<-answer
+		} else {
+			secondAt.Store(kit.now(t))
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+
+	// Gate A reaches the store through the proxy; its entries live 15 s.
+	stA := kit.via(t, prefix, cut.addr())
+	gA, err := New(Options{Upstream: u, Store: stA, ResourceHeader: true, SharedBarrier: stA, GateID: "gate-a",
+		BarrierTimeout: 5 * time.Second, BodyTimeout: 2 * time.Second, UpstreamTimeout: 5 * time.Second, TimeoutGrace: 3 * time.Second, MeterProvider: mp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = gA.Close(ctx) }) // after the server's Close: cleanups run last first
+	sA := serveGate(t, gA)
+	// Gate B reaches it directly, and would wait longer than A's entries
+	// live: without the retry its write would wait for the deadline.
+	stB := kit.open(t, prefix)
+	gB, err := New(Options{Upstream: u, Store: stB, ResourceHeader: true, SharedBarrier: stB, GateID: "gate-b",
+		BarrierTimeout: time.Minute, UpstreamTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = gB.Close(ctx) })
+	sB := serveGate(t, gB)
+
+	old, err := stB.Acquire(ctx, fencing.AcquireRequest{Resource: resource, Owner: "old", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan answered, 1)
+	go func() {
+		r, err := doReq(http.DefaultClient, sA.URL, "POST", "/w", "first", HeaderResource, resource, HeaderToken, old.Token.String(), "X-First", "1")
+		first <- answered{r, err}
+	}()
+	<-arrived
+	deadline := kit.deadline(t, prefix, resource)
+	cut.cut() // the store is unreachable from gate A as the write ends
+	close(answer)
+	if a := <-first; a.err != nil || a.r.Status != http.StatusNoContent {
+		t.Fatalf("first write: %v %d %v", a.err, a.r.Status, a.r.Problem)
+	}
+	waitFor(t, "a retried removal to fail while the store is unreachable", func() bool {
+		return sumOutcome(t, reader, MetricSharedLeaveRetries, attrOutcome, "failed") > 0
+	})
+	if n := kit.gateEntries(t, prefix, resource, "gate-a"); n != 1 {
+		t.Fatalf("gate A has %d entries for the resource while the store is unreachable, want 1", n)
+	}
+
+	if _, err := stB.Release(ctx, fencing.ReleaseRequest{Resource: resource, Owner: "old", Token: old.Token}); err != nil {
+		t.Fatal(err)
+	}
+	next, err := stB.Acquire(ctx, fencing.AcquireRequest{Resource: resource, Owner: "next", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut.mend()
+	second := make(chan answered, 1)
+	go func() {
+		r, err := doReq(http.DefaultClient, sB.URL, "POST", "/w", "second", HeaderResource, resource, HeaderToken, next.Token.String())
+		second <- answered{r, err}
+	}()
+	for {
+		n := kit.gateEntries(t, prefix, resource, "gate-a")
+		now := kit.now(t) // read after the count: a removal seen was done by now
+		if now >= deadline {
+			t.Fatalf("gate A's entry was registered until %d ms, its deadline %d ms: the failed removal was not retried", now, deadline)
+		}
+		if n == 0 {
+			t.Logf("gate A's entry removed %d ms before its deadline", deadline-now)
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if a := <-second; a.err != nil || a.r.Status != http.StatusNoContent {
+		t.Fatalf("second write: %v %d %v", a.err, a.r.Status, a.r.Problem)
+	}
+	if at := secondAt.Load(); at >= deadline {
+		t.Errorf("the second write reached the upstream at %d ms, after gate A's entry's deadline %d ms", at, deadline)
+	}
+	if n := sumOutcome(t, reader, MetricSharedLeaveRetries, attrOutcome, "removed"); n != 1 {
+		t.Errorf("%s{outcome=removed} = %d, want 1", MetricSharedLeaveRetries, n)
+	}
+	if n := sumInt(t, reader, MetricSharedLeavesAbandoned); n != 0 {
+		t.Errorf("%s = %d, want 0", MetricSharedLeavesAbandoned, n)
+	}
+}
+
+// TestSharedBarrierLeaveRetriesEnd: retries of a removal that keeps
+// failing end when the entry's lifetime has passed (the store ignores it
+// then) and when the gate stops, counted by reason; Close waits for the
+// retry worker either way.
+func TestSharedBarrierLeaveRetriesEnd(t *testing.T) {
+	srv := valkeytest.Start(t)
+	kit := valkeyKit(srv.URL(), []*valkeytest.Server{srv})
+	for _, tc := range []struct {
+		reason   string
+		lifetime time.Duration // BarrierTimeout, BodyTimeout, UpstreamTimeout: a third each
+	}{
+		{"expired", 1500 * time.Millisecond},
+		{"stopping", time.Minute},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			ctx := context.Background()
+			prefix := fmt.Sprintf("leaveend%d", time.Now().UnixNano())
+			cut := newCutProxy(t, kit.addr)
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				cut.cut() // the store is unreachable from the gate as the write ends
+				w.WriteHeader(http.StatusNoContent)
+			}))
+			t.Cleanup(up.Close)
+			u, _ := url.Parse(up.URL)
+			reader := sdkmetric.NewManualReader()
+			st := kit.via(t, prefix, cut.addr())
+			third := tc.lifetime / 3
+			g, err := New(Options{Upstream: u, Store: st, ResourceHeader: true, SharedBarrier: st, GateID: "gate-a",
+				BarrierTimeout: third, BodyTimeout: third, UpstreamTimeout: third, TimeoutGrace: NoGrace,
+				MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := serveGate(t, g)
+			lease, err := kit.open(t, prefix).Acquire(ctx, fencing.AcquireRequest{Resource: "doc:end", Owner: "w", TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := doReq(http.DefaultClient, s.URL, "POST", "/w", "", HeaderResource, "doc:end", HeaderToken, lease.Token.String())
+			if err != nil || r.Status != http.StatusNoContent {
+				t.Fatalf("write: %v %d %v", err, r.Status, r.Problem)
+			}
+			waitFor(t, "a retried removal to fail", func() bool {
+				return sumOutcome(t, reader, MetricSharedLeaveRetries, attrOutcome, "failed") > 0
+			})
+			if tc.reason == "expired" {
+				waitFor(t, "the retries to end at the entry's lifetime", func() bool {
+					return sumOutcome(t, reader, MetricSharedLeavesAbandoned, attrReason, "expired") > 0
+				})
+			}
+			s.Close()
+			if _, err := g.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Close has waited for the worker: its counts are final.
+			if n := sumOutcome(t, reader, MetricSharedLeavesAbandoned, attrReason, tc.reason); n != 1 {
+				t.Errorf("%s{reason=%s} = %d, want 1", MetricSharedLeavesAbandoned, tc.reason, n)
+			}
+			if n := sumInt(t, reader, MetricSharedLeavesAbandoned); n != 1 {
+				t.Errorf("%s = %d, want 1", MetricSharedLeavesAbandoned, n)
+			}
+			if n := sumOutcome(t, reader, MetricSharedLeaveRetries, attrOutcome, "removed"); n != 0 {
+				t.Errorf("%s{outcome=removed} = %d, want 0", MetricSharedLeaveRetries, n)
+			}
+		})
+	}
+}
+
+// answered is a request's response, or the error that came instead.
+type answered struct {
+	r   response
+	err error
+}
+
+// sumOutcome is the sum of an Int64 counter's data points whose attribute
+// key is value.
+func sumOutcome(t *testing.T, r *sdkmetric.ManualReader, name string, key attribute.Key, value string) int64 {
+	t.Helper()
+	m, ok := collect(t, r, name)
+	if !ok {
+		return 0
+	}
+	var n int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		if v, ok := dp.Attributes.Value(key); ok && v.AsString() == value {
+			n += dp.Value
+		}
+	}
+	return n
+}
+
+// cutProxy relays TCP connections from a loopback port to a store. cut
+// closes every relayed connection and, until mend, closes each new one at
+// once: the store is unreachable through it, as during a restart or a
+// network fault, while it stays reachable directly.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	down   atomic.Bool
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+}
+
+func newCutProxy(t testing.TB, target string) *cutProxy {
+	t.Helper()
+	if target == "" {
+		t.Fatal("cutProxy: the kit has no store address")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		_ = p.ln.Close()
+		p.closeAll()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.ln.Addr().String() }
+
+// cut makes the store unreachable through the proxy.
+func (p *cutProxy) cut() {
+	p.down.Store(true)
+	p.closeAll()
+}
+
+// mend makes it reachable again.
+func (p *cutProxy) mend() { p.down.Store(false) }
+
+func (p *cutProxy) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+func (p *cutProxy) accept() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if p.down.Load() {
+			_ = client.Close()
+			continue
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+			p.mu.Lock()
+			delete(p.conns, dst)
+			delete(p.conns, src)
+			p.mu.Unlock()
+		}
+		p.wg.Go(func() { pipe(server, client) })
+		p.wg.Go(func() { pipe(client, server) })
+	}
+}
