@@ -204,7 +204,7 @@ func (c Config) Validate() error {
 	if c.Retention != 0 && c.Retention < time.Second {
 		check("Retention", fmt.Errorf("%v is below 1s (0 keeps records forever)", c.Retention))
 	}
-	if c.MaxCheckpointBytes < 1 || c.MaxCheckpointBytes > 16<<20 {
+	if c.MaxCheckpointBytes < 1 || c.MaxCheckpointBytes > fencing.MaxCheckpointBytesCeiling {
 		check("MaxCheckpointBytes", fmt.Errorf("%d is out of range", c.MaxCheckpointBytes))
 	}
 	if c.Rules != "" && c.RulesFile != "" {

@@ -19,6 +19,10 @@ const (
 	// DefaultMaxCheckpointBytes is the default limit on a checkpoint's
 	// encoded JSON state.
 	DefaultMaxCheckpointBytes = 1 << 20
+	// MaxCheckpointBytesCeiling is the largest checkpoint limit a server
+	// may be configured with (FENCEGATE_MAX_CHECKPOINT_BYTES): no answer
+	// of the lease API carries a larger state.
+	MaxCheckpointBytesCeiling = 16 << 20
 	// MaxListLimit is the most leases one List call returns.
 	MaxListLimit = 1000
 )

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/problem"
 )
 
 // DefaultClientTimeout bounds each call of a Client built without
@@ -25,8 +26,14 @@ import (
 // finish; bound individual calls more tightly with their context.
 const DefaultClientTimeout = fencing.MaxWait + 30*time.Second
 
-// maxResponseBytes bounds how much of a response the client reads.
-const maxResponseBytes = 256 << 20
+// MaxAnswerBytes bounds the body of a 2xx answer the client reads: the
+// largest checkpoint state a server may be configured to keep
+// (fencing.MaxCheckpointBytesCeiling) plus room for the rest of the
+// document (a full page of fencing.MaxListLimit leases with the longest
+// names is under 1 MiB). A larger answer is not the lease API's: the call
+// fails with ErrBadAnswer after reading one byte more than this, and the
+// rest is never read.
+const MaxAnswerBytes = fencing.MaxCheckpointBytesCeiling + 4<<20
 
 // maxProblemBytes bounds how much of a refusal the client reads.
 const maxProblemBytes = 1 << 20
@@ -297,7 +304,7 @@ func (c *Client) ListPage(ctx context.Context, prefix string, limit int, cursor 
 	}
 	if out.NextCursor != nil {
 		if *out.NextCursor == "" {
-			return LeasePage{}, errors.New("leaseapi: the server answered an empty next_cursor")
+			return LeasePage{}, fmt.Errorf("leaseapi: %w", &badAnswerError{status: http.StatusOK, what: "its next_cursor is empty"})
 		}
 		p.NextCursor = *out.NextCursor
 	}
@@ -419,14 +426,51 @@ func (c *Client) do(ctx context.Context, method, path, resource string, query ur
 		return transportError(method, path, err)
 	}
 	defer resp.Body.Close()
-	rb := io.LimitReader(resp.Body, maxResponseBytes)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return readProblem(resp, rb, resource)
+		return readProblem(resp, resp.Body, resource)
 	}
-	if err := json.NewDecoder(rb).Decode(out); err != nil {
-		return fmt.Errorf("leaseapi: %s %s: decode answer: %w", method, path, err)
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswerBytes+1))
+	switch {
+	case err != nil:
+		return fmt.Errorf("leaseapi: %s %s: %w", method, path, &badAnswerError{status: resp.StatusCode, what: "its body was cut off", err: err})
+	case len(raw) > MaxAnswerBytes:
+		return fmt.Errorf("leaseapi: %s %s: %w", method, path, &badAnswerError{status: resp.StatusCode, what: fmt.Sprintf("its body is larger than %d bytes, more than the lease API ever sends", MaxAnswerBytes)})
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("leaseapi: %s %s: %w", method, path, &badAnswerError{status: resp.StatusCode, what: "its body is not the JSON the lease API sends", err: err})
 	}
 	return nil
+}
+
+// ErrBadAnswer matches a call answered 2xx with a body the client cannot
+// use: cut off, larger than MaxAnswerBytes, or not the JSON document the
+// lease API sends. The server at the base URL is likely not fencegate's
+// lease API (a wrong URL), or something between mangled the answer. Such
+// an error also matches fencing.ErrAmbiguous: a 2xx may mean the call took
+// effect.
+var ErrBadAnswer = errors.New("unusable answer from the lease API")
+
+// badAnswerError is a 2xx answer that could not be used: ErrBadAnswer
+// and fencing.ErrAmbiguous, with the cause when there is one.
+type badAnswerError struct {
+	status int
+	what   string
+	err    error
+}
+
+func (e *badAnswerError) Error() string {
+	msg := fmt.Sprintf("%s: it answered %d but %s", ErrBadAnswer, e.status, e.what)
+	if e.err != nil {
+		msg += ": " + e.err.Error()
+	}
+	return msg
+}
+
+func (e *badAnswerError) Unwrap() []error {
+	if e.err == nil {
+		return []error{ErrBadAnswer, fencing.ErrAmbiguous}
+	}
+	return []error{ErrBadAnswer, fencing.ErrAmbiguous, e.err}
 }
 
 // transportError classifies a failed round trip: a failed dial, or a TLS
@@ -477,7 +521,7 @@ func ptr[T any](v T) *T { return &v }
 func parseTime(s string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("leaseapi: bad time in answer: %w", err)
+		return time.Time{}, fmt.Errorf("leaseapi: %w", &badAnswerError{status: http.StatusOK, what: "holds a time that is not RFC 3339", err: err})
 	}
 	return t.UTC(), nil
 }
@@ -506,6 +550,9 @@ func fromPreviousJSON(p *previousJSON) *fencing.Previous {
 type ProblemError struct {
 	Status int    // HTTP status
 	Code   string // the problem's stable code ("lease-held"); empty when the body was not a problem
+	// Type is the problem's type URI ("urn:fencegate:problem:lease-held");
+	// empty when the body was not a problem.
+	Type   string
 	Detail string // the problem's detail, for humans
 	// Extra holds the problem's extension members ("holder", "expires_at",
 	// "high_water_token"...). Numbers are json.Number, so tokens keep
@@ -530,6 +577,15 @@ func (e *ProblemError) Error() string {
 		return fmt.Sprintf("fencegate: %d %s", e.Status, code)
 	}
 	return fmt.Sprintf("fencegate: %d %s: %s", e.Status, code, e.Detail)
+}
+
+// FromAPI reports whether the answer is a problem document of fencegate's
+// API: a code, and the type urn:fencegate:problem:<code>. Any other non-2xx
+// answer (a proxy's error page, another server at a wrong URL, a JSON error
+// of another API) says nothing about leases: it is not a refusal by the
+// lease API, whatever its status.
+func (e *ProblemError) FromAPI() bool {
+	return e.Code != "" && e.Type == problem.TypePrefix+e.Code
 }
 
 // ErrUnauthorized matches a *ProblemError with code "unauthorized": the
@@ -647,6 +703,7 @@ func readProblem(resp *http.Response, body io.Reader, resource string) error {
 	}
 	pe.Body = raw
 	pe.Code, _ = m["code"].(string)
+	pe.Type, _ = m["type"].(string)
 	pe.Detail, _ = m["detail"].(string)
 	for _, k := range []string{"type", "title", "status", "detail", "code"} {
 		delete(m, k)

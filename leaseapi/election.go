@@ -32,7 +32,10 @@ type ElectionOptions struct {
 // lead gets the term's Session: send writes through s.Transport, save
 // progress with s.Checkpoint. After lead returns an error, or an
 // acquisition fails for another reason than a held lease, the next attempt
-// waits Session.RetryInterval (default 1 s) on the session's clock.
+// waits Session.RetryInterval (default 1 s) on the session's clock; an
+// acquisition answered lease-held is repeated after an AcquireBackoff pause
+// (on the same clock), which is short after the server's own wait and grows
+// when the server answers without waiting.
 //
 // One leader at a time is a property of the server's leases and of lead
 // honouring its context promptly; fencing writes through the gate is what
@@ -51,7 +54,9 @@ func Campaign(ctx context.Context, client *Client, resource string, opts Electio
 	if backoff == 0 {
 		backoff = time.Second
 	}
+	var held AcquireBackoff
 	for ctx.Err() == nil {
+		sent := sopts.Clock.Now()
 		s, err := NewSession(ctx, client, resource, sopts)
 		switch {
 		case ctx.Err() != nil:
@@ -64,7 +69,10 @@ func Campaign(ctx context.Context, client *Client, resource string, opts Electio
 			}
 			return ctx.Err()
 		case errors.Is(err, fencing.ErrLeaseHeld):
-			continue // the server already waited
+			// The server normally waited already; one that answered at
+			// once must not be hammered.
+			sleep(sopts.Clock, held.Pause(err, sopts.Wait, sopts.Clock.Now().Sub(sent)), ctx.Done())
+			continue
 		case err != nil:
 			if errors.Is(err, fencing.ErrInvalid) {
 				return err // the options are wrong: retrying will not help
@@ -72,6 +80,7 @@ func Campaign(ctx context.Context, client *Client, resource string, opts Electio
 			sleep(sopts.Clock, backoff, ctx.Done())
 			continue
 		}
+		held = AcquireBackoff{}
 		if err := term(ctx, s, opts, lead); err != nil {
 			sleep(sopts.Clock, backoff, ctx.Done())
 		}
