@@ -25,9 +25,17 @@ import (
 	"github.com/fencegate/fencegate/leaseapi"
 )
 
-// callTimeout bounds one lease API call of the CLI beyond its acquire wait,
-// so a server that stopped answering does not hang a script.
+// callTimeout bounds one lease API call of the CLI, so a server that
+// stopped answering does not hang a script.
 const callTimeout = 30 * time.Second
+
+// acquireGrace bounds an acquisition (of `lease acquire` and `run`) beyond
+// the wait it asked the server for: more than the server's rounding of
+// wait_seconds up to a second plus its store's timeouts, so a slow store
+// still answers store-unavailable, yet short enough that a server that
+// accepted the connection and never answers ends the command near its
+// --wait.
+const acquireGrace = 10 * time.Second
 
 const leaseHelp = `The lease commands call the lease API at --api-url, else FENCEGATE_API_URL,
 else ` + config.DefaultAPIURL + `, with "Authorization: Bearer TOKEN" when a token
@@ -42,9 +50,13 @@ stderr.
 Exit status:
   0  success
   2  usage: bad flags or arguments, or a request the API found invalid (400)
-  3  refused: lease-held, lease-lost, no-checkpoint, unauthorized, payload-too-large, ...
-  4  unavailable: the lease API is unreachable or did not answer in time, or
-     answered 5xx (its store is unavailable)`
+  3  refused by the API, with one of its problem documents: lease-held,
+     lease-lost, no-checkpoint, unauthorized, payload-too-large, ...
+  4  unavailable: the lease API is unreachable or did not answer in time (30s;
+     an acquisition: its wait plus 10s), or answered 5xx (its store is
+     unavailable), or what answered is not the lease API (an error page that
+     is not its problem document, a body that is not its JSON or is larger
+     than it ever sends)`
 
 func newLeaseCmd(c *cli) *cobra.Command {
 	cmd := &cobra.Command{
@@ -87,7 +99,10 @@ Re-acquiring a live lease as its owner extends it and keeps its token.
 While another owner holds it the API answers lease-held (exit 3), after
 waiting up to --wait for it to end. --wait takes any duration, or forever:
 the command repeats the API's bounded waits (60s each) until the lease is
-acquired, as etcdctl lock and consul lock block.
+acquired, as etcdctl lock and consul lock block. Each repeat pauses 100ms
+(plus jitter) first; after an answer that came without the API's wait, the
+pause doubles up to 5s and honours the answer's Retry-After (up to 5s). No
+repeat starts that would pause past --wait.
 
 ` + leaseHelp,
 		Args:              resourceArg,
@@ -115,8 +130,9 @@ acquired, as etcdctl lock and consul lock block.
 }
 
 // acquire is `lease acquire`: one call when it need not wait, else calls
-// of at most fencing.MaxWait each until the lease is acquired, the wait is
-// over, or the command is interrupted.
+// of at most fencing.MaxWait each, paced by a leaseapi.AcquireBackoff,
+// until the lease is acquired, the wait is over, or the command is
+// interrupted. Each call is bounded by its wait plus acquireGrace.
 func (c *cli) acquire(cmd *cobra.Command, resource string, body map[string]any, wait waitFlag, tokenOnly bool) error {
 	client, err := c.client()
 	if err != nil {
@@ -126,6 +142,7 @@ func (c *cli) acquire(cmd *cobra.Command, resource string, body map[string]any, 
 	if !wait.forever {
 		deadline = time.Now().Add(wait.d)
 	}
+	var held leaseapi.AcquireBackoff
 	for {
 		chunk := fencing.MaxWait
 		if !wait.forever {
@@ -136,12 +153,16 @@ func (c *cli) acquire(cmd *cobra.Command, resource string, body map[string]any, 
 		} else {
 			delete(body, "wait_seconds")
 		}
-		ctx, cancel := context.WithTimeout(cmd.Context(), chunk+callTimeout)
+		ctx, cancel := context.WithTimeout(cmd.Context(), chunk+acquireGrace)
+		sent := time.Now()
 		raw, err := client.Call(ctx, http.MethodPost, leasePath(resource, "/acquire"), nil, body)
 		cancel()
 		var pe *leaseapi.ProblemError
-		if errors.As(err, &pe) && pe.Code == "lease-held" && (wait.forever || time.Until(deadline) > 0) && cmd.Context().Err() == nil {
-			continue // still held: wait again
+		if errors.As(err, &pe) && pe.FromAPI() && pe.Code == "lease-held" && cmd.Context().Err() == nil {
+			if pause := held.Pause(err, chunk, time.Since(sent)); wait.forever || pause < time.Until(deadline) {
+				sleepCtx(cmd.Context(), pause)
+				continue // still held: wait again (an interrupted pause ends in the next call)
+			}
 		}
 		if err != nil {
 			return c.apiFailure(err)
@@ -153,10 +174,20 @@ func (c *cli) acquire(cmd *cobra.Command, resource string, body map[string]any, 
 			Token json.Number `json:"token"`
 		}
 		if err := json.Unmarshal(raw, &lease); err != nil || lease.Token == "" {
-			return fmt.Errorf("the API answered without a token: %s", raw)
+			return c.apiFailure(fmt.Errorf("%w: the acquisition's answer holds no token: %.200s", leaseapi.ErrBadAnswer, raw))
 		}
 		_, err = fmt.Fprintln(c.stdout, lease.Token)
 		return err
+	}
+}
+
+// sleepCtx waits d, or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 
@@ -348,14 +379,14 @@ func (c *cli) listAll(cmd *cobra.Command, q url.Values) error {
 			NextCursor *string           `json:"next_cursor"`
 		}
 		if err := json.Unmarshal(raw, &page); err != nil {
-			return fmt.Errorf("the API answered a page that is not a lease list: %w", err)
+			return c.apiFailure(fmt.Errorf("%w: a page that is not a lease list: %w", leaseapi.ErrBadAnswer, err))
 		}
 		leases = append(leases, page.Leases...)
 		if page.NextCursor == nil {
 			break
 		}
 		if *page.NextCursor == "" || *page.NextCursor == q.Get("cursor") {
-			return errors.New("the API answered a next_cursor that does not move on")
+			return c.apiFailure(fmt.Errorf("%w: a next_cursor that does not move on", leaseapi.ErrBadAnswer))
 		}
 		q.Set("cursor", *page.NextCursor)
 	}
@@ -584,6 +615,21 @@ func (c *cli) callAPI(cmd *cobra.Command, method, path string, query url.Values,
 // status (see leaseHelp).
 func (c *cli) apiFailure(err error) error {
 	var pe *leaseapi.ProblemError
+	if errors.As(err, &pe) && !pe.FromAPI() {
+		base, _ := c.apiURL()
+		answer := fmt.Sprintf("%d %s", pe.Status, http.StatusText(pe.Status))
+		if pe.Detail != "" {
+			answer += " (" + pe.Detail + ")"
+		}
+		if pe.Status == http.StatusBadRequest && strings.Contains(pe.Detail, "https://") {
+			// The client's reading of a Go TLS server's answer to
+			// cleartext: the API is there, the URL's scheme is wrong.
+			return withExit(exitUsage, fmt.Errorf("%s answered %s", base, answer))
+		}
+		// Not a refusal: something else answered (a wrong URL, another
+		// server, a proxy's error page), so nothing is known of the lease.
+		return withExit(exitUnavailable, fmt.Errorf("%s answered %s without a problem document of fencegate's lease API: it does not look like the lease API (check --api-url or FENCEGATE_API_URL, and any proxy in front of the API)", base, answer))
+	}
 	if errors.As(err, &pe) {
 		if pe.Body == nil || printJSONLine(c.stderr, pe.Body) != nil {
 			fmt.Fprintln(c.stderr, pe.Error())
@@ -600,6 +646,10 @@ func (c *cli) apiFailure(err error) error {
 	if errors.Is(err, context.Canceled) {
 		// Ctrl-C or SIGTERM (main's context): not the API's fault.
 		return withExit(exitInterrupted, errors.New("interrupted (a call in flight may have taken effect)"))
+	}
+	if errors.Is(err, leaseapi.ErrBadAnswer) {
+		base, _ := c.apiURL()
+		return withExit(exitUnavailable, fmt.Errorf("%w (is %s fencegate's lease API? --api-url or FENCEGATE_API_URL names it)", err, base))
 	}
 	if errors.Is(err, leaseapi.ErrUnreachable) {
 		base, _ := c.apiURL()

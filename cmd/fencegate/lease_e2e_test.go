@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/problem"
 	"github.com/fencegate/fencegate/leaseapi"
 )
 
@@ -165,15 +166,22 @@ func TestAPIFailureExitStatus(t *testing.T) {
 		err  error
 		want int
 	}{
-		{&leaseapi.ProblemError{Status: 503, Code: "store-unavailable", Body: []byte(`{"code":"store-unavailable"}`)}, exitUnavailable},
+		{&leaseapi.ProblemError{Status: 503, Code: "store-unavailable", Type: problem.TypePrefix + "store-unavailable", Body: []byte(`{"code":"store-unavailable"}`)}, exitUnavailable},
 		{&leaseapi.ProblemError{Status: 502}, exitUnavailable},
-		{&leaseapi.ProblemError{Status: 500, Code: "internal"}, exitUnavailable},
-		{&leaseapi.ProblemError{Status: 400, Code: "invalid-request"}, exitUsage},
-		{&leaseapi.ProblemError{Status: 409, Code: "lease-held"}, exitRefused},
-		{&leaseapi.ProblemError{Status: 401, Code: "unauthorized"}, exitRefused},
+		{&leaseapi.ProblemError{Status: 500, Code: "internal", Type: problem.TypePrefix + "internal"}, exitUnavailable},
+		{&leaseapi.ProblemError{Status: 400, Code: "invalid-request", Type: problem.TypePrefix + "invalid-request"}, exitUsage},
+		{&leaseapi.ProblemError{Status: 409, Code: "lease-held", Type: problem.TypePrefix + "lease-held"}, exitRefused},
+		{&leaseapi.ProblemError{Status: 401, Code: "unauthorized", Type: problem.TypePrefix + "unauthorized"}, exitRefused},
+		{&leaseapi.ProblemError{Status: 404, Code: "no-checkpoint", Type: problem.TypePrefix + "no-checkpoint"}, exitRefused},
+		// Not the API's problem documents: another server answered.
+		{&leaseapi.ProblemError{Status: 404}, exitUnavailable},
+		{&leaseapi.ProblemError{Status: 405}, exitUnavailable},
+		{&leaseapi.ProblemError{Status: 409, Code: "lease-held"}, exitUnavailable},
+		{&leaseapi.ProblemError{Status: 400, Detail: "the server speaks HTTPS: use an https:// URL"}, exitUsage},
 		{fmt.Errorf("dial: %w", fencing.ErrUnavailable), exitUnavailable},
 		{fmt.Errorf("read: %w", fencing.ErrAmbiguous), exitUnavailable},
-		{errors.New("decode answer"), exitFailure},
+		{fmt.Errorf("decode: %w", leaseapi.ErrBadAnswer), exitUnavailable},
+		{errors.New("something else"), exitFailure},
 	} {
 		if got, _ := exitCode(c.apiFailure(tc.err)); got != tc.want {
 			t.Errorf("apiFailure(%v) exits %d, want %d", tc.err, got, tc.want)

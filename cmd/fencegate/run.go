@@ -53,14 +53,26 @@ CMD runs in its own process group, and signals go to the whole group, so
 the children of a shell script are stopped with it. CMD is therefore not in
 the terminal's foreground group: it should not read from the terminal.
 
+While another owner holds the lease, acquisitions are repeated as for
+'fencegate lease acquire --wait' (paced, never past --wait). Each acquisition
+is bounded by its wait plus 10s: an API that takes the connection and never
+answers ends fencegate run about then, with exit 4.
+
 Exit status:
   CMD's   CMD ran and exited (0 on success)
   2       usage: bad flags or arguments
   3       refused by the API at acquisition (other than lease-held)
-  4       the lease API or its store is unavailable at acquisition
-  75      the lease was not acquired within --wait
+  4       at acquisition: the lease API or its store is unavailable, did not
+          answer within the wait plus 10s, or what answered is not the API
+  75      the lease was not acquired within --wait (lease-held)
   76      the lease was lost while CMD ran
-  127     CMD could not be started`
+  127     CMD could not be started
+
+CMD's status is passed through as it is: a CMD exiting 2, 3, 4, 75, 76 or 127
+cannot be told from fencegate run's own by the status alone (fencegate run
+then says why on stderr, which CMD shares). Wrap CMD to keep its statuses
+apart if that matters: -- sh -c './job; s=$?; case $s in 2|3|4|75|76|127|130)
+exit 100;; esac; exit $s'`
 
 func newRunCmd(c *cli) *cobra.Command {
 	var o runOptions
@@ -156,7 +168,15 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 	signal.Ignore(syscall.SIGTSTP)
 
 	sess, err := c.openSession(ctx, client, o)
+	var pe *leaseapi.ProblemError
 	switch {
+	case errors.As(err, &pe) && !pe.FromAPI():
+		return c.apiFailure(err) // not the lease API's answer: exit 4
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		// The API took the connection and did not answer within the wait
+		// plus acquireGrace: not acquired, because the API is unusable.
+		fmt.Fprintf(c.stderr, "fencegate run: the lease API at %s did not answer the acquisition within --wait plus %v; not acquired (had the API taken it, the lease expires after its TTL): %v\n", base, acquireGrace, err)
+		return withExit(exitUnavailable, nil)
 	case errors.Is(err, fencing.ErrLeaseHeld):
 		_ = c.apiFailure(err) // prints the problem
 		return withExit(exitNotAcquired, nil)
@@ -236,15 +256,21 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 
 // openSession acquires the lease as a session, waiting up to o.wait (or
 // forever) in bounded waits of at most fencing.MaxWait each, as the API
-// allows, while another owner holds it.
+// allows, paced by a leaseapi.AcquireBackoff, while another owner holds
+// it. Each acquisition is bounded by its wait plus acquireGrace: an API
+// that does not answer fails it (context.DeadlineExceeded) near --wait.
 func (c *cli) openSession(ctx context.Context, client *leaseapi.Client, o runOptions) (*leaseapi.Session, error) {
 	deadline := time.Now().Add(o.wait.d)
+	var held leaseapi.AcquireBackoff
 	for {
 		wait := fencing.MaxWait
 		if !o.wait.forever {
 			wait = min(max(time.Until(deadline), 0), fencing.MaxWait)
 		}
-		sess, err := leaseapi.NewSession(ctx, client, o.resource, leaseapi.SessionOptions{
+		// The session outlives actx: it bounds the acquisition only.
+		actx, cancel := context.WithTimeout(ctx, wait+acquireGrace)
+		sent := time.Now()
+		sess, err := leaseapi.NewSession(actx, client, o.resource, leaseapi.SessionOptions{
 			Owner: o.owner, TTL: o.ttl, Wait: wait,
 			// The session's default margin is TTL/10 already; run retries a
 			// failed renewal every TTL/10, as its help says.
@@ -253,8 +279,13 @@ func (c *cli) openSession(ctx context.Context, client *leaseapi.Client, o runOpt
 				fmt.Fprintf(c.stderr, "fencegate run: renewal failed, retrying: %v\n", err)
 			},
 		})
-		if errors.Is(err, fencing.ErrLeaseHeld) && ctx.Err() == nil && (o.wait.forever || time.Until(deadline) > 0) {
-			continue // still held: wait again
+		cancel()
+		var pe *leaseapi.ProblemError
+		if errors.As(err, &pe) && pe.FromAPI() && pe.Code == "lease-held" && ctx.Err() == nil {
+			if pause := held.Pause(err, wait, time.Since(sent)); o.wait.forever || pause < time.Until(deadline) {
+				sleepCtx(ctx, pause)
+				continue // still held: wait again (an interrupted pause ends in the next call)
+			}
 		}
 		return sess, err
 	}

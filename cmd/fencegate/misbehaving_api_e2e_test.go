@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/leaseapi"
+)
+
+// TestWaitPacesAnAPIThatAnswersAtOnce: an API that answers lease-held at
+// once, ignoring wait_seconds, is not hammered through a --wait: lease
+// acquire and run pause at least leaseapi.AcquireRetryFloor between
+// attempts, and end with the refusal (3, 75) within the wait. Both used
+// to retry at once, thousands of times.
+func TestWaitPacesAnAPIThatAnswersAtOnce(t *testing.T) {
+	const wait = 2 * time.Second
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"lease", "acquire", "job:1", "--owner", "me", "--wait", wait.String()}, exitRefused},
+		{[]string{"run", "--resource", "job:1", "--owner", "me", "--wait", wait.String(), "--", "true"}, exitNotAcquired},
+	} {
+		srv, waits := fakeAcquireAPI(t, 1<<30)
+		r := fg(t, []string{"FENCEGATE_API_URL=" + srv.URL}, "", tc.args...)
+		if r.code != tc.want {
+			t.Errorf("%v: exit %d, stderr %q; want %d", tc.args, r.code, r.stderr, tc.want)
+		}
+		// Every pause is at least the floor and no attempt starts after
+		// the wait: no more than this many fit, however slow the machine.
+		if n, most := len(waits()), int(wait/leaseapi.AcquireRetryFloor)+1; n < 2 || n > most {
+			t.Errorf("%v: %d acquisitions in a %v wait; want 2 to %d", tc.args, n, wait, most)
+		}
+	}
+}
+
+// notTheAPI serves h as if it were the lease API at a wrong URL.
+func notTheAPI(t *testing.T, h http.HandlerFunc) []string {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return []string{"FENCEGATE_API_URL=" + srv.URL}
+}
+
+// TestAnswersNotFromTheLeaseAPIExit4: an answer that is not the lease
+// API's, a 404 or 405 page of another server (used to exit 3, refused)
+// or a 200 whose body is not the API's JSON (used to exit 1), exits 4,
+// saying the URL does not look like the lease API. A real refusal by the
+// API (no-checkpoint) still exits 3 (TestLeaseCommands).
+func TestAnswersNotFromTheLeaseAPIExit4(t *testing.T) {
+	cases := map[string]http.HandlerFunc{
+		"404 page": http.NotFound,
+		"405":      func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusMethodNotAllowed) },
+		"another API's JSON 404": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, `{"code":"lease-held","message":"no route"}`)
+		},
+		"200 page": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/html")
+			_, _ = io.WriteString(w, "<html><body>It works!</body></html>")
+		},
+	}
+	for name, h := range cases {
+		env := notTheAPI(t, h)
+		for _, args := range [][]string{
+			{"lease", "status", "job:1"},
+			{"lease", "acquire", "job:1", "--owner", "me", "--output", "token"},
+			{"lease", "list", "--all"},
+			{"run", "--resource", "job:1", "--wait", "0s", "--", "true"},
+		} {
+			r := fg(t, env, "", args...)
+			if r.code != exitUnavailable || !strings.Contains(r.stderr, "lease API") {
+				t.Errorf("%s: %v: exit %d, stderr %q; want 4 naming the lease API", name, args, r.code, r.stderr)
+			}
+		}
+	}
+}
+
+// TestAnEndlessAnswerExits4: a 200 answer larger than any the lease API
+// sends is cut off at leaseapi.MaxAnswerBytes and exits 4.
+func TestAnEndlessAnswerExits4(t *testing.T) {
+	env := notTheAPI(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"resource":"`)
+		chunk := bytes.Repeat([]byte("a"), 64<<10)
+		for {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	r := fg(t, env, "", "lease", "status", "job:1")
+	if r.code != exitUnavailable || !strings.Contains(r.stderr, "larger than") {
+		t.Fatalf("an endless answer: exit %d, stderr %q; want 4 saying it is too large", r.code, r.stderr)
+	}
+}
+
+// silentAPI is a lease API address that accepts connections and never
+// answers on them.
+func silentAPI(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // read nothing, answer nothing
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// TestAcquisitionBoundedByTheWait: against an API that takes the
+// connection and never answers, run and lease acquire with a short --wait
+// give up after the wait plus acquireGrace, exit 4 (not acquired: the API
+// is unusable), instead of waiting out the client's 90 s timeout. The
+// bound asserted is generous; the old behaviour overran fg's minute.
+func TestAcquisitionBoundedByTheWait(t *testing.T) {
+	env := []string{"FENCEGATE_API_URL=" + silentAPI(t)}
+	for _, args := range [][]string{
+		{"run", "--resource", "job:1", "--wait", "0s", "--", "true"},
+		{"lease", "acquire", "job:1", "--owner", "me", "--wait", "1s"},
+	} {
+		start := time.Now()
+		r := fg(t, env, "", args...)
+		took := time.Since(start)
+		if r.code != exitUnavailable {
+			t.Errorf("%v: exit %d after %v, stderr %q; want 4", args, r.code, took, r.stderr)
+		}
+		if took > acquireGrace+15*time.Second {
+			t.Errorf("%v: took %v; want about its --wait plus %v", args, took, acquireGrace)
+		}
+		if args[0] == "run" && !strings.Contains(r.stderr, "did not answer the acquisition") {
+			t.Errorf("%v: stderr %q; want it to say the API did not answer", args, r.stderr)
+		}
+	}
+}
