@@ -20,6 +20,7 @@ import (
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/pgstore"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
+	"github.com/fencegate/fencegate/internal/apitoken"
 )
 
 // Prefix starts every variable fencegate reads.
@@ -291,12 +292,11 @@ func validateAddr(addr string) error {
 
 // ValidateAPIToken refuses a token a client could never send in an
 // Authorization header, such as one with a trailing newline from a secret
-// file. The token itself never appears in the error.
+// file (see apitoken.Valid, which leaseapi.WithToken asks too). The token
+// itself never appears in the error.
 func ValidateAPIToken(tok string) error {
-	for _, r := range tok {
-		if r <= ' ' || r > '~' {
-			return errors.New("the token holds a space, a control character (a trailing newline?) or a non-ASCII character")
-		}
+	if !apitoken.Valid(tok) {
+		return errors.New("the token holds a space, a control character (a trailing newline?) or a non-ASCII character")
 	}
 	return nil
 }

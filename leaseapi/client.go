@@ -19,6 +19,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/internal/apitoken"
 )
 
 // DefaultClientTimeout bounds each call of a Client built without
@@ -91,7 +92,7 @@ func WithTLSConfig(cfg *tls.Config) ClientOption {
 func WithToken(token string) ClientOption {
 	return func(c *Client) {
 		c.token = token
-		if strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r > '~' }) {
+		if !apitoken.Valid(token) {
 			c.setupErr = errors.New("leaseapi: the API token holds a space, a control character (a trailing newline?) or a non-ASCII character: it cannot be sent")
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fencegate/fencegate/config"
+	"github.com/fencegate/fencegate/internal/apitoken"
 	"github.com/fencegate/fencegate/leaseapi/access"
 )
 
@@ -80,12 +81,11 @@ client, the hash to the access file.`,
 }
 
 // checkTokenChars refuses a token no client could send in an
-// Authorization header, as FENCEGATE_API_TOKEN does.
+// Authorization header, by the definition FENCEGATE_API_TOKEN and
+// leaseapi.WithToken use (apitoken.Valid).
 func checkTokenChars(tok string) error {
-	for _, r := range tok {
-		if r <= ' ' || r > '~' {
-			return errors.New("the token holds a space, a control character or a non-ASCII character: no client could send it")
-		}
+	if !apitoken.Valid(tok) {
+		return errors.New("the token holds a space, a control character or a non-ASCII character: no client could send it")
 	}
 	return nil
 }

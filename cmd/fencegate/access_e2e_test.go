@@ -432,6 +432,11 @@ func TestAccessCommands(t *testing.T) {
 	if r := fg(t, nil, "", "access", "hash"); r.code != 2 {
 		t.Fatalf("access hash without a token: exit %d", r.code)
 	}
+	for _, bad := range []string{"two words", "caf\u00e9", "tab\tin"} {
+		if r := fg(t, nil, "", "access", "hash", bad); r.code != 2 || !strings.Contains(r.stderr, "no client could send it") || r.stdout != "" {
+			t.Fatalf("access hash %q: exit %d %q %q", bad, r.code, r.stdout, r.stderr)
+		}
+	}
 	r = fg(t, nil, "", "access", "token")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	if r.code != 0 || len(lines) != 2 || len(lines[0]) < 40 || lines[1] != access.HashToken(lines[0]) {
