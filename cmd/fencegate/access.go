@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -62,21 +63,47 @@ process list and the shell history:
 			_, err := fmt.Fprintln(c.stdout, access.HashToken(tok))
 			return err
 		},
-	}, &cobra.Command{
-		Use:   "token",
+	}, newAccessTokenCmd(c))
+	return cmd
+}
+
+// newAccessTokenCmd is 'fencegate access token': a new random bearer token
+// and its token_sha256, each on a line that names it ("token: …",
+// "token_sha256: …"; the second line can be pasted into the access file as
+// it is), or with --output json both as one JSON object for scripts.
+func newAccessTokenCmd(c *cli) *cobra.Command {
+	output := "text"
+	cmd := &cobra.Command{
+		Use:   "token [--output text|json]",
 		Short: "Make a new random bearer token and print it with its token_sha256",
-		Long: `Make a new random bearer token (256 bits, URL-safe base64) and print it on
-the first line and its token_sha256 on the second: give the token to the
-client, the hash to the access file.`,
+		Long: `Make a new random bearer token (256 bits, URL-safe base64) and print it
+with its token_sha256, each on a line that says what it is:
+
+  token: <the token: give it to the client, as FENCEGATE_API_TOKEN or Authorization: Bearer>
+  token_sha256: <its hash: this line goes into the client's entry in the access file>
+
+With --output json, one JSON object for scripts:
+
+  {"token":"...","token_sha256":"..."}`,
 		Args: cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "text" && output != "json" {
+				return usageError(cmd, "--output %q: want text or json", output)
+			}
 			b := make([]byte, 32)
 			_, _ = rand.Read(b) // never fails (crypto/rand)
 			tok := base64.RawURLEncoding.EncodeToString(b)
-			_, err := fmt.Fprintf(c.stdout, "%s\n%s\n", tok, access.HashToken(tok))
+			if output == "json" {
+				return json.NewEncoder(c.stdout).Encode(struct {
+					Token       string `json:"token"`
+					TokenSHA256 string `json:"token_sha256"`
+				}{tok, access.HashToken(tok)})
+			}
+			_, err := fmt.Fprintf(c.stdout, "token: %s\ntoken_sha256: %s\n", tok, access.HashToken(tok))
 			return err
 		},
-	})
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text: a labelled line for each value; json: one JSON object")
 	return cmd
 }
 

@@ -437,10 +437,28 @@ func TestAccessCommands(t *testing.T) {
 			t.Fatalf("access hash %q: exit %d %q %q", bad, r.code, r.stdout, r.stderr)
 		}
 	}
+	// access token labels each value; the token_sha256 line is the access
+	// file's own key, so it can be pasted as it is.
 	r = fg(t, nil, "", "access", "token")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if r.code != 0 || len(lines) != 2 || len(lines[0]) < 40 || lines[1] != access.HashToken(lines[0]) {
+	if r.code != 0 || len(lines) != 2 {
 		t.Fatalf("access token: %d %q", r.code, r.stdout)
+	}
+	tok, okTok := strings.CutPrefix(lines[0], "token: ")
+	sum, okSum := strings.CutPrefix(lines[1], "token_sha256: ")
+	if !okTok || !okSum || len(tok) < 40 || sum != access.HashToken(tok) {
+		t.Fatalf("access token: want labelled lines token: and token_sha256:, got %q", r.stdout)
+	}
+	r = fg(t, nil, "", "access", "token", "--output", "json")
+	var got struct {
+		Token       string `json:"token"`
+		TokenSHA256 string `json:"token_sha256"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); r.code != 0 || err != nil || len(got.Token) < 40 || got.TokenSHA256 != access.HashToken(got.Token) || got.Token == tok {
+		t.Fatalf("access token --output json: %d %q %v", r.code, r.stdout, err)
+	}
+	if r := fg(t, nil, "", "access", "token", "--output", "yaml"); r.code != 2 || r.stdout != "" {
+		t.Fatalf("access token --output yaml: exit %d %q", r.code, r.stdout)
 	}
 
 	dir := t.TempDir()
