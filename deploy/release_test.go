@@ -6,9 +6,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -16,9 +18,10 @@ import (
 )
 
 // TestReleaseScript runs scripts/release.sh for this machine's platform
-// and checks what a user gets: an archive with the binary, LICENSE and
-// README.md, a SHA256SUMS that matches it, and a binary stamped with the
-// version that runs.
+// and checks what a user gets: an archive with the binary, LICENSE,
+// README.md and the docs/ pages, in which every relative link resolves
+// inside the archive, a SHA256SUMS that matches it, and a binary stamped
+// with the version that runs.
 func TestReleaseScript(t *testing.T) {
 	if os.Getenv("FENCEGATE_QUICK") == "1" {
 		t.Skip("FENCEGATE_QUICK: builds the binary once more")
@@ -50,7 +53,7 @@ func TestReleaseScript(t *testing.T) {
 	}
 	tr := tar.NewReader(zr)
 	var files []string
-	bin := filepath.Join(t.TempDir(), "fencegate")
+	unpacked := t.TempDir()
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -60,27 +63,76 @@ func TestReleaseScript(t *testing.T) {
 			t.Fatal(err)
 		}
 		files = append(files, h.Name)
-		if h.Name == name+"/fencegate" {
-			f, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := io.Copy(f, tr); err != nil {
-				t.Fatal(err)
-			}
-			f.Close()
+		if h.Typeflag != tar.TypeReg || !strings.HasPrefix(h.Name, name+"/") || strings.Contains(h.Name, "..") {
+			continue
 		}
+		path := filepath.Join(unpacked, filepath.FromSlash(h.Name))
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, os.FileMode(h.Mode)&0o755|0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.Copy(f, tr); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
 	}
-	for _, want := range []string{name + "/fencegate", name + "/LICENSE", name + "/README.md"} {
+	for _, want := range []string{name + "/fencegate", name + "/LICENSE", name + "/README.md", name + "/docs/access.md", name + "/docs/tls.md"} {
 		if !slices.Contains(files, want) {
 			t.Errorf("the archive lacks %s: %v", want, files)
 		}
 	}
+	checkArchiveLinks(t, filepath.Join(unpacked, name))
+	bin := filepath.Join(unpacked, name, "fencegate")
 	out, err := exec.Command(bin, "version").Output()
 	if err != nil || !strings.Contains(string(out), "v9.8.7-test") {
 		t.Fatalf("the archived binary's version: %q, %v", out, err)
 	}
 	if out, err := exec.Command("bash", "../scripts/release.sh").CombinedOutput(); err == nil {
 		t.Fatalf("release.sh without a version succeeded: %s", out)
+	}
+}
+
+var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// checkArchiveLinks checks that every relative link of every Markdown file
+// under root (an unpacked archive) names a file or directory under root:
+// a reader of the archive's README and docs/ follows no dead link.
+func checkArchiveLinks(t *testing.T, root string) {
+	t.Helper()
+	pages := 0
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".md") {
+			return err
+		}
+		pages++
+		text, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		for _, m := range mdLink.FindAllStringSubmatch(string(text), -1) {
+			target, _, _ := strings.Cut(m[1], "#")
+			if target == "" || strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			abs := filepath.Join(filepath.Dir(path), filepath.FromSlash(target))
+			if !strings.HasPrefix(abs, root+string(filepath.Separator)) {
+				t.Errorf("archive %s: link %q leaves the archive", rel, m[1])
+				continue
+			}
+			if _, err := os.Stat(abs); err != nil {
+				t.Errorf("archive %s: link %q is dead: the archive lacks %s (add it to scripts/release.sh)", rel, m[1], filepath.ToSlash(strings.TrimPrefix(abs, root+string(filepath.Separator))))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pages < 2 {
+		t.Fatalf("the archive holds %d Markdown pages, want the README and docs/", pages)
 	}
 }

@@ -6,8 +6,9 @@
 # For each platform (default: linux/amd64 linux/arm64 darwin/amd64
 # darwin/arm64; RELEASE_PLATFORMS overrides, space-separated), a static,
 # stripped binary built as the Dockerfile builds it (CGO_ENABLED=0,
-# -trimpath, version, commit and date stamped), packed with LICENSE and
-# README.md into DIST/fencegate_VERSION_OS_ARCH.tar.gz; then
+# -trimpath, version, commit and date stamped), packed with LICENSE,
+# README.md, the docs/ pages and the files they link to (see docs below)
+# into DIST/fencegate_VERSION_OS_ARCH.tar.gz; then
 # DIST/SHA256SUMS lists every archive (check with: cd dist && sha256sum -c
 # SHA256SUMS). DIST is dist/ unless RELEASE_DIR says otherwise.
 set -euo pipefail
@@ -32,6 +33,13 @@ if [ -n "$(git status --porcelain 2>/dev/null)" ]; then
 fi
 date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
+# The archive's documentation: README.md, LICENSE, the docs/ pages, and
+# every file they link to (the API description, the example workers), at
+# the same paths as in the repository, so that no link in them is dead.
+# deploy/release_test.go checks every relative link of the archive.
+docs=(README.md LICENSE docs/*.md leaseapi/openapi.json
+	examples/shell examples/python/worker.py examples/go/worker/main.go)
+
 mkdir -p "$dist"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -44,7 +52,7 @@ for p in $platforms; do
 	CGO_ENABLED=0 GOOS="$os" GOARCH="$arch" go build -trimpath \
 		-ldflags "-s -w -X main.version=$version -X main.commit=$commit -X main.date=$date" \
 		-o "$work/$name/fencegate" ./cmd/fencegate
-	cp LICENSE README.md "$work/$name/"
+	tar -cf - "${docs[@]}" | tar -C "$work/$name" -xf -
 	tar -C "$work" --owner=0 --group=0 --numeric-owner -czf "$dist/$name.tar.gz" "$name"
 	archives+=("$name.tar.gz")
 done
