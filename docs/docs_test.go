@@ -1,11 +1,16 @@
 package docs
 
 import (
+	"context"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 	"unicode"
 )
 
@@ -125,6 +130,103 @@ func TestSelfContained(t *testing.T) {
 			if strings.Contains(text, word) {
 				t.Errorf("%s mentions %q, a file outside the repository", page, word)
 			}
+		}
+	}
+}
+
+// shellBlocks returns the ```sh blocks of the section of page whose heading
+// starts with heading, up to the next heading of the same level.
+func shellBlocks(t *testing.T, page, heading string) []string {
+	t.Helper()
+	_, section, ok := strings.Cut(read(t, page), "\n"+heading)
+	if !ok {
+		t.Fatalf("%s has no section %q", page, heading)
+	}
+	level := heading[:strings.IndexByte(heading, ' ')+1]
+	section, _, _ = strings.Cut(section, "\n"+level)
+	var blocks []string
+	for rest := section; ; {
+		_, after, ok := strings.Cut(rest, "```sh\n")
+		if !ok {
+			return blocks
+		}
+		block, tail, _ := strings.Cut(after, "```\n")
+		blocks = append(blocks, block)
+		rest = tail
+	}
+}
+
+// TestTLSRecipe runs tls.md's test certificate recipe as written: its two
+// shell blocks in one bash -e, in a temporary directory, with a fencegate
+// built from this checkout on the PATH; only the port changes, to a free
+// one. openssl makes the certificates; curl and the CLI must reach the
+// lease API over HTTPS with the client certificate (the access file knows
+// the client by its URI SAN) and be refused without it.
+func TestTLSRecipe(t *testing.T) {
+	for _, tool := range []string{"bash", "openssl", "curl", "go"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (scripts/test.sh installs it)", tool)
+		}
+	}
+	blocks := shellBlocks(t, "tls.md", "## Test certificates with openssl")
+	if len(blocks) != 2 {
+		t.Fatalf("the recipe has %d shell blocks, want 2", len(blocks))
+	}
+	script := strings.Join(blocks, "\n")
+	if !strings.Contains(script, ":7443") {
+		t.Fatalf("the recipe does not use port 7443:\n%s", script)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close()
+	script = strings.ReplaceAll(script, ":7443", ":"+port)
+
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "fencegate"), "../cmd/fencegate").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	work := filepath.Join(dir, "work")
+	if err := os.Mkdir(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-e", "-c", script)
+	cmd.Dir = work
+	env := []string{"PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH")}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "FENCEGATE_") && !strings.HasPrefix(kv, "PATH=") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = env
+	// Its own process group, ended at cleanup: a failing line would leave
+	// the background fencegate running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
+	t.Cleanup(func() {
+		if cmd.Process != nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		}
+	})
+	out, err := cmd.CombinedOutput()
+	text := string(out)
+	if err != nil {
+		log, _ := os.ReadFile(filepath.Join(work, "tls.log"))
+		t.Fatalf("the recipe failed: %v\n%s\nfencegate's log:\n%s", err, text, log)
+	}
+	for _, want := range []string{
+		`{"resource":"job:1","owner":"worker-a","token":`, // curl with the client certificate
+		"refused, curl exit",                              // curl without one
+		`"lease":{"resource":"job:1","owner":"worker-a"`,  // the CLI's status over mutual TLS
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the recipe's output lacks %s:\n%s", want, text)
 		}
 	}
 }

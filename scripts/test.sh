@@ -32,11 +32,12 @@
 #     compiles every service-discovery SDK of Prometheus, far heavier), so
 #     the package is installed without starting its server (policy-rc.d);
 #   - curl, zsh and fish: the shell worker example and the completion scripts;
+#   - openssl: docs/tls.md's test certificate recipe (docs' TestTLSRecipe);
 #   - python3: the Python worker example;
 #   - a C compiler, as -race needs cgo.
 # With FENCEGATE_REQUIRE_VALKEY, _POSTGRES, _NGINX and _PROMTOOL set to 1
 # (here, in full mode) tests fail instead of skipping when these are missing;
-# a missing curl, zsh, fish or python3 stops full mode before any test.
+# a missing curl, zsh, fish, python3 or openssl stops full mode before any test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -91,6 +92,8 @@ if [ "$quick" != 1 ]; then
 	if ! has curl || ! has zsh || ! has fish; then missing+=(curl zsh fish); fi
 	# The examples' tests run a Python worker (standard library only).
 	if ! has python3; then missing+=(python3); fi
+	# docs/tls.md's certificate recipe, run by the docs' tests.
+	if ! has openssl; then missing+=(openssl); fi
 fi
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && has apt-get; then
 	say "installing ${missing[*]} with apt-get"
@@ -141,10 +144,10 @@ else
 		echo "         install it (e.g. apt-get install nginx) and run again" >&2
 		exit 1
 	fi
-	for bin in curl zsh fish python3; do
+	for bin in curl zsh fish python3 openssl; do
 		if ! has "$bin"; then
-			echo "test.sh: the CLI and example end-to-end tests need $bin and it could not be installed;" >&2
-			echo "         install it (e.g. apt-get install curl zsh fish python3) and run again" >&2
+			echo "test.sh: the CLI, example and docs end-to-end tests need $bin and it could not be installed;" >&2
+			echo "         install it (e.g. apt-get install curl zsh fish python3 openssl) and run again" >&2
 			exit 1
 		fi
 	done
