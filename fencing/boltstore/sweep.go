@@ -158,13 +158,25 @@ func (s *Store) sweepRemove(ctx context.Context, keys [][]byte) (int, error) {
 		if removed == 0 {
 			return false, nil
 		}
-		if top > fencing.Token(s.swept.Load()) {
-			// Fresh records must start above what went: counting from one,
-			// and on the clock too, which may be behind tokens a removed
-			// record issued (stepped back further than the retention).
-			if err := tx.Bucket(bucketMeta).Put(keySwept, binary.BigEndian.AppendUint64(nil, uint64(top))); err != nil {
+		// Fresh records must start above what went: counting from one, and
+		// on the clock too, which may be behind tokens a removed record
+		// issued (stepped back further than the retention). The file's
+		// mark is compared, not the one in memory: that one may have been
+		// raised by a run of this call (or an earlier sweep) whose
+		// transaction did not commit, and the removal committed now must
+		// still carry the mark to the file, or a restart would start
+		// fresh records below tokens it issued.
+		meta := tx.Bucket(bucketMeta)
+		var onFile fencing.Token
+		if v := meta.Get(keySwept); len(v) == 8 {
+			onFile = fencing.Token(binary.BigEndian.Uint64(v))
+		}
+		if top > onFile {
+			if err := meta.Put(keySwept, binary.BigEndian.AppendUint64(nil, uint64(top))); err != nil {
 				return false, err
 			}
+		}
+		if top > fencing.Token(s.swept.Load()) {
 			// Raised before the commit: an acquisition that follows it,
 			// in this transaction or a later one, must see it, and one
 			// that fails leaves it only higher.

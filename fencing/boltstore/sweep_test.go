@@ -23,10 +23,11 @@ var sweepRecords = flag.Int("sweep.records", 100_000, "idle records BenchmarkSwe
 // idle records, then for a while after it, on a real file. It reports the
 // rates, the ratio of the first two (slowdown: how many times fewer
 // acquisitions a second during the sweep) and the sweep's duration. The
-// rate after the sweep shows what the removal left behind (bbolt's free
-// list, written on every commit, holds the freed pages until new records
-// reuse them). Run it with -benchtime=1x; each iteration builds its own
-// file.
+// rate after the sweep shows what the removal left behind (the freed
+// pages, which new records reuse; their list is not written on each commit
+// but rebuilt at open, NoFreelistSync: with it written, every commit after
+// a large sweep wrote all of it). Run it with -benchtime=1x; each
+// iteration builds its own file.
 func BenchmarkSweepContention(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
