@@ -216,9 +216,9 @@ func (l *leaver) retry() {
 	}
 }
 
-// round retries the waiting removals until one fails with a store fault.
-// It drops those whose lifetime has passed. It reports whether no retry
-// failed, and how many it removed.
+// round retries the waiting removals until one fails with a store fault,
+// which goes to the back of the queue. It drops those whose lifetime has
+// passed. It reports whether no retry failed, and how many it removed.
 func (l *leaver) round() (ok bool, removed int) {
 	for {
 		l.mu.Lock()
@@ -249,6 +249,14 @@ func (l *leaver) round() (ok bool, removed int) {
 		}
 		l.retries.Add(context.Background(), 1, metric.WithAttributes(attrOutcome.String(outcome)))
 		if err != nil && fencing.IsStoreFault(err) {
+			// To the back of the queue: the next round starts with the
+			// next removal, which may be on a part of the store that is
+			// back (another shard of a cluster), rather than with this one.
+			l.mu.Lock()
+			if len(l.pending) > 1 {
+				l.pending = append(l.pending[1:], p)
+			}
+			l.mu.Unlock()
 			return false, removed
 		}
 		l.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -313,5 +314,56 @@ func (p *cutProxy) accept() {
 		}
 		p.wg.Go(func() { pipe(server, client) })
 		p.wg.Go(func() { pipe(client, server) })
+	}
+}
+
+// scriptedLeaves is a shared barrier whose Leave fails with a store fault
+// for the entries in stuck, always, and for the others the first time
+// only; it records the entries it removed.
+type scriptedLeaves struct {
+	fencing.SharedBarrier // only Leave is called
+	stuck                 map[string]bool
+
+	mu      sync.Mutex
+	tried   map[string]int
+	removed chan string
+}
+
+func (s *scriptedLeaves) Leave(_ context.Context, e fencing.BarrierEntry) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tried[e.ID]++
+	if s.stuck[e.ID] || s.tried[e.ID] == 1 {
+		return fmt.Errorf("%w: scripted fault", fencing.ErrUnavailable)
+	}
+	s.removed <- e.ID
+	return nil
+}
+
+// TestSharedBarrierLeaveRetriesPassAStuckOne: a removal that keeps failing
+// (its part of the store still down) does not hold back the retries of
+// removals queued behind it, which may be on a part that is back.
+func TestSharedBarrierLeaveRetriesPassAStuckOne(t *testing.T) {
+	sb := &scriptedLeaves{stuck: map[string]bool{"stuck": true}, tried: map[string]int{}, removed: make(chan string, 4)}
+	l, err := newLeaver(sb, slog.New(slog.DiscardHandler), sdkmetric.NewMeterProvider().Meter("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.close()
+	until := time.Now().Add(time.Hour)
+	l.leave(fencing.BarrierEntry{Resource: "a", ID: "stuck"}, until)
+	waitFor(t, "the stuck removal queued", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.pending) == 1
+	})
+	l.leave(fencing.BarrierEntry{Resource: "b", ID: "behind"}, until)
+	select {
+	case id := <-sb.removed:
+		if id != "behind" {
+			t.Fatalf("removed %q", id)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the removal queued behind a stuck one was never retried")
 	}
 }
