@@ -99,7 +99,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if gateURL == "" {
 		gateURL = "http://127.0.0.1:8080"
 	}
-	gate := fs.String("gate", gateURL, "write gate base URL (default $GATE_URL, else http://127.0.0.1:8080)")
+	gate := fs.String("gate", gateURL, "write gate base URL ($GATE_URL when set)")
 	resource := fs.String("resource", "job:demo", "resource to lead")
 	path := fs.String("path", "/jobs/{id}", "path of the writes; {id} is the resource after its first ':'")
 	owner := fs.String("owner", leaseapi.DefaultOwner(), "owner name")
