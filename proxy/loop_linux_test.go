@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"runtime"
@@ -983,4 +984,80 @@ func TestLoopsAnswerABareLFHeadAtOnce(t *testing.T) {
 		t.Fatalf("no answer: %v", err)
 	}
 	wantRawProblem(t, resp, http.StatusBadGateway, "upstream-unavailable")
+}
+
+// TestLoopsReuseTheUpstreamConnectionUsedLast: after a burst opened
+// several upstream connections, one client's requests in turn all go over
+// one of them (the one used last, as nginx's keepalive and net/http pick),
+// not round the whole pool: at low load the connection in use stays warm,
+// and the surplus goes idle and is closed after upstreamIdle. Judged from
+// the upstream's record of the connection each request came on.
+func TestLoopsReuseTheUpstreamConnectionUsedLast(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		conns []string // the upstream connection (peer address) of each request
+	)
+	hold := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		conns = append(conns, r.RemoteAddr)
+		mu.Unlock()
+		if r.URL.Path == "/hold" {
+			<-hold
+		}
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	rules, _ := ParseRules(testRules)
+	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{}), Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := serveGate(t, g)
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+
+	// A burst: burst reads held at the upstream at once, each on a client
+	// connection and an upstream connection of its own.
+	burst := 4 * loopCount(runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for range burst {
+		wg.Go(func() {
+			c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+			resp, err := c.Get(gs.URL + "/hold")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+		})
+	}
+	waitFor(t, "the burst to reach the upstream", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns) == burst
+	})
+	close(hold)
+	wg.Wait()
+
+	mu.Lock()
+	conns = nil
+	mu.Unlock()
+	c := &http.Client{Transport: &http.Transport{}}
+	for range 12 {
+		resp, err := c.Get(gs.URL + "/one")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	used := map[string]bool{}
+	for _, a := range conns {
+		used[a] = true
+	}
+	if len(conns) != 12 || len(used) != 1 {
+		t.Fatalf("12 requests in turn reached the upstream as %d requests over %d connections, want one connection: %v", len(conns), len(used), conns)
+	}
 }

@@ -65,10 +65,16 @@ func (p *upstreamPool) drop(u *upConn) {
 // place in the queue when UpstreamConns are all busy.
 func (p *upstreamPool) get(c *loopConn) {
 	l := p.l
-	if len(p.idle) > 0 {
-		// The one idle longest: requests spread over the connections,
-		// and so over an upstream's workers.
-		u := popFront(&p.idle)
+	if n := len(p.idle); n > 0 {
+		// The one used last, as nginx's upstream keepalive and net/http
+		// take theirs: at low load the same few connections (warm in the
+		// kernel, at a worker of the upstream that is awake) carry the
+		// requests, and the surplus left by a burst goes idle and is
+		// closed after upstreamIdle by sweep, which closes the longest
+		// idle first.
+		u := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
 		u.attach(c)
 		return
 	}
