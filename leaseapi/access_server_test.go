@@ -30,13 +30,20 @@ var accessDoc = fmt.Sprintf(`clients:
     allow: [{prefix: "", ops: [read]}]
 `, access.HashToken("tok-a"), access.HashToken("tok-b"), access.HashToken("tok-r"))
 
-func newAccessEnv(t *testing.T) *env {
+// newAccessEnv serves the API with accessDoc, and with each of more
+// applied to its options.
+func newAccessEnv(t *testing.T, more ...func(*leaseapi.Options)) *env {
 	t.Helper()
 	p, err := access.Parse([]byte(accessDoc))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newEnv(t, storeKinds[0], func(o *leaseapi.Options) { o.Access = access.Static(p) })
+	return newEnv(t, storeKinds[0], func(o *leaseapi.Options) {
+		o.Access = access.Static(p)
+		for _, f := range more {
+			f(o)
+		}
+	})
 }
 
 func bearerOf(tok string) []string { return []string{"Authorization", "Bearer " + tok} }
@@ -162,13 +169,8 @@ func TestAccessUnknownCredentialsAndRateLimit(t *testing.T) {
 
 // The access log names the access file's client of each call.
 func TestAccessLogNamesTheClient(t *testing.T) {
-	p, err := access.Parse([]byte(accessDoc))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs syncBuf
-	e := newEnv(t, storeKinds[0], func(o *leaseapi.Options) {
-		o.Access = access.Static(p)
+	e := newAccessEnv(t, func(o *leaseapi.Options) {
 		o.AccessLog = true
 		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	})
@@ -189,15 +191,8 @@ func TestAccessLogNamesTheClient(t *testing.T) {
 // A flood of refused calls logs at most RefusalLinesPerSecond refusal
 // lines a second, while every call is still answered as refused.
 func TestRefusalLinesBounded(t *testing.T) {
-	p, err := access.Parse([]byte(accessDoc))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs syncBuf
-	e := newEnv(t, storeKinds[0], func(o *leaseapi.Options) {
-		o.Access = access.Static(p)
-		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
-	})
+	e := newAccessEnv(t, func(o *leaseapi.Options) { o.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
 	const calls = 5 * leaseapi.RefusalLinesPerSecond
 	first := time.Now().Unix()
 	for i := range calls {
