@@ -126,7 +126,8 @@ func refusal(status int, code, detail string) Decision {
 //  5. The first rule matching the method and path decides: deny (403
 //     write-denied), pass, or fence on the rule's resource. No rule: the
 //     Fencing-Resource header names the resource if ResourceHeader is on,
-//     otherwise 400 resource-required.
+//     otherwise 400 resource-required (a write without a token is refused
+//     428 token-required before that: the token is looked at first).
 //  6. A Destination header is judged the same way (same method, its own
 //     path, canonical, on this host): deny refuses the write, fence adds
 //     a second target, pass adds none, and no rule refuses (the resource

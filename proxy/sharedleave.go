@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -72,8 +73,10 @@ type leaver struct {
 	mu      sync.Mutex
 	closed  bool
 	running bool           // the retry worker runs
-	pending []pendingLeave // removals waiting for a retry, oldest first
+	pending []pendingLeave // removals waiting for a retry, in the order they are tried
 	full    bool           // a removal was abandoned as queue-full since the queue last emptied
+
+	rounds atomic.Int64 // retry rounds run, for tests and the log
 }
 
 // pendingLeave is a removal waiting for a retry.
@@ -171,11 +174,11 @@ func (l *leaver) abandon(reason string, n int) {
 	}
 }
 
-// retry is the retry worker: it retries the waiting removals, oldest
-// first, one at a time. A failure ends the round (the store is still
-// unreachable: the other removals would fail too) and doubles the backoff;
-// a success resets it. It returns when no removal waits, or when the gate
-// stops (the removals still waiting are abandoned).
+// retry is the retry worker: it retries the waiting removals in rounds
+// (round), one at a time. A round without a success and with a store fault
+// doubles the backoff; any success resets it. It returns when no removal
+// waits, or when the gate stops (the removals still waiting are
+// abandoned).
 func (l *leaver) retry() {
 	defer l.wg.Done()
 	delay := leaveRetryMin
@@ -216,26 +219,39 @@ func (l *leaver) retry() {
 	}
 }
 
-// round retries the waiting removals until one fails with a store fault,
-// which goes to the back of the queue. It drops those whose lifetime has
-// passed. It reports whether no retry failed, and how many it removed.
+// leaveFaultsPerRound ends a retry round after this many store faults in
+// a row: with the whole store down a round costs a few attempts, not one
+// per waiting removal, while removals on a part of the store that is back
+// (another shard of a cluster) behind stuck ones are still reached within
+// a few rounds.
+const leaveFaultsPerRound = 8
+
+// round tries each removal waiting at its start once, oldest first: one
+// that fails with a store fault goes to the back of the queue, and the
+// round ends after leaveFaultsPerRound faults in a row. It drops those
+// whose lifetime has passed. It reports whether a retry succeeded or none
+// failed (the backoff starts again) and how many it removed.
 func (l *leaver) round() (ok bool, removed int) {
-	for {
+	l.rounds.Add(1)
+	l.mu.Lock()
+	left := len(l.pending)
+	l.mu.Unlock()
+	faults, failed := 0, false
+	for ; left > 0 && faults < leaveFaultsPerRound; left-- {
 		l.mu.Lock()
-		expired := 0
-		for len(l.pending) > 0 && !time.Now().Before(l.pending[0].until) {
-			l.pending = l.pending[1:]
-			expired++
-		}
 		if len(l.pending) == 0 {
 			l.pending = nil
 			l.mu.Unlock()
-			l.abandon("expired", expired)
-			return true, removed
+			break
 		}
 		p := l.pending[0]
+		if !time.Now().Before(p.until) {
+			l.pending = l.pending[1:] // only the worker removes from the front
+			l.mu.Unlock()
+			l.abandon("expired", 1)
+			continue
+		}
 		l.mu.Unlock()
-		l.abandon("expired", expired)
 
 		ctx, cancel := context.WithTimeout(l.stop, leaveTimeout)
 		err := l.sb.Leave(ctx, p.e)
@@ -248,20 +264,19 @@ func (l *leaver) round() (ok bool, removed int) {
 			outcome = "failed"
 		}
 		l.retries.Add(context.Background(), 1, metric.WithAttributes(attrOutcome.String(outcome)))
-		if err != nil && fencing.IsStoreFault(err) {
-			// To the back of the queue: the next round starts with the
-			// next removal, which may be on a part of the store that is
-			// back (another shard of a cluster), rather than with this one.
-			l.mu.Lock()
-			if len(l.pending) > 1 {
-				l.pending = append(l.pending[1:], p)
-			}
-			l.mu.Unlock()
-			return false, removed
-		}
 		l.mu.Lock()
-		l.pending = l.pending[1:] // only the worker removes from the front
+		l.pending = l.pending[1:]
+		if err != nil && fencing.IsStoreFault(err) {
+			// To the back: the next attempt is for the next removal, which
+			// may be on a part of the store that is back.
+			l.pending = append(l.pending, p)
+			l.mu.Unlock()
+			faults++
+			failed = true
+			continue
+		}
 		l.mu.Unlock()
+		faults = 0
 		if err != nil {
 			l.log.Warn("shared barrier: the store refused to remove an entry; it stays until its deadline",
 				slog.String("resource", p.e.Resource), slog.String("entry", p.e.ID), slog.Any("error", err))
@@ -270,6 +285,7 @@ func (l *leaver) round() (ok bool, removed int) {
 		}
 		removed++
 	}
+	return removed > 0 || !failed, removed
 }
 
 // close stops the retries and waits for every goroutine the leaver

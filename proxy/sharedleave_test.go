@@ -319,14 +319,16 @@ func (p *cutProxy) accept() {
 
 // scriptedLeaves is a shared barrier whose Leave fails with a store fault
 // for the entries in stuck, always, and for the others the first time
-// only; it records the entries it removed.
+// only; it sends the entries it removed on removed, with the retry round
+// of l it was removed in.
 type scriptedLeaves struct {
 	fencing.SharedBarrier // only Leave is called
 	stuck                 map[string]bool
+	l                     *leaver
 
 	mu      sync.Mutex
 	tried   map[string]int
-	removed chan string
+	removed chan [2]any // entry ID, round
 }
 
 func (s *scriptedLeaves) Leave(_ context.Context, e fencing.BarrierEntry) error {
@@ -336,34 +338,50 @@ func (s *scriptedLeaves) Leave(_ context.Context, e fencing.BarrierEntry) error 
 	if s.stuck[e.ID] || s.tried[e.ID] == 1 {
 		return fmt.Errorf("%w: scripted fault", fencing.ErrUnavailable)
 	}
-	s.removed <- e.ID
+	s.removed <- [2]any{e.ID, s.l.rounds.Load()}
 	return nil
 }
 
-// TestSharedBarrierLeaveRetriesPassAStuckOne: a removal that keeps failing
-// (its part of the store still down) does not hold back the retries of
-// removals queued behind it, which may be on a part that is back.
-func TestSharedBarrierLeaveRetriesPassAStuckOne(t *testing.T) {
-	sb := &scriptedLeaves{stuck: map[string]bool{"stuck": true}, tried: map[string]int{}, removed: make(chan string, 4)}
+// TestSharedBarrierLeaveRetriesPassStuckOnes: removals that keep failing
+// (their part of the store still down) do not hold back the retries of a
+// removal queued behind them, which may be on a part that is back: with
+// more stuck ones ahead than a round tries, it is removed in the second
+// round, not after one round per stuck removal.
+func TestSharedBarrierLeaveRetriesPassStuckOnes(t *testing.T) {
+	stuck := leaveFaultsPerRound + 2
+	sb := &scriptedLeaves{stuck: map[string]bool{}, tried: map[string]int{}, removed: make(chan [2]any, 4)}
 	l, err := newLeaver(sb, slog.New(slog.DiscardHandler), sdkmetric.NewMeterProvider().Meter("test"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	sb.l = l
 	defer l.close()
 	until := time.Now().Add(time.Hour)
-	l.leave(fencing.BarrierEntry{Resource: "a", ID: "stuck"}, until)
-	waitFor(t, "the stuck removal queued", func() bool {
+	for i := range stuck {
+		id := fmt.Sprintf("stuck-%d", i)
+		sb.stuck[id] = true
+		l.leave(fencing.BarrierEntry{Resource: "a", ID: id}, until)
+		waitFor(t, "the stuck removal queued", func() bool {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			return len(l.pending) == i+1
+		})
+	}
+	l.leave(fencing.BarrierEntry{Resource: "b", ID: "behind"}, until)
+	waitFor(t, "the removal behind them queued", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		return len(l.pending) == 1
+		return len(l.pending) == stuck+1
 	})
-	l.leave(fencing.BarrierEntry{Resource: "b", ID: "behind"}, until)
+	// A round under way now may have started without it; the next one
+	// tries leaveFaultsPerRound of those ahead of it, the one after it.
+	queued := l.rounds.Load()
 	select {
-	case id := <-sb.removed:
-		if id != "behind" {
-			t.Fatalf("removed %q", id)
+	case got := <-sb.removed:
+		if got[0] != "behind" || got[1].(int64) > queued+2 {
+			t.Fatalf("removed %v in round %v; want behind, by round %d (queued during round %d)", got[0], got[1], queued+2, queued)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the removal queued behind a stuck one was never retried")
+	case <-time.After(60 * time.Second):
+		t.Fatal("the removal queued behind stuck ones was never retried")
 	}
 }
