@@ -120,9 +120,7 @@ func (l *leaver) leave(e fencing.BarrierEntry, until time.Time) {
 			return
 		}
 		if !fencing.IsStoreFault(err) {
-			l.log.Warn("shared barrier: the store refused to remove an entry; it stays until its deadline",
-				slog.String("resource", e.Resource), slog.String("entry", e.ID), slog.Any("error", err))
-			l.abandon("refused", 1)
+			l.refused(e, err)
 			return
 		}
 		l.queue(pendingLeave{e: e, until: until}, err)
@@ -165,6 +163,14 @@ func (l *leaver) queue(p pendingLeave, err error) {
 			slog.String("resource", p.e.Resource), slog.String("entry", p.e.ID), slog.Any("error", err))
 		go l.retry()
 	}
+}
+
+// refused logs and counts a removal the store refused without a fault: a
+// retry would be refused too.
+func (l *leaver) refused(e fencing.BarrierEntry, err error) {
+	l.log.Warn("shared barrier: the store refused to remove an entry; it stays until its deadline",
+		slog.String("resource", e.Resource), slog.String("entry", e.ID), slog.Any("error", err))
+	l.abandon("refused", 1)
 }
 
 // abandon counts n removals given up for reason.
@@ -278,9 +284,7 @@ func (l *leaver) round() (ok bool, removed int) {
 		l.mu.Unlock()
 		faults = 0
 		if err != nil {
-			l.log.Warn("shared barrier: the store refused to remove an entry; it stays until its deadline",
-				slog.String("resource", p.e.Resource), slog.String("entry", p.e.ID), slog.Any("error", err))
-			l.abandon("refused", 1)
+			l.refused(p.e, err)
 			continue
 		}
 		removed++

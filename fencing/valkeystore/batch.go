@@ -127,7 +127,8 @@ func (b *batch) runScripts(ctx context.Context, calls []batchCall) {
 		if req.RequireLive {
 			live = "1"
 		}
-		cmds[k] = s.client.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(3).Key(s.admitKeys(req.Resource)...).Arg(req.Token.String(), live, "0", s.retention).Build()
+		keys := s.admitKeys(req.Resource)
+		cmds[k] = s.client.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(int64(len(keys))).Key(keys...).Arg(req.Token.String(), live, "0", s.retention).Build()
 	}
 	for k, res := range s.client.DoMulti(ctx, cmds...) {
 		c := calls[k]
