@@ -25,7 +25,13 @@ func TestKillMidStormKeepsLeasesAndMarks(t *testing.T) {
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer upstream.Close()
 	dir := t.TempDir()
-	env := []string{"FENCEGATE_UPSTREAM=" + upstream.URL, "FENCEGATE_AUDIT_LOG=off"}
+	// Writes in flight at a kill leave their barrier holds, which a restart
+	// keeps (TestBarrierHoldsSurviveRestart) and later writes for those
+	// resources wait out: a short upstream timeout and grace keep each
+	// round's storm from waiting the defaults' 30 s (the upstream answers
+	// at once, so no write here times out).
+	env := []string{"FENCEGATE_UPSTREAM=" + upstream.URL, "FENCEGATE_AUDIT_LOG=off",
+		"FENCEGATE_UPSTREAM_TIMEOUT=2s", "FENCEGATE_TIMEOUT_GRACE=1s"}
 
 	var mu sync.Mutex
 	live := map[string]int64{}  // resource -> the lease a worker holds, as granted
