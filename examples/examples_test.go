@@ -1,6 +1,7 @@
 // Package examples_test runs the example workers (examples/python and
 // examples/go) against the real fencegate binary and the demo upstream,
-// including a lease lost mid-run.
+// including a lease lost mid-run, and the commands of the README's quick
+// start and of every example's README as written.
 package examples_test
 
 import (
@@ -505,17 +506,11 @@ func TestREADMEUsesOneGate(t *testing.T) {
 }
 
 // TestREADMEQuickStart runs the README's quick start as written: its two
-// shell blocks, one after the other, in one bash with -e, from a copy of
-// the checkout (links to its files). Only the addresses change, to free
-// ports: the service's and the gate's in the text, the lease API's through
-// FENCEGATE_API_ADDR and FENCEGATE_API_URL. It checks the zombie write is
-// refused, the successor's write stays, and every worker exits 0.
+// shell blocks, one after the other (runREADMEScript). It checks the
+// zombie write is refused, the successor's write stays, and every worker
+// exits 0.
 func TestREADMEQuickStart(t *testing.T) {
-	for _, tool := range []string{"bash", "curl", "python3", "go"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed (scripts/test.sh installs it)", tool)
-		}
-	}
+	needTools(t, "bash", "curl", "python3", "go")
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -525,36 +520,127 @@ func TestREADMEQuickStart(t *testing.T) {
 		t.Fatal("README.md has no Quick start section")
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
+	blocks := shellBlocks(section)
+	if len(blocks) != 2 {
+		t.Fatalf("the quick start has %d shell blocks, want 2", len(blocks))
+	}
+	text := runREADMEScript(t, strings.Join(blocks, "\n"))
+	for _, want := range []string{
+		`"code":"stale-token"`,       // the zombie's write, refused
+		`"body":{"step":1,"by":"b"}`, // the successor's write stays
+		`{"released":true}`,          // worker-b's release
+		`"event": "done"`,            // the Python worker finished
+		`"event":"done"`,             // the Go worker finished
+		`"path":"/jobs/42"`,          // the shell worker wrote
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the quick start's output lacks %s:\n%s", want, text)
+		}
+	}
+}
+
+// TestExampleREADMEs runs each example's README as written: all its shell
+// blocks, in order, in one script (runREADMEScript), and checks the output
+// each README promises: the worker's run to the end, and for Python and Go
+// a paused worker that loses its lease and whose token the gate refuses.
+func TestExampleREADMEs(t *testing.T) {
+	needTools(t, "bash", "curl", "python3", "go")
+	for _, tc := range []struct {
+		dir    string
+		blocks int
+		want   []string
+	}{
+		{"shell", 2, []string{
+			`resuming after step 0`,                    // the worker started under fencegate run
+			`done after step 5`,                        // and finished
+			`"path":"/jobs/42","body":{"step":5,"by":`, // the service holds the last step
+		}},
+		{"python", 3, []string{
+			`"event": "done"`,            // the first worker finished
+			`"released": true`,           // and released
+			`"path":"/jobs/43","body":{`, // the service holds its last step:
+			`"step":4},`,                 // step 4
+			`"by":"py-2"`,                // the successor's write was applied
+			"py-1 exited 76",             // the paused worker found its lease lost
+			`"event": "lost"`,            // and said so
+			`"code":"stale-token"`,       // its token is refused at the gate
+		}},
+		{"go", 3, []string{
+			`"event":"done"`,                  // the first worker finished
+			`"path":"/jobs/44","body":{`,      // the service holds its last step:
+			`"step":4,"token":`,               // step 4
+			`"event":"lead","owner":"b"`,      // b took over
+			`"event":"step-down","owner":"a"`, // a stepped down
+			`"code":"stale-token"`,            // a's token is refused at the gate
+		}},
+	} {
+		t.Run(tc.dir, func(t *testing.T) {
+			readme, err := os.ReadFile(filepath.Join(tc.dir, "README.md"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			blocks := shellBlocks(string(readme))
+			if len(blocks) != tc.blocks {
+				t.Fatalf("examples/%s/README.md has %d shell blocks, want %d", tc.dir, len(blocks), tc.blocks)
+			}
+			text := runREADMEScript(t, strings.Join(blocks, "\n"))
+			for _, want := range tc.want {
+				if !strings.Contains(text, want) {
+					t.Errorf("examples/%s/README.md's output lacks %s:\n%s", tc.dir, want, text)
+				}
+			}
+		})
+	}
+}
+
+func needTools(t *testing.T, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (scripts/test.sh installs it)", tool)
+		}
+	}
+}
+
+// shellBlocks returns the ```sh blocks of a Markdown text, in order.
+func shellBlocks(text string) []string {
 	var blocks []string
-	for rest := section; ; {
+	for rest := text; ; {
 		_, after, ok := strings.Cut(rest, "```sh\n")
 		if !ok {
-			break
+			return blocks
 		}
 		block, tail, _ := strings.Cut(after, "```\n")
 		blocks = append(blocks, block)
 		rest = tail
 	}
-	if len(blocks) != 2 {
-		t.Fatalf("the quick start has %d shell blocks, want 2", len(blocks))
-	}
-	script := strings.Join(blocks, "\n")
+}
+
+// runREADMEScript runs a script of a README's commands as a user would from
+// a fresh clone: in one bash with -e, from a copy of the checkout made of
+// links to its files (so what the script builds and writes lands in a
+// temporary directory). Only the addresses change, to free ports: the
+// service's and the gate's in the text, the lease API's through
+// FENCEGATE_API_ADDR and FENCEGATE_API_URL; GOFLAGS gains -trimpath. The script runs in its own
+// process group, killed at cleanup (it starts servers in the background,
+// which a failing line would leave running), and for at most four minutes.
+// It returns the script's output; a command that fails fails the test.
+func runREADMEScript(t *testing.T, script string) string {
+	t.Helper()
 	up, gate, api := freeAddr(t), freeAddr(t), freeAddr(t)
 	script = strings.ReplaceAll(script, "127.0.0.1:9000", up)
 	script = strings.ReplaceAll(script, "127.0.0.1:8080", gate)
-	if strings.Contains(script, "127.0.0.1:") && regexp.MustCompile(`127\.0\.0\.1:(7070|8080|9000)\b`).MatchString(script) {
+	if regexp.MustCompile(`127\.0\.0\.1:(7070|8080|9000)\b`).MatchString(script) {
 		t.Fatalf("a default port is left in the script:\n%s", script)
 	}
 
-	// A checkout of links, so the script's go build and demo.db land in a
-	// temporary directory.
 	dir := t.TempDir()
 	entries, err := os.ReadDir("..")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		if e.Name() == ".git" || e.Name() == "fencegate" || strings.HasSuffix(e.Name(), ".db") {
+		if e.Name() == ".git" || e.Name() == "fencegate" || e.Name() == "worker" || strings.HasSuffix(e.Name(), ".db") || strings.HasSuffix(e.Name(), ".log") {
 			continue
 		}
 		abs, _ := filepath.Abs(filepath.Join("..", e.Name()))
@@ -564,10 +650,12 @@ func TestREADMEQuickStart(t *testing.T) {
 	}
 	cmd := exec.Command("bash", "-e", "-c", script)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "FENCEGATE_API_ADDR="+api, "FENCEGATE_API_URL=http://"+api, "FENCEGATE_PROXY_ADDR="+gate, "GATE_URL=http://"+gate)
+	// -trimpath keeps the script's go build and go run out of the
+	// temporary directory's path, so the build cache serves every run
+	// (without it, each new directory compiles the module's packages anew).
+	goflags := strings.TrimSpace(os.Getenv("GOFLAGS") + " -trimpath")
+	cmd.Env = append(os.Environ(), "FENCEGATE_API_ADDR="+api, "FENCEGATE_API_URL=http://"+api, "FENCEGATE_PROXY_ADDR="+gate, "GATE_URL=http://"+gate, "GOFLAGS="+goflags)
 	cmd.WaitDelay = 10 * time.Second
-	// Its own process group, ended at cleanup: the script starts servers
-	// in the background, which a failing line would leave running.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	t.Cleanup(func() {
 		if cmd.Process != nil {
@@ -583,26 +671,14 @@ func TestREADMEQuickStart(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(4 * time.Minute):
-		_ = cmd.Process.Kill()
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
-		t.Fatalf("the quick start did not finish:\n%s", out)
+		t.Fatalf("the script did not finish:\n%s\n%s", script, out)
 	}
-	text := string(out)
 	if err != nil {
-		t.Fatalf("the quick start failed: %v\n%s", err, text)
+		t.Fatalf("the script failed: %v\n%s\noutput:\n%s", err, script, out)
 	}
-	for _, want := range []string{
-		`"code":"stale-token"`,       // the zombie's write, refused
-		`"body":{"step":1,"by":"b"}`, // the successor's write stays
-		`{"released":true}`,          // worker-b's release
-		`"event": "done"`,            // the Python worker finished
-		`"event":"done"`,             // the Go worker finished
-		`"path":"/jobs/42"`,          // the shell worker wrote
-	} {
-		if !strings.Contains(text, want) {
-			t.Errorf("the quick start's output lacks %s:\n%s", want, text)
-		}
-	}
+	return string(out)
 }
 
 // freeAddr is a loopback address with a port free a moment ago.
