@@ -14,14 +14,19 @@ import (
 	"unicode"
 )
 
-// pages are the documents the tests check: the README and every docs page.
+// pages are the documents the tests check: the README, every docs page
+// and the examples' READMEs.
 func pages(t *testing.T) []string {
 	t.Helper()
 	md, err := filepath.Glob("*.md")
 	if err != nil || len(md) == 0 {
 		t.Fatalf("no docs pages: %v", err)
 	}
-	return append([]string{"../README.md"}, md...)
+	examples, err := filepath.Glob("../examples/*/README.md")
+	if err != nil || len(examples) == 0 {
+		t.Fatalf("no examples' READMEs: %v", err)
+	}
+	return append(append([]string{"../README.md"}, md...), examples...)
 }
 
 func read(t *testing.T, path string) string {
