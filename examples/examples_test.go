@@ -37,7 +37,9 @@ func TestMain(m *testing.M) {
 	}
 	bin = dir
 	for _, pkg := range []string{"github.com/fencegate/fencegate/cmd/fencegate", "github.com/fencegate/fencegate/examples/go/worker"} {
-		build := exec.Command("go", "build", "-o", dir, pkg)
+		// -trimpath, as runREADMEScript's scripts build: their builds,
+		// running side by side, then find every package in the cache.
+		build := exec.Command("go", "build", "-trimpath", "-o", dir, pkg)
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "building", pkg+":", err)
@@ -510,6 +512,7 @@ func TestREADMEUsesOneGate(t *testing.T) {
 // zombie write is refused, the successor's write stays, and every worker
 // exits 0.
 func TestREADMEQuickStart(t *testing.T) {
+	t.Parallel() // the README scripts mostly wait: on free ports, in their own directories
 	needTools(t, "bash", "curl", "python3", "go")
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -575,6 +578,7 @@ func TestExampleREADMEs(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.dir, func(t *testing.T) {
+			t.Parallel()
 			readme, err := os.ReadFile(filepath.Join(tc.dir, "README.md"))
 			if err != nil {
 				t.Fatal(err)
