@@ -238,10 +238,18 @@ func sumOutcome(t *testing.T, r *sdkmetric.ManualReader, name string, key attrib
 // closes every relayed connection and, until mend, closes each new one at
 // once: the store is unreachable through it, as during a restart or a
 // network fault, while it stays reachable directly.
+//
+// It also counts the round trips made through it (trips): on each relayed
+// connection, a burst of bytes from the client followed by bytes from the
+// store. Requests the client sends together (a pipeline, or several
+// written before the first answer) count once, as does an answer the
+// store sends in several parts; bytes the store sends unasked (a pub/sub
+// message, a notification) count none.
 type cutProxy struct {
 	ln     net.Listener
 	target string
 	down   atomic.Bool
+	trips  atomic.Int64
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -303,8 +311,25 @@ func (p *cutProxy) accept() {
 		p.mu.Lock()
 		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
 		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
+		var asked atomic.Bool // the client sent bytes the store has not answered yet
+		pipe := func(dst, src net.Conn, request bool) {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				if n > 0 {
+					if request {
+						asked.Store(true)
+					} else if asked.Swap(false) {
+						p.trips.Add(1)
+					}
+					if _, werr := dst.Write(buf[:n]); werr != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
 			_ = dst.Close()
 			_ = src.Close()
 			p.mu.Lock()
@@ -312,8 +337,8 @@ func (p *cutProxy) accept() {
 			delete(p.conns, src)
 			p.mu.Unlock()
 		}
-		p.wg.Go(func() { pipe(server, client) })
-		p.wg.Go(func() { pipe(client, server) })
+		p.wg.Go(func() { pipe(server, client, true) })
+		p.wg.Go(func() { pipe(client, server, false) })
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/record"
@@ -19,13 +20,26 @@ import (
 //
 // Entries are rows of the barrier table (resource, token, id, gate,
 // deadline), the deadline being the database's clock_timestamp() plus the
-// hold. AdmitRegister admits and registers in one transaction that holds
-// the resource's row lock: FOR SHARE for an admission at the current mark
-// (admissions of equal tokens do not wait for each other), FOR UPDATE for
-// one that raises it. A raise thus waits for every admission in flight at
-// the old mark to commit its entry, and reads the entries only after that,
-// in a later statement (a new snapshot under READ COMMITTED): a lower entry
-// admitted before the raise is always seen, and one after it is refused.
+// hold. AdmitRegister admits and registers in one batch of statements sent
+// together (one round trip, one implicit transaction, each statement with
+// its own snapshot under READ COMMITTED), most often one batch per write:
+//
+//	[updateIf]  only to raise the mark: the decision taken on the record
+//	            read by the previous batch, written if the row has not
+//	            changed since, under the row's exclusive lock
+//	readShared  the record, under the row's shared lock (admissions at
+//	            the mark do not wait for each other)
+//	register    the entry, only if the record's mark is the token (the
+//	            write is admitted at the mark), and the lower entries
+//
+// A raise thus waits for every admission in flight at the old mark to
+// commit its entry, and reads the entries only after that, in a later
+// statement (a new snapshot): a lower entry admitted before the raise is
+// always seen, and one after it is refused (its register finds the mark
+// above its token). A write whose first batch finds the mark below its
+// token sends a second one with the raise; after attempts batches that
+// each found the record changed, it decides in a transaction holding the
+// exclusive lock.
 //
 // Leave deletes the entry and, in the same statement, announces it with
 // pg_notify on the channel barrierChannel, the payload naming the schema
@@ -44,15 +58,14 @@ const barrierChannel = "fencegate_barrier"
 // when no notification arrives (a variable for tests).
 var barrierRecheck = 250 * time.Millisecond
 
-// errRaise makes AdmitRegister's first try, under the shared row lock, give
-// way to a second under the exclusive one.
-var errRaise = errors.New("pgstore: the admission raises the mark")
-
 // barrierStatements are the barrier's SQL for table b:
 //
-//	register  $1 resource, $2 token, $3 gate, $4 hold ms: inserts the entry,
-//	          deletes the expired lower ones; returns the entry's id and
-//	          check's columns.
+//	register  $1 resource, $2 token, $3 gate, $4 hold ms: inserts the entry
+//	          when the resource's mark is the token and above its floor
+//	          (the write is admitted at the mark, or about to be refused
+//	          for its lease: the caller removes it then), deletes the
+//	          expired lower ones; returns the entry's id (NULL: none
+//	          inserted) and check's columns.
 //	check     $1 resource, $2 token, $3 the waiting write's own entry id:
 //	          deletes the expired entries below the token; returns how many,
 //	          how many unexpired ones remain, the milliseconds until the
@@ -65,7 +78,7 @@ var errRaise = errors.New("pgstore: the admission raises the mark")
 //
 // One clock reading per statement, so an entry is either expired (and
 // deleted) or counted.
-func barrierStatements(b string) (register, check, leave string) {
+func barrierStatements(b, resources string) (register, check, leave string) {
 	// Expired entries another statement is deleting are skipped, not
 	// waited for: no lock waits, no deadlocks between cleanups.
 	lower := `del AS (DELETE FROM ` + b + ` WHERE id IN (SELECT id FROM ` + b + `
@@ -75,7 +88,9 @@ func barrierStatements(b string) (register, check, leave string) {
 		FROM ` + b + ` WHERE resource = $1 AND token < $2 AND deadline > (SELECT t FROM now)`
 	register = `WITH now AS (SELECT clock_timestamp() AS t),
 		ins AS (INSERT INTO ` + b + ` (resource, token, gate, deadline)
-			SELECT $1::text, $2::bigint, $3::text, t + $4::bigint * interval '1 millisecond' FROM now RETURNING id),
+			SELECT $1::text, $2::bigint, $3::text, t + $4::bigint * interval '1 millisecond' FROM now
+			WHERE EXISTS (SELECT 1 FROM ` + resources + ` WHERE resource = $1 AND high_water = $2 AND floor < $2)
+			RETURNING id),
 		` + lower + `
 		SELECT (SELECT id FROM ins), ` + counts
 	check = `WITH now AS (SELECT clock_timestamp() AS t), ` + lower + ` SELECT ` + strings.Replace(counts, "FROM "+b+" WHERE", `,
@@ -89,19 +104,12 @@ func barrierStatements(b string) (register, check, leave string) {
 	return register, check, leave
 }
 
-// registered is AdmitRegister's result inside its transaction.
-type registered struct {
-	adm     fencing.Admission
-	id      int64
-	lower   int
-	expired int
-}
-
 // AdmitRegister implements fencing.SharedBarrier: Admit's decision and the
-// registration in one transaction (see the top of this file). Unlike Admit
-// it always writes (the entry), so every admission waits for its COMMIT.
-// Faults are classified as Admit's: a COMMIT without a reply is
-// fencing.ErrAmbiguous, and its entry may then exist until its deadline.
+// registration in one batch, or two when the write raises the mark (see
+// the top of this file). Unlike Admit it always writes (the entry), so
+// every admission waits for its commit. Faults are classified as Admit's:
+// a batch sent without a reply is fencing.ErrAmbiguous, and its entry may
+// then exist until its deadline.
 func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gate string, hold time.Duration) (fencing.Admission, fencing.BarrierEntry, bool, error) {
 	var none fencing.BarrierEntry
 	if err := req.Validate(); err != nil {
@@ -113,29 +121,137 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 	if gate == "" || strings.ContainsRune(gate, ':') {
 		return fencing.Admission{}, none, false, fmt.Errorf("pgstore: gate id %q: want a non-empty name without ':'", gate)
 	}
-	register := func(ctx context.Context, tx pgx.Tx, v registered) (registered, error) {
-		err := tx.QueryRow(ctx, s.sql.register, req.Resource, int64(req.Token), gate, hold.Milliseconds()).
-			Scan(&v.id, &v.expired, &v.lower, new(int64))
-		return v, err
-	}
-	admit := func(raise bool) decision[registered] {
-		return func(r *record.Record, now time.Time) (registered, bool, error) {
-			a, changed, err := s.admitRecord(r, req, now)
-			if err == nil && changed && !raise {
-				err = errRaise
-			}
-			return registered{adm: a}, changed, err
-		}
-	}
-	v, err := transact(ctx, s, "admit", req.Resource, s.sql.readShared, admit(false), nil, register)
-	if errors.Is(err, errRaise) {
-		v, err = transact(ctx, s, "admit", req.Resource, s.sql.readLocked, admit(true), nil, register)
-	}
+	bctx, cancel, err := s.begin(ctx, "admit")
+	defer cancel()
 	if err != nil {
 		return fencing.Admission{}, none, false, err
 	}
-	e := fencing.BarrierEntry{Resource: req.Resource, Token: req.Token, ID: gate + ":" + strconv.FormatInt(v.id, 10), Expired: v.expired}
+	var (
+		raise   []any // updateIf's arguments: the decision on the record last read
+		expired int
+	)
+	for try := 1; try <= attempts; try++ {
+		b, err := s.admitBatch(bctx, req, gate, hold, raise)
+		if err != nil {
+			if retryBatch(err) && try < attempts && bctx.Err() == nil {
+				continue
+			}
+			return fencing.Admission{}, none, false, classify("admit", err, batchSent(err))
+		}
+		expired += b.expired
+		r := b.row.record()
+		before := args(req.Resource, r)
+		a, changed, err := s.admitRecord(r, req, b.row.now())
+		if b.id == nil {
+			if err != nil {
+				return fencing.Admission{}, none, false, err
+			}
+			// Admitted by raising the mark (or the record changed since
+			// the raise was decided): the next batch raises it.
+			raise = append(args(req.Resource, r), before[1:]...)
+			continue
+		}
+		e := fencing.BarrierEntry{Resource: req.Resource, Token: req.Token, ID: gate + ":" + strconv.FormatInt(*b.id, 10), Expired: expired}
+		if err != nil {
+			// At the mark but refused for its lease: the entry goes (if
+			// that fails too, it stays until its deadline).
+			_ = s.Leave(ctx, e)
+			return fencing.Admission{}, none, false, err
+		}
+		if changed {
+			// Admitted at the mark, with the record's touch stale for the
+			// retention: touch it, as Admit would. The admission stands
+			// whatever the touch finds now.
+			_, _ = write(ctx, s, "admit", req.Resource, func(r *record.Record, now time.Time) (struct{}, bool, error) {
+				_, changed, err := s.admitRecord(r, req, now)
+				return struct{}{}, changed, err
+			}, nil)
+		}
+		a.Raised = a.Raised || b.raised
+		return a, e, b.lower > 0, nil
+	}
+	// The record kept changing between two batches: decide under the
+	// row's exclusive lock, in a transaction.
+	type registered struct {
+		adm          fencing.Admission
+		id           *int64
+		lower, extra int
+	}
+	v, err := transact(ctx, s, "admit", req.Resource, s.sql.readLocked, func(r *record.Record, now time.Time) (registered, bool, error) {
+		a, changed, err := s.admitRecord(r, req, now)
+		return registered{adm: a}, changed, err
+	}, nil, func(ctx context.Context, tx pgx.Tx, v registered) (registered, error) {
+		err := tx.QueryRow(ctx, s.sql.register, req.Resource, int64(req.Token), gate, hold.Milliseconds()).
+			Scan(&v.id, &v.extra, &v.lower, new(int64))
+		if err == nil && v.id == nil {
+			err = fmt.Errorf("pgstore: admit: the entry of an admitted write was not registered")
+		}
+		return v, err
+	})
+	if err != nil {
+		return fencing.Admission{}, none, false, err
+	}
+	e := fencing.BarrierEntry{Resource: req.Resource, Token: req.Token, ID: gate + ":" + strconv.FormatInt(*v.id, 10), Expired: expired + v.extra}
 	return v.adm, e, v.lower > 0, nil
+}
+
+// batchResult is what one of AdmitRegister's batches read.
+type batchResult struct {
+	row     *row
+	raised  bool   // updateIf wrote the raise
+	id      *int64 // the entry registered, or nil
+	lower   int
+	expired int
+}
+
+// admitBatch sends one of AdmitRegister's batches (see the top of this
+// file): updateIf with raise when raise is not nil, then readShared and
+// register.
+func (s *Store) admitBatch(ctx context.Context, req fencing.AdmitRequest, gate string, hold time.Duration, raise []any) (batchResult, error) {
+	var b pgx.Batch
+	if raise != nil {
+		b.Queue(s.sql.updateIf, raise...)
+	}
+	b.Queue(s.sql.readShared, req.Resource)
+	b.Queue(s.sql.register, req.Resource, int64(req.Token), gate, hold.Milliseconds())
+	br := s.pool.SendBatch(ctx, &b)
+	var v batchResult
+	err := func() error {
+		if raise != nil {
+			tag, err := br.Exec()
+			if err != nil {
+				return err
+			}
+			v.raised = tag.RowsAffected() == 1
+		}
+		var err error
+		if v.row, err = scanRow(br.QueryRow()); err != nil {
+			return err
+		}
+		return br.QueryRow().Scan(&v.id, &v.expired, &v.lower, new(int64))
+	}()
+	return v, errors.Join(err, br.Close())
+}
+
+// batchSent reports whether a batch that failed with err may have been
+// sent, and so committed: not when the connection could not be made or
+// nothing was written.
+func batchSent(err error) bool {
+	var connectErr *pgconn.ConnectError
+	return !errors.As(err, &connectErr) && !pgconn.SafeToRetry(err)
+}
+
+// retryBatch reports a batch's failure that certainly committed nothing
+// and is worth another try: nothing was sent, the server closed the
+// connection before reading the batch (restart, administrator), or it
+// rolled the batch back asking for a retry (serialization failure,
+// deadlock).
+func retryBatch(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return connectionLost(err) || retryableRead(err)
+	}
+	return pgconn.SafeToRetry(err)
 }
 
 // entryID is the table's id of an entry named "<gate>:<id>".

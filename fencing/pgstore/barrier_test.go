@@ -190,18 +190,24 @@ func TestWaitLowerFailsClosedWhenTheBarrierRowsGo(t *testing.T) {
 	_ = g1.Leave(ctx, ea)
 }
 
-// TestAdmitRegisterLostCommitIsAmbiguous: a registration whose COMMIT
-// reply is lost is ErrAmbiguous, as Admit's would be.
+// TestAdmitRegisterLostCommitIsAmbiguous: a registration whose commit's
+// reply is lost is ErrAmbiguous, as Admit's would be. The write is at the
+// mark (a first one raised it), so its one batch of statements registers
+// and commits on its Sync.
 func TestAdmitRegisterLostCommitIsAmbiguous(t *testing.T) {
 	c := pgtest.Need(t, cluster)
 	schema := freshSchema()
 	p := newFaultProxy(t, "127.0.0.1:"+strconv.Itoa(c.Port()))
 	s := openVia(t, p.addr(), schema, 5*time.Second)
 	tok := newHolder(t, s, "amb", "a")
-	p.dropNext.Store(true)
+	first, _ := registerEntry(t, s, "amb", "g1", tok, time.Minute)
+	if err := s.Leave(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	p.dropSync.Store(true)
 	_, _, _, err := s.AdmitRegister(context.Background(), fencing.AdmitRequest{Resource: "amb", Token: tok}, "g1", time.Minute)
 	if !errors.Is(err, fencing.ErrAmbiguous) || errors.Is(err, fencing.ErrUnavailable) {
-		t.Fatalf("AdmitRegister with its COMMIT reply lost: %v, want ErrAmbiguous", err)
+		t.Fatalf("AdmitRegister with its commit's reply lost: %v, want ErrAmbiguous", err)
 	}
 	// The server received the COMMIT; only its reply was lost. It may not
 	// have finished the commit when the client gave up (on a busy machine

@@ -26,6 +26,7 @@ type faultProxy struct {
 	ln       net.Listener
 	target   string
 	dropNext atomic.Bool // lose the reply to the next COMMIT
+	dropSync atomic.Bool // lose the reply to the next statements run on a Sync (one implicit transaction)
 	stall    atomic.Bool // relay nothing from now on
 	wg       sync.WaitGroup
 	mu       sync.Mutex
@@ -100,11 +101,12 @@ func (p *faultProxy) fromServer(server, client net.Conn) {
 
 // fromClient relays the client's messages one by one: the startup message
 // (no type byte), then typed messages. When a COMMIT goes by while dropNext
-// is armed, it is delivered and the client's connection is cut before the
-// reply can reach it.
+// is armed, or a Sync after an Execute (the end of statements sent together,
+// which commit together) while dropSync is, it is delivered and the
+// client's connection is cut before the reply can reach it.
 func (p *faultProxy) fromClient(client, server net.Conn) {
 	defer server.Close()
-	first := true
+	first, executed := true, false
 	for {
 		var head []byte
 		if first {
@@ -121,6 +123,10 @@ func (p *faultProxy) fromClient(client, server net.Conn) {
 			return
 		}
 		isCommit := !first && (head[0] == 'Q' || head[0] == 'P') && bytes.Contains(bytes.ToLower(body), []byte("commit"))
+		isSync := !first && head[0] == 'S' && executed
+		if !first {
+			executed = head[0] == 'E' || executed && head[0] != 'S'
+		}
 		first = false
 		if p.stall.Load() {
 			continue
@@ -128,7 +134,7 @@ func (p *faultProxy) fromClient(client, server net.Conn) {
 		if _, err := server.Write(append(head, body...)); err != nil {
 			return
 		}
-		if isCommit && p.dropNext.CompareAndSwap(true, false) {
+		if isCommit && p.dropNext.CompareAndSwap(true, false) || isSync && p.dropSync.CompareAndSwap(true, false) {
 			client.Close() // the reply is lost; the server still commits
 			time.Sleep(200 * time.Millisecond)
 			return

@@ -125,7 +125,7 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 // statements are the SQL of the operations, for one schema.
 type statements struct {
 	readLocked, readShared, read, readCheckpoint string
-	insert, update, saveState                    string
+	insert, update, updateIf, saveState          string
 	list, sweep                                  string
 	register, check, leave                       string
 }
@@ -160,6 +160,13 @@ func newStatements(schema string) statements {
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)`,
 		update: `UPDATE ` + r + ` SET (` + recordColumns + `)
 			= ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) WHERE resource = $1`,
+		// update, only if the row still holds $20 to $37 (recordColumns
+		// as read before): the shared barrier's admission raises the mark
+		// this way without holding a transaction open over a round trip.
+		updateIf: `UPDATE ` + r + ` SET (` + recordColumns + `)
+			= ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) WHERE resource = $1
+			AND (` + recordColumns + `) IS NOT DISTINCT FROM
+			($20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37)`,
 		saveState: `INSERT INTO ` + schema + `.checkpoints (resource, state) VALUES ($1, $2)
 			ON CONFLICT (resource) DO UPDATE SET state = EXCLUDED.state`,
 		// Live leases in byte order: resource >= prefix and < prefix||0x7f
@@ -169,7 +176,7 @@ func newStatements(schema string) statements {
 			WHERE resource >= $1 AND resource < $2 AND resource > $4 AND owner IS NOT NULL AND NOT released
 			AND expires_at > clock_timestamp() ORDER BY resource LIMIT $3`,
 	}
-	st.register, st.check, st.leave = barrierStatements(schema + ".barrier")
+	st.register, st.check, st.leave = barrierStatements(schema+".barrier", r)
 	// One sweep batch (retention, DESIGN §12): at most $2 rows with no live
 	// lease, untouched for the retention $1 (an interval, against the
 	// database's clock; counted from the latest of the last touch, the
