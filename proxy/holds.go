@@ -60,14 +60,18 @@ func (g *Gate) RestoreHolds(ctx context.Context) (RestoredHolds, error) {
 //
 // With Options.SharedBarrier, it first stops retrying the removals of
 // entries that failed (they stay until their deadlines) and waits for the
-// removals still in progress, each bounded by 5 s.
+// removals still in progress, each bounded by 5 s, until ctx ends: then it
+// cancels them (their entries stay until their deadlines), still waits for
+// them to return, and returns ctx's error without recording holds. Close
+// never waits past ctx for the store, and leaves no goroutine behind.
 func (g *Gate) Close(ctx context.Context) (int, error) {
+	var stopErr error
 	if o, ok := g.order.(*sharedOrder); ok {
-		o.close()
+		stopErr = o.close(ctx)
 	}
 	holds := g.barrier.Close(max(g.grace, 0))
-	if g.holds == nil {
-		return len(holds), nil
+	if g.holds == nil || stopErr != nil {
+		return len(holds), stopErr
 	}
 	if !g.barrier.AllHeldUntil().IsZero() {
 		// Every resource is still held after an unclean previous stop:

@@ -51,13 +51,13 @@ func postgresKit(t testing.TB) storeKit {
 	return storeKit{
 		open: func(t testing.TB, ns string) sharedStore { return open(t, url, ns, 10*time.Second) },
 		addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Port())),
-		via: func(t testing.TB, ns, addr string) sharedStore {
+		via: func(t testing.TB, ns, addr string, timeout time.Duration) sharedStore {
 			u, err := neturl.Parse(c.URL("postgres"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			u.Host = addr
-			return open(t, u.String()+"&connect_timeout=1", ns, time.Second)
+			return open(t, u.String()+"&connect_timeout="+strconv.Itoa(max(1, int(timeout/time.Second))), ns, timeout)
 		},
 		gateEntries: func(t testing.TB, ns, resource, gate string) int {
 			var n int

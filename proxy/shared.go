@@ -95,8 +95,9 @@ func (o *sharedOrder) admit(ctx context.Context, target Target) (flight, fencing
 	return &sharedFlight{o: o, entry: e, until: until, lower: lower}, adm, nil
 }
 
-// close stops retrying removals and waits for those in progress.
-func (o *sharedOrder) close() { o.leaves.close() }
+// close stops retrying removals and waits for those in progress, until
+// ctx ends (see leaver.close).
+func (o *sharedOrder) close(ctx context.Context) error { return o.leaves.close(ctx) }
 
 // heldUntil is unknown to this gate: the entries may be another gate's.
 func (o *sharedOrder) heldUntil(Target) time.Time { return time.Time{} }

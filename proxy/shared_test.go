@@ -57,7 +57,7 @@ type storeKit struct {
 	now         func(t testing.TB) int64
 	deadline    func(t testing.TB, ns, resource string) int64
 	addr        string
-	via         func(t testing.TB, ns, addr string) sharedStore
+	via         func(t testing.TB, ns, addr string, timeout time.Duration) sharedStore // timeout: the store's dial and command timeouts
 	gateEntries func(t testing.TB, ns, resource, gate string) int
 }
 
@@ -81,8 +81,8 @@ func valkeyKit(storeURL string, nodes []*valkeytest.Server) storeKit {
 	}
 	if len(nodes) == 1 { // a cluster announces its nodes' own addresses: no proxy
 		kit.addr = nodes[0].Addr()
-		kit.via = func(t testing.TB, ns, addr string) sharedStore {
-			return open(t, valkeystore.Options{URL: "valkey://" + addr, KeyPrefix: ns, DialTimeout: time.Second, CommandTimeout: time.Second})
+		kit.via = func(t testing.TB, ns, addr string, timeout time.Duration) sharedStore {
+			return open(t, valkeystore.Options{URL: "valkey://" + addr, KeyPrefix: ns, DialTimeout: timeout, CommandTimeout: timeout})
 		}
 		kit.gateEntries = func(t testing.TB, ns, resource, gate string) int {
 			out, err := nodes[0].Do("ZRANGE", ns+":{"+resource+"}:bar", "0", "-1")

@@ -76,7 +76,7 @@ func storeTrips(t *testing.T, kit storeKit, shared bool, resources int) int64 {
 	t.Cleanup(up.Close)
 	u, _ := url.Parse(up.URL)
 	counter := newCutProxy(t, kit.addr)
-	st := kit.via(t, ns, counter.addr())
+	st := kit.via(t, ns, counter.addr(), time.Second)
 	opts := Options{Upstream: u, Store: st, ResourceHeader: true}
 	const gateID = "gate-cost"
 	if shared {

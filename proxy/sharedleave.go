@@ -59,24 +59,29 @@ const (
 // entry's lifetime has passed (the store ignores the entry from then on),
 // or the gate stops. At most leaveQueueMax removals wait; beyond that a
 // failed removal is abandoned, counted and logged. The worker runs only
-// while removals wait. close waits for every goroutine the leaver started.
+// while removals wait. close waits for every goroutine the leaver started,
+// cancelling the attempts in flight when its context ends.
 type leaver struct {
 	sb        fencing.SharedBarrier
 	log       *slog.Logger
 	retries   metric.Int64Counter
 	abandoned metric.Int64Counter
 
-	stop context.Context // ended by close: the retries stop
-	halt context.CancelFunc
-	wg   sync.WaitGroup // first attempts and the retry worker
+	stop  context.Context // ended by close: the retries stop
+	halt  context.CancelFunc
+	cut   context.Context // ended when close's ctx ends: the first attempts in flight stop
+	abort context.CancelFunc
+	wg    sync.WaitGroup // first attempts and the retry worker
 
 	mu      sync.Mutex
 	closed  bool
+	left    int            // removals abandoned as stopping while close ran, for its log
 	running bool           // the retry worker runs
 	pending []pendingLeave // removals waiting for a retry, in the order they are tried
 	full    bool           // a removal was abandoned as queue-full since the queue last emptied
 
-	rounds atomic.Int64 // retry rounds run, for tests and the log
+	rounds   atomic.Int64 // retry rounds run, for tests and the log
+	attempts atomic.Int64 // first attempts running, for tests
 }
 
 // pendingLeave is a removal waiting for a retry.
@@ -88,6 +93,7 @@ type pendingLeave struct {
 func newLeaver(sb fencing.SharedBarrier, log *slog.Logger, m metric.Meter) (*leaver, error) {
 	l := &leaver{sb: sb, log: log}
 	l.stop, l.halt = context.WithCancel(context.Background())
+	l.cut, l.abort = context.WithCancel(context.Background())
 	var err1, err2 error
 	l.retries, err1 = m.Int64Counter(MetricSharedLeaveRetries, metric.WithUnit("{attempt}"),
 		metric.WithDescription("Retried removals of shared-barrier entries whose first removal failed, by outcome."))
@@ -105,18 +111,25 @@ func newLeaver(sb fencing.SharedBarrier, log *slog.Logger, m metric.Meter) (*lea
 func (l *leaver) leave(e fencing.BarrierEntry, until time.Time) {
 	l.mu.Lock()
 	if l.closed {
+		l.left++
 		l.mu.Unlock()
 		l.abandon("stopping", 1)
 		return
 	}
 	l.wg.Add(1)
+	l.attempts.Add(1)
 	l.mu.Unlock()
 	go func() {
 		defer l.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+		defer l.attempts.Add(-1)
+		ctx, cancel := context.WithTimeout(l.cut, leaveTimeout)
 		err := l.sb.Leave(ctx, e)
 		cancel()
 		if err == nil {
+			return
+		}
+		if l.cut.Err() != nil {
+			l.stopping(1) // cut off by close: the entry stays until its deadline
 			return
 		}
 		if !fencing.IsStoreFault(err) {
@@ -133,6 +146,7 @@ func (l *leaver) queue(p pendingLeave, err error) {
 	l.mu.Lock()
 	switch {
 	case l.closed:
+		l.left++
 		l.mu.Unlock()
 		l.abandon("stopping", 1)
 		return
@@ -173,6 +187,15 @@ func (l *leaver) refused(e fencing.BarrierEntry, err error) {
 	l.abandon("refused", 1)
 }
 
+// stopping counts n removals given up because the gate stops, for close's
+// log.
+func (l *leaver) stopping(n int) {
+	l.mu.Lock()
+	l.left += n
+	l.mu.Unlock()
+	l.abandon("stopping", n)
+}
+
 // abandon counts n removals given up for reason.
 func (l *leaver) abandon(reason string, n int) {
 	if n > 0 {
@@ -197,11 +220,8 @@ func (l *leaver) retry() {
 			l.mu.Lock()
 			n := len(l.pending)
 			l.pending, l.running = nil, false
+			l.left += n
 			l.mu.Unlock()
-			if n > 0 {
-				l.log.Warn("shared barrier: the gate stopped while entries waited for their removal to be retried; they stay until their deadlines",
-					slog.Int("entries", n))
-			}
 			l.abandon("stopping", n)
 			return
 		case <-timer.C:
@@ -292,15 +312,39 @@ func (l *leaver) round() (ok bool, removed int) {
 	return removed > 0 || !failed, removed
 }
 
-// close stops the retries and waits for every goroutine the leaver
-// started: first attempts still running (each bounded by leaveTimeout) and
-// the retry worker, whose waiting removals are abandoned.
-func (l *leaver) close() {
+// close stops the retries (the removals waiting for one are abandoned)
+// and waits for the first attempts still running, each bounded by
+// leaveTimeout. When ctx ends first, it cancels those attempts (their
+// entries stay until their deadlines) and returns ctx's error. Either way
+// every goroutine the leaver started has returned when close does, and the
+// removals it gave up are counted as stopping and logged once.
+func (l *leaver) close(ctx context.Context) error {
 	l.mu.Lock()
 	l.closed = true
 	l.mu.Unlock()
 	l.halt()
-	l.wg.Wait()
+	done := make(chan struct{})
+	go func() {
+		l.wg.Wait()
+		close(done)
+	}()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+		l.abort() // the attempts return at once: Leave honours its context
+		<-done
+	}
+	l.abort()
+	l.mu.Lock()
+	n := l.left
+	l.mu.Unlock()
+	if n > 0 {
+		l.log.Warn("shared barrier: the gate stopped before the removal of some entries of ended writes; they stay until their deadlines",
+			slog.Int("entries", n))
+	}
+	return err
 }
 
 // spread is d plus or minus up to a quarter, so that gates that lost the

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -61,7 +63,7 @@ func testLeaveRetried(t *testing.T, kit storeKit) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 
 	// Gate A reaches the store through the proxy; its entries live 15 s.
-	stA := kit.via(t, prefix, cut.addr())
+	stA := kit.via(t, prefix, cut.addr(), time.Second)
 	gA, err := New(Options{Upstream: u, Store: stA, ResourceHeader: true, SharedBarrier: stA, GateID: "gate-a",
 		BarrierTimeout: 5 * time.Second, BodyTimeout: 2 * time.Second, UpstreamTimeout: 5 * time.Second, TimeoutGrace: 3 * time.Second, MeterProvider: mp})
 	if err != nil {
@@ -168,7 +170,7 @@ func TestSharedBarrierLeaveRetriesEnd(t *testing.T) {
 			t.Cleanup(up.Close)
 			u, _ := url.Parse(up.URL)
 			reader := sdkmetric.NewManualReader()
-			st := kit.via(t, prefix, cut.addr())
+			st := kit.via(t, prefix, cut.addr(), time.Second)
 			third := tc.lifetime / 3
 			g, err := New(Options{Upstream: u, Store: st, ResourceHeader: true, SharedBarrier: st, GateID: "gate-a",
 				BarrierTimeout: third, BodyTimeout: third, UpstreamTimeout: third, TimeoutGrace: NoGrace,
@@ -237,7 +239,10 @@ func sumOutcome(t *testing.T, r *sdkmetric.ManualReader, name string, key attrib
 // cutProxy relays TCP connections from a loopback port to a store. cut
 // closes every relayed connection and, until mend, closes each new one at
 // once: the store is unreachable through it, as during a restart or a
-// network fault, while it stays reachable directly.
+// network fault, while it stays reachable directly. freeze instead keeps
+// every connection open, and accepts new ones, but relays nothing until
+// mend: the store accepts and never answers, as a hung server or a
+// partition that drops packets.
 //
 // It also counts the round trips made through it (trips): on each relayed
 // connection, a burst of bytes from the client followed by bytes from the
@@ -253,6 +258,7 @@ type cutProxy struct {
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
+	thaw   chan struct{} // set by freeze, closed by mend: the relay waits for it
 }
 
 func newCutProxy(t testing.TB, target string) *cutProxy {
@@ -268,6 +274,7 @@ func newCutProxy(t testing.TB, target string) *cutProxy {
 	p.wg.Go(p.accept)
 	t.Cleanup(func() {
 		_ = p.ln.Close()
+		p.mend() // a frozen relay goes on, to find its connections closed
 		p.closeAll()
 		p.wg.Wait()
 	})
@@ -282,8 +289,33 @@ func (p *cutProxy) cut() {
 	p.closeAll()
 }
 
-// mend makes it reachable again.
-func (p *cutProxy) mend() { p.down.Store(false) }
+// freeze makes the store hang through the proxy.
+func (p *cutProxy) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.thaw == nil {
+		p.thaw = make(chan struct{})
+	}
+}
+
+// mend makes it reachable again, and relays what a freeze held.
+func (p *cutProxy) mend() {
+	p.down.Store(false)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.thaw != nil {
+		close(p.thaw)
+		p.thaw = nil
+	}
+}
+
+// frozen is what a relay waits for before it passes bytes on: nil when
+// the proxy is not frozen.
+func (p *cutProxy) frozen() chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.thaw
+}
 
 func (p *cutProxy) closeAll() {
 	p.mu.Lock()
@@ -317,6 +349,9 @@ func (p *cutProxy) accept() {
 			for {
 				n, err := src.Read(buf)
 				if n > 0 {
+					if thaw := p.frozen(); thaw != nil {
+						<-thaw
+					}
 					if request {
 						asked.Store(true)
 					} else if asked.Swap(false) {
@@ -380,7 +415,7 @@ func TestSharedBarrierLeaveRetriesPassStuckOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb.l = l
-	defer l.close()
+	defer func() { _ = l.close(context.Background()) }()
 	until := time.Now().Add(time.Hour)
 	for i := range stuck {
 		id := fmt.Sprintf("stuck-%d", i)
@@ -408,5 +443,136 @@ func TestSharedBarrierLeaveRetriesPassStuckOnes(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("the removal queued behind stuck ones was never retried")
+	}
+}
+
+// TestSharedBarrierCloseHonoursContext: the store hangs (accepts and never
+// answers) as a write ends, so the first attempt to remove its entry
+// hangs; Close's context ends long before that attempt's own bound
+// (leaveTimeout). Close returns ctx's error without waiting for that
+// bound, the attempt has returned by then, its entry stays in the store
+// (until its deadline) and the removal is counted as abandoned because the
+// gate stopped, logged once.
+func TestSharedBarrierCloseHonoursContext(t *testing.T) {
+	t.Run("valkey", func(t *testing.T) {
+		srv := valkeytest.Start(t)
+		testCloseWithHungStore(t, valkeyKit(srv.URL(), []*valkeytest.Server{srv}), false)
+	})
+	t.Run("postgres", func(t *testing.T) { testCloseWithHungStore(t, postgresKit(t), false) })
+}
+
+// TestSharedBarrierCloseRemovesEntries: with a context that leaves time,
+// Close waits for a first attempt still in flight (the store slow to
+// answer it) and the entry is removed by the time Close returns.
+func TestSharedBarrierCloseRemovesEntries(t *testing.T) {
+	t.Run("valkey", func(t *testing.T) {
+		srv := valkeytest.Start(t)
+		testCloseWithHungStore(t, valkeyKit(srv.URL(), []*valkeytest.Server{srv}), true)
+	})
+	t.Run("postgres", func(t *testing.T) { testCloseWithHungStore(t, postgresKit(t), true) })
+}
+
+// testCloseWithHungStore freezes the store as a write ends, then closes
+// the gate while the entry's first removal hangs: with a 200 ms context,
+// or, with answer, with a long one, the store answering again once Close
+// is under way.
+func testCloseWithHungStore(t *testing.T, kit storeKit, answer bool) {
+	ctx := context.Background()
+	prefix := fmt.Sprintf("close%d", time.Now().UnixNano())
+	const resource = "doc:close"
+	cut := newCutProxy(t, kit.addr)
+	var frozeAt atomic.Int64 // time.Now().UnixNano() when the store hung
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		frozeAt.Store(time.Now().UnixNano())
+		cut.freeze() // the store hangs for the gate as the write ends
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	reader := sdkmetric.NewManualReader()
+	var logs syncBuffer
+	// The store's own timeouts are far beyond leaveTimeout: only the
+	// attempt's bound, or Close's context, ends a hung removal.
+	st := kit.via(t, prefix, cut.addr(), time.Minute)
+	g, err := New(Options{Upstream: u, Store: st, ResourceHeader: true, SharedBarrier: st, GateID: "gate-a",
+		BarrierTimeout: 20 * time.Second, BodyTimeout: 20 * time.Second, UpstreamTimeout: 20 * time.Second, TimeoutGrace: NoGrace,
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaves := g.order.(*sharedOrder).leaves
+	s := serveGate(t, g)
+	lease, err := kit.open(t, prefix).Acquire(ctx, fencing.AcquireRequest{Resource: resource, Owner: "w", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := doReq(http.DefaultClient, s.URL, "POST", "/w", "", HeaderResource, resource, HeaderToken, lease.Token.String())
+	if err != nil || r.Status != http.StatusNoContent {
+		t.Fatalf("write: %v %d %v", err, r.Status, r.Problem)
+	}
+	waitFor(t, "the first removal under way", func() bool { return leaves.attempts.Load() == 1 })
+	s.Close()
+
+	budget := 200 * time.Millisecond
+	if answer {
+		budget = time.Minute
+	}
+	cctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	closed := make(chan error, 1)
+	go func() {
+		_, err := g.Close(cctx)
+		closed <- err
+	}()
+	if answer {
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) while the removal was still in flight", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		cut.mend()
+	}
+	select {
+	case err = <-closed:
+	case <-time.After(3 * leaveTimeout):
+		t.Fatal("Close never returned")
+	}
+	// Close has returned: every goroutine the leaver started has too.
+	if n := leaves.attempts.Load(); n != 0 {
+		t.Errorf("%d first removals still running after Close", n)
+	}
+	entries := kit.gateEntries(t, prefix, resource, "gate-a")
+	stopping := sumOutcome(t, reader, MetricSharedLeavesAbandoned, attrReason, "stopping")
+	logged := strings.Count(logs.String(), "the gate stopped before the removal")
+	if answer {
+		if err != nil {
+			t.Errorf("Close: %v, want nil", err)
+		}
+		if entries != 0 {
+			t.Errorf("%d entries of gate A left after Close, want its ended write's removed", entries)
+		}
+		if n := sumInt(t, reader, MetricSharedLeavesAbandoned); n != 0 || logged != 0 {
+			t.Errorf("%s = %d, logged %d times; want none", MetricSharedLeavesAbandoned, n, logged)
+		}
+		return
+	}
+	// The attempt began after the store hung: had Close waited for it
+	// rather than cancel it, it would have returned no sooner than
+	// leaveTimeout after the store hung.
+	if took := time.Since(time.Unix(0, frozeAt.Load())); took >= leaveTimeout {
+		t.Errorf("Close returned %v after the store hung: it waited for the removal's own bound (%v), not its 200 ms context", took, leaveTimeout)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Close: %v, want its context's deadline", err)
+	}
+	if entries != 1 {
+		t.Errorf("%d entries of gate A after Close, want the cut-off removal's 1, left until its deadline", entries)
+	}
+	if stopping != 1 {
+		t.Errorf("%s{reason=stopping} = %d, want 1", MetricSharedLeavesAbandoned, stopping)
+	}
+	if logged != 1 {
+		t.Errorf("the removals left at the stop logged %d times, want once:\n%s", logged, logs.String())
 	}
 }

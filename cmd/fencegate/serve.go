@@ -587,13 +587,20 @@ func restoreHolds(ctx context.Context, gate *proxy.Gate, shared bool, log *slog.
 	return nil
 }
 
-// closeGate stops the gate forwarding and records its barrier holds.
+// gateCloseTimeout bounds closeGate, after the shutdown grace: the store's
+// part of the gate's stop (removing the shared-barrier entries of the
+// writes that ended, recording barrier holds) waits no longer for a store
+// that does not answer.
+const gateCloseTimeout = 10 * time.Second
+
+// closeGate stops the gate forwarding and records its barrier holds, within
+// gateCloseTimeout.
 func closeGate(gate *proxy.Gate, log *slog.Logger) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), gateCloseTimeout)
 	defer cancel()
 	n, err := gate.Close(ctx)
 	if err != nil {
-		log.Error("recording barrier holds failed: the next start treats this stop as unclean", "error", err)
+		log.Error("stopping the write gate did not finish; a store that records barrier holds has the next start treat this stop as unclean", "error", err)
 		return
 	}
 	if n > 0 {

@@ -113,7 +113,9 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 	return adm, fencing.BarrierEntry{Resource: req.Resource, Token: req.Token, ID: a.member, Expired: a.barrier.expired}, a.barrier.lower > 0, nil
 }
 
-// Leave implements fencing.SharedBarrier.
+// Leave implements fencing.SharedBarrier. It ends when ctx is cancelled,
+// not only at its deadline (see runInt): a gate that stops cancels the
+// removals it cannot wait for.
 func (s *Store) Leave(ctx context.Context, e fencing.BarrierEntry) error {
 	_, err := s.runInt(ctx, "barrier leave", barrierLeaveScript, []string{s.barKey(e.Resource)},
 		[]string{e.ID, e.Token.String(), s.barChan(e.Resource)})
@@ -152,14 +154,26 @@ func (s *Store) WaitLower(ctx context.Context, e fencing.BarrierEntry) (int, err
 		})
 }
 
-// runInt runs a script whose reply is an integer, classifying faults.
+// runInt runs a script whose reply is an integer, with the command
+// timeout, classifying faults. Unlike run, it returns as soon as ctx is
+// cancelled: valkey-go ends a call on a connection in its synchronous mode
+// only at the context's deadline (set on the socket), so the call is given
+// a context without a deadline, cancelled when ctx ends or the command
+// timeout passes, which valkey-go waits on (the connection is pipelined
+// from then on, as under concurrent calls). The error is then ctx's.
 func (s *Store) runInt(ctx context.Context, op string, sc *valkey.Lua, keys, args []string) (int64, error) {
 	if err := s.checkOpen(op); err != nil {
 		return 0, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
 	defer cancel()
-	n, err := sc.Exec(ctx, s.client, keys, args).AsInt64()
+	call, end := context.WithCancel(context.WithoutCancel(ctx))
+	defer end()
+	defer context.AfterFunc(ctx, end)()
+	n, err := sc.Exec(call, s.client, keys, args).AsInt64()
+	if err != nil && errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		err = ctx.Err()
+	}
 	return n, classify(op, err)
 }
 
