@@ -8,29 +8,41 @@ import (
 
 	"github.com/fencegate/fencegate/config"
 	"github.com/fencegate/fencegate/internal/certs"
+	"github.com/fencegate/fencegate/leaseapi/access"
 	"github.com/fencegate/fencegate/proxy"
 )
 
-// check validates the configuration as serve would, without opening the
-// store or a listener: the FENCEGATE_* variables, the route rules
-// (FENCEGATE_RULES or the file FENCEGATE_RULES_FILE names) and the Valkey
-// CA file. It prints the effective configuration, secrets redacted, and
-// returns nil when serve would start with it, else an error that exits 2.
-// A store that is down is not a configuration error: check does not
-// contact it.
-func check(environ []string, stdout io.Writer) error {
+// configured is a configuration validate accepted, with what it loaded.
+type configured struct {
+	cfg    config.Config
+	rules  []proxy.Rule // the route rules, when FENCEGATE_RULES or FENCEGATE_RULES_FILE is set
+	access *access.File // the lease API's access file; nil without FENCEGATE_ACCESS_FILE
+}
+
+// validate checks the configuration as check and serve both do before
+// anything starts: the FENCEGATE_* variables, the route rules
+// (FENCEGATE_RULES or the file FENCEGATE_RULES_FILE names, checked even
+// while the write gate is off), the Valkey CA file, the listeners' TLS
+// files and the lease API's access file. Its error exits 2 (exitUsage).
+// What only starting can find (a port in use, a store that cannot be
+// opened) is not a configuration error: serve fails on it later, with
+// status 1.
+func validate(environ []string) (configured, error) {
+	invalid := func(err error) (configured, error) {
+		return configured{}, withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
+	}
 	cfg, err := config.Load(environ)
 	if err != nil {
-		return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
+		return invalid(err)
 	}
-	var rules []proxy.Rule
+	c := configured{cfg: cfg}
 	if cfg.Rules != "" || cfg.RulesFile != "" {
-		if rules, err = loadRules(cfg); err != nil {
-			return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
+		if c.rules, err = loadRules(cfg); err != nil {
+			return invalid(err)
 		}
 	}
 	if _, err := valkeyTLS(cfg.ValkeyCAFile); err != nil {
-		return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
+		return invalid(err)
 	}
 	for _, l := range []struct{ name, cert, key, ca string }{
 		{"API_TLS", cfg.APITLSCert, cfg.APITLSKey, cfg.APITLSClientCA},
@@ -40,14 +52,26 @@ func check(environ []string, stdout io.Writer) error {
 			continue
 		}
 		if _, err := certs.New(certs.Files{CertFile: l.cert, KeyFile: l.key, ClientCAFile: l.ca}); err != nil {
-			return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%s%s_CERT: %w", config.Prefix, l.name, err))
+			return invalid(fmt.Errorf("%s%s_CERT: %w", config.Prefix, l.name, err))
 		}
 	}
-
-	accessFile, err := loadAccess(cfg, nil)
-	if err != nil {
-		return withExit(exitUsage, fmt.Errorf("invalid configuration:\n%w", err))
+	if c.access, err = loadAccess(cfg, nil); err != nil {
+		return invalid(err)
 	}
+	return c, nil
+}
+
+// check validates the configuration as serve does (validate), without
+// opening the store or a listener. It prints the effective configuration,
+// secrets redacted, and returns nil when serve would start with it, else
+// an error that exits 2. A store that is down or a port in use is not a
+// configuration error: check does not contact the store or listen.
+func check(environ []string, stdout io.Writer) error {
+	c, err := validate(environ)
+	if err != nil {
+		return err
+	}
+	cfg, rules, accessFile := c.cfg, c.rules, c.access
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "VARIABLE\tVALUE\tFROM")

@@ -3,11 +3,11 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -199,31 +199,53 @@ func TestVersionAndEnv(t *testing.T) {
 	}
 }
 
+// TestBadConfigurationFailsToStartNamingTheVariable: serve refuses a bad
+// setting naming it, and exits 2, as check does for the same setting; a
+// failure only starting finds (the API's port in use) exits 1, while check,
+// which listens on nothing, accepts that configuration.
 func TestBadConfigurationFailsToStartNamingTheVariable(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope")
+	// Were the bad value accepted, the process would serve: keep it off
+	// the default ports and out of the package directory (fg runs it in a
+	// temporary directory and bounds its run).
+	base := []string{"FENCEGATE_API_ADDR=127.0.0.1:0", "FENCEGATE_PROXY_ADDR=127.0.0.1:0", "FENCEGATE_STORE=memory:"}
 	for _, tc := range []struct {
 		env  []string
 		want []string
 	}{
 		{[]string{"FENCEGATE_DEFAULT_TTL=forever"}, []string{"FENCEGATE_DEFAULT_TTL"}},
+		{[]string{"FENCEGATE_STOR=memory:"}, []string{"FENCEGATE_STOR", "did you mean FENCEGATE_STORE"}},
 		{[]string{"FENCEGATE_UPSTREAM=http://127.0.0.1:1", "FENCEGATE_RULES=PUT /x/{id} fence job/{id}"}, []string{"FENCEGATE_RULES", "line 1"}},
+		{[]string{"FENCEGATE_UPSTREAM=http://127.0.0.1:1", "FENCEGATE_RULES_FILE=" + missing}, []string{"FENCEGATE_RULES_FILE"}},
+		{[]string{"FENCEGATE_VALKEY_CA_FILE=" + missing}, []string{"FENCEGATE_VALKEY_CA_FILE"}},
+		{[]string{"FENCEGATE_ACCESS_FILE=" + missing}, []string{"FENCEGATE_ACCESS_FILE"}},
 	} {
-		// Were the bad value accepted, the process would serve: keep it off
-		// the default port and out of the package directory, and bound its run.
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, binary)
-		cmd.Dir = t.TempDir()
-		cmd.Env = append([]string{"FENCEGATE_API_ADDR=127.0.0.1:0", "FENCEGATE_PROXY_ADDR=127.0.0.1:0"}, tc.env...)
-		out, err := cmd.CombinedOutput()
-		if err == nil {
-			t.Errorf("%v: started; output %q", tc.env, out)
-			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(string(out), w) {
-				t.Errorf("%v: output %q does not say %q", tc.env, out, w)
+		env := append(slices.Clone(base), tc.env...)
+		for _, cmd := range []string{"check", "serve"} {
+			r := fg(t, env, "", cmd)
+			if r.code != exitUsage {
+				t.Errorf("%s %v: exit %d, want %d (a bad configuration)\n%s%s", cmd, tc.env, r.code, exitUsage, r.stdout, r.stderr)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("%s %v: stderr %q does not say %q", cmd, tc.env, r.stderr, w)
+				}
 			}
 		}
+	}
+
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	env := []string{"FENCEGATE_API_ADDR=" + busy.Addr().String(), "FENCEGATE_PROXY_ADDR=127.0.0.1:0", "FENCEGATE_STORE=memory:"}
+	if r := fg(t, env, "", "check"); r.code != exitOK {
+		t.Errorf("check with the API's port in use: exit %d, want %d (the configuration is valid)\n%s%s", r.code, exitOK, r.stdout, r.stderr)
+	}
+	r := fg(t, env, "", "serve")
+	if r.code != exitFailure || !strings.Contains(r.stderr, "address already in use") {
+		t.Errorf("serve with the API's port in use: exit %d, want %d naming the address in use\n%s", r.code, exitFailure, r.stderr)
 	}
 }
 

@@ -53,10 +53,13 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	// start-up is held until the reload loop runs, never ending the process.
 	hup := make(chan os.Signal, 1)
 	defer notifyReload(hup)()
-	cfg, err := config.Load(environ)
+	// A bad configuration exits 2, as check says for it; what fails from
+	// here on (a port in use, a store that cannot be opened) exits 1.
+	valid, err := validate(environ)
 	if err != nil {
 		return err
 	}
+	cfg := valid.cfg
 	// The log's output: the gate's event loops hold it for each pass, so
 	// that a pass's audit lines go out in one write (proxy.Options.LogBatch).
 	logs := logwriter.New(stderr)
@@ -69,11 +72,9 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	accessFile, err := loadAccess(cfg, log)
-	if err != nil {
-		return err
-	}
+	accessFile := valid.access
 	if accessFile != nil {
+		warnCertClients(cfg, accessFile.Policy(), log)
 		log.Info("lease API access file", "file", cfg.AccessFile, "clients", len(accessFile.Policy().Clients()))
 		reg.add("FENCEGATE_ACCESS_FILE "+cfg.AccessFile, func() error {
 			if err := accessFile.Reload(); err != nil {
@@ -83,14 +84,9 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 			return nil
 		})
 	}
-	// Rules are configuration: a mistake in them stops start-up before
-	// telemetry and the store are set up.
-	var rules []proxy.Rule
-	if cfg.Upstream != "" {
-		if rules, err = loadRules(cfg); err != nil {
-			return err
-		}
-	}
+	// Rules are configuration: a mistake in them stopped start-up above,
+	// before telemetry and the store are set up.
+	rules := valid.rules
 	tel, err := newTelemetry(ctx, environ, log)
 	if err != nil {
 		return err
