@@ -66,6 +66,23 @@ func (r cliResult) problem(t *testing.T) map[string]any {
 	return m
 }
 
+// afterWait is r with the report of a wait for another owner's lease
+// taken off the front of stderr: at least one line from the command
+// (`fencegate: `, `fencegate run: `) that is not JSON.
+func (r cliResult) afterWait(t *testing.T) cliResult {
+	t.Helper()
+	rest, n := r.stderr, 0
+	for strings.HasPrefix(rest, "fencegate: ") || strings.HasPrefix(rest, "fencegate run: ") {
+		_, rest, _ = strings.Cut(rest, "\n")
+		n++
+	}
+	if n == 0 {
+		t.Fatalf("stderr does not begin with the report of a wait: %q", r.stderr)
+	}
+	r.stderr = rest
+	return r
+}
+
 func TestEveryCommandHasHelp(t *testing.T) {
 	for _, args := range [][]string{
 		{}, {"serve"}, {"version"}, {"env"}, {"demo-upstream"}, {"run"}, {"completion"},

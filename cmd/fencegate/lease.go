@@ -104,6 +104,13 @@ acquired, as etcdctl lock and consul lock block. Each repeat pauses 100ms
 pause doubles up to 5s and honours the answer's Retry-After (up to 5s). No
 repeat starts that would pause past --wait.
 
+The first attempt asks the API not to wait. When it finds the lease held
+and --wait leaves time, the command says on stderr that it waits (the
+holder, how long its lease runs, how long the command waits), again when
+the holder changes or, at most every 30s, that it is still waiting, and
+once acquired, after how long. Stdout carries only the answer; an
+acquisition that did not wait writes nothing on stderr.
+
 ` + leaseHelp,
 		Args:              resourceArg,
 		ValidArgsFunction: c.completeResources,
@@ -129,56 +136,38 @@ repeat starts that would pause past --wait.
 	return cmd
 }
 
-// acquire is `lease acquire`: one call when it need not wait, else calls
-// of at most fencing.MaxWait each, paced by a leaseapi.AcquireBackoff,
-// until the lease is acquired, the wait is over, or the command is
-// interrupted. Each call is bounded by its wait plus acquireGrace.
+// acquire is `lease acquire`: the acquisition loop of acquireWaiting,
+// then the lease (or its token) on stdout.
 func (c *cli) acquire(cmd *cobra.Command, resource string, body map[string]any, wait waitFlag, tokenOnly bool) error {
 	client, err := c.client()
 	if err != nil {
 		return err
 	}
-	var deadline time.Time
-	if !wait.forever {
-		deadline = time.Now().Add(wait.d)
-	}
-	var held leaseapi.AcquireBackoff
-	for {
-		chunk := fencing.MaxWait
-		if !wait.forever {
-			chunk = min(max(time.Until(deadline), 0), fencing.MaxWait)
-		}
-		if chunk > 0 {
-			body["wait_seconds"] = int64((chunk + time.Second - 1) / time.Second)
+	var raw json.RawMessage
+	err = c.acquireWaiting(cmd.Context(), "fencegate", resource, wait, func(ctx context.Context, wait time.Duration) error {
+		if wait > 0 {
+			body["wait_seconds"] = int64((wait + time.Second - 1) / time.Second)
 		} else {
 			delete(body, "wait_seconds")
 		}
-		ctx, cancel := context.WithTimeout(cmd.Context(), chunk+acquireGrace)
-		sent := time.Now()
-		raw, err := client.Call(ctx, http.MethodPost, leasePath(resource, "/acquire"), nil, body)
-		cancel()
-		var pe *leaseapi.ProblemError
-		if errors.As(err, &pe) && pe.FromAPI() && pe.Code == "lease-held" && cmd.Context().Err() == nil {
-			if pause := held.Pause(err, chunk, time.Since(sent)); wait.forever || pause < time.Until(deadline) {
-				sleepCtx(cmd.Context(), pause)
-				continue // still held: wait again (an interrupted pause ends in the next call)
-			}
-		}
-		if err != nil {
-			return c.apiFailure(err)
-		}
-		if !tokenOnly {
-			return printJSONLine(c.stdout, raw)
-		}
-		var lease struct {
-			Token json.Number `json:"token"`
-		}
-		if err := json.Unmarshal(raw, &lease); err != nil || lease.Token == "" {
-			return c.apiFailure(fmt.Errorf("%w: the acquisition's answer holds no token: %.200s", leaseapi.ErrBadAnswer, raw))
-		}
-		_, err = fmt.Fprintln(c.stdout, lease.Token)
+		var err error
+		raw, err = client.Call(ctx, http.MethodPost, leasePath(resource, "/acquire"), nil, body)
 		return err
+	})
+	if err != nil {
+		return c.apiFailure(err)
 	}
+	if !tokenOnly {
+		return printJSONLine(c.stdout, raw)
+	}
+	var lease struct {
+		Token json.Number `json:"token"`
+	}
+	if err := json.Unmarshal(raw, &lease); err != nil || lease.Token == "" {
+		return c.apiFailure(fmt.Errorf("%w: the acquisition's answer holds no token: %.200s", leaseapi.ErrBadAnswer, raw))
+	}
+	_, err = fmt.Fprintln(c.stdout, lease.Token)
+	return err
 }
 
 // sleepCtx waits d, or until ctx ends.

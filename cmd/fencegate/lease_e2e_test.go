@@ -55,7 +55,8 @@ func TestLeaseCommands(t *testing.T) {
 	tok := func(m map[string]any) uint64 { f, _ := m["token"].(float64); return uint64(f) }
 	l1, t1 := l, strconv.FormatUint(tok(l), 10)
 	ok(lease("", "acquire", "job:2", "--owner", "worker-a")) // the server's default TTL
-	pr := refused(lease("", "acquire", "job:1", "--owner", "worker-b", "--wait", "1s"), "lease-held")
+	r := lease("", "acquire", "job:1", "--owner", "worker-b", "--wait", "1s")
+	pr := refused(r.afterWait(t), "lease-held") // after the report of its wait
 	if pr["holder"] != "worker-a" {
 		t.Fatalf("lease-held names %v", pr["holder"])
 	}

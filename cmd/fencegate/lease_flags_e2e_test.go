@@ -117,7 +117,8 @@ func fakeAcquireAPI(t *testing.T, held int) (*httptest.Server, func() []int64) {
 
 // TestWaitForeverRepeatsBoundedWaits: --wait forever repeats the API's
 // bounded waits (60 s each) until the lease is acquired, for lease acquire
-// and run; --wait 0s asks once.
+// and run, after a first acquisition that asks for no wait (so that the
+// command can say at once that it waits); --wait 0s asks once.
 func TestWaitForeverRepeatsBoundedWaits(t *testing.T) {
 	for _, args := range [][]string{
 		{"lease", "acquire", "job:1", "--owner", "me", "--wait", "forever", "--output", "token"},
@@ -128,8 +129,8 @@ func TestWaitForeverRepeatsBoundedWaits(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("%v: exit %d, stdout %q, stderr %q", args, r.code, r.stdout, r.stderr)
 		}
-		if got := waits(); len(got) != 3 || got[0] != 60 || got[1] != 60 || got[2] != 60 {
-			t.Errorf("%v: acquisitions with wait_seconds %v, want three of 60", args, got)
+		if got := waits(); len(got) != 3 || got[0] != 0 || got[1] != 60 || got[2] != 60 {
+			t.Errorf("%v: acquisitions with wait_seconds %v, want 0, 60, 60", args, got)
 		}
 	}
 	srv, waits := fakeAcquireAPI(t, 2)

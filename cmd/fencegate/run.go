@@ -54,7 +54,8 @@ the children of a shell script are stopped with it. CMD is therefore not in
 the terminal's foreground group: it should not read from the terminal.
 
 While another owner holds the lease, acquisitions are repeated as for
-'fencegate lease acquire --wait' (paced, never past --wait). Each acquisition
+'fencegate lease acquire --wait' (paced, never past --wait), and the wait
+is reported on stderr as it reports it. Each acquisition
 is bounded by its wait plus 10s: an API that takes the connection and never
 answers ends fencegate run about then, with exit 4.
 
@@ -254,23 +255,15 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 	return nil
 }
 
-// openSession acquires the lease as a session, waiting up to o.wait (or
-// forever) in bounded waits of at most fencing.MaxWait each, as the API
-// allows, paced by a leaseapi.AcquireBackoff, while another owner holds
-// it. Each acquisition is bounded by its wait plus acquireGrace: an API
-// that does not answer fails it (context.DeadlineExceeded) near --wait.
+// openSession acquires the lease as a session, with the acquisition loop
+// of acquireWaiting (waiting up to o.wait, or forever, while another owner
+// holds it). The session outlives the loop's contexts: they bound each
+// acquisition only.
 func (c *cli) openSession(ctx context.Context, client *leaseapi.Client, o runOptions) (*leaseapi.Session, error) {
-	deadline := time.Now().Add(o.wait.d)
-	var held leaseapi.AcquireBackoff
-	for {
-		wait := fencing.MaxWait
-		if !o.wait.forever {
-			wait = min(max(time.Until(deadline), 0), fencing.MaxWait)
-		}
-		// The session outlives actx: it bounds the acquisition only.
-		actx, cancel := context.WithTimeout(ctx, wait+acquireGrace)
-		sent := time.Now()
-		sess, err := leaseapi.NewSession(actx, client, o.resource, leaseapi.SessionOptions{
+	var sess *leaseapi.Session
+	err := c.acquireWaiting(ctx, "fencegate run", o.resource, o.wait, func(actx context.Context, wait time.Duration) error {
+		var err error
+		sess, err = leaseapi.NewSession(actx, client, o.resource, leaseapi.SessionOptions{
 			Owner: o.owner, TTL: o.ttl, Wait: wait,
 			// The session's default margin is TTL/10 already; run retries a
 			// failed renewal every TTL/10, as its help says.
@@ -279,16 +272,9 @@ func (c *cli) openSession(ctx context.Context, client *leaseapi.Client, o runOpt
 				fmt.Fprintf(c.stderr, "fencegate run: renewal failed, retrying: %v\n", err)
 			},
 		})
-		cancel()
-		var pe *leaseapi.ProblemError
-		if errors.As(err, &pe) && pe.FromAPI() && pe.Code == "lease-held" && ctx.Err() == nil {
-			if pause := held.Pause(err, wait, time.Since(sent)); o.wait.forever || pause < time.Until(deadline) {
-				sleepCtx(ctx, pause)
-				continue // still held: wait again (an interrupted pause ends in the next call)
-			}
-		}
-		return sess, err
-	}
+		return err
+	})
+	return sess, err
 }
 
 // release ends the session and its lease after CMD exited; a failure is

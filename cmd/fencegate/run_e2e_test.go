@@ -221,7 +221,7 @@ func TestRunExitStatuses(t *testing.T) {
 	}
 	d := t.TempDir()
 	r = fg(t, append(env, "D="+d), "", "run", "--resource", "job:held", "--wait", "1s", "--", "sh", "-c", `touch "$D/ran"`)
-	if r.code != exitNotAcquired || r.problem(t)["code"] != "lease-held" {
+	if r.code != exitNotAcquired || r.afterWait(t).problem(t)["code"] != "lease-held" {
 		t.Fatalf("run on a held lease: %d %q", r.code, r.stderr)
 	}
 	if _, err := os.Stat(filepath.Join(d, "ran")); err == nil {
