@@ -363,7 +363,35 @@ func (c *Client) leaseCall(ctx context.Context, method, resource, suffix string,
 	if err := c.call(ctx, method, resource, suffix, body, &out); err != nil {
 		return fencing.Lease{}, err
 	}
-	return fromLeaseJSON(out)
+	l, err := fromLeaseJSON(out)
+	if err != nil {
+		return fencing.Lease{}, err
+	}
+	if l.Resource != resource {
+		return fencing.Lease{}, fmt.Errorf("leaseapi: %s %s: %w", method, resource, &badAnswerError{status: http.StatusOK, what: fmt.Sprintf("names another resource (%q)", l.Resource)})
+	}
+	return l, nil
+}
+
+// DecodeLease reads raw, the body of a 2xx answer to a call about a lease
+// on resource (acquire, renew, checkpoint), as the typed methods do: the
+// lease, or an error matching ErrBadAnswer (and fencing.ErrAmbiguous) when
+// raw is not a lease of resource with a valid fencing token (a positive
+// integer) and RFC 3339 times. For tools that pass the answer on as it
+// came (Call) but must not pass on one the client would refuse.
+func DecodeLease(raw []byte, resource string) (fencing.Lease, error) {
+	var out leaseJSON
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return fencing.Lease{}, fmt.Errorf("leaseapi: %w", &badAnswerError{status: http.StatusOK, what: "its body is not the JSON the lease API sends", err: err})
+	}
+	l, err := fromLeaseJSON(out)
+	if err != nil {
+		return fencing.Lease{}, err
+	}
+	if l.Resource != resource {
+		return fencing.Lease{}, fmt.Errorf("leaseapi: %w", &badAnswerError{status: http.StatusOK, what: fmt.Sprintf("its lease names another resource (%q, not %q)", l.Resource, resource)})
+	}
+	return l, nil
 }
 
 // Call sends one request to the API and returns the 2xx answer's body as
@@ -527,7 +555,13 @@ func parseTime(s string) (time.Time, error) {
 	return t.UTC(), nil
 }
 
+// fromLeaseJSON converts a lease as the API sends it. A lease always has a
+// token (tokens start at 1): one without (a JSON null, {}, or token 0) is
+// not the API's answer, and its holder must not be given token 0.
 func fromLeaseJSON(l leaseJSON) (fencing.Lease, error) {
+	if l.Token == 0 {
+		return fencing.Lease{}, fmt.Errorf("leaseapi: %w", &badAnswerError{status: http.StatusOK, what: "holds a lease without a fencing token (none, or 0)"})
+	}
 	acq, err := parseTime(l.AcquiredAt)
 	if err != nil {
 		return fencing.Lease{}, err

@@ -140,13 +140,32 @@ func TestClientBadAnswers(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, `{"resource":"job:1","owner":"a","token":1,"ttl_seconds":30,"acquired_at":"soon","expires_at":"later"}`)
 		},
+		// A lease without a token (tokens start at 1) or of another
+		// resource: decoded, they used to be answered as the lease.
+		"token 0": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"resource":"job:1","owner":"a","token":0,"ttl_seconds":30,"acquired_at":"2030-01-01T00:00:00Z","expires_at":"2030-01-01T00:00:30Z"}`)
+		},
+		"empty object": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{}`)
+		},
+		"another resource": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"resource":"job:2","owner":"a","token":1,"ttl_seconds":30,"acquired_at":"2030-01-01T00:00:00Z","expires_at":"2030-01-01T00:00:30Z"}`)
+		},
 	} {
 		srv := httptest.NewServer(h)
-		_, err := leaseapi.NewClient(srv.URL).Renew(context.Background(), "job:1", "a", 1, 0)
-		srv.Close()
+		c := leaseapi.NewClient(srv.URL)
+		_, err := c.Renew(context.Background(), "job:1", "a", 1, 0)
 		if !errors.Is(err, leaseapi.ErrBadAnswer) || !errors.Is(err, fencing.ErrAmbiguous) {
 			t.Errorf("%s: Renew = %v; want ErrBadAnswer", name, err)
 		}
+		_, err = leaseapi.NewSession(context.Background(), c, "job:1", leaseapi.SessionOptions{Owner: "a"})
+		if !errors.Is(err, leaseapi.ErrBadAnswer) {
+			t.Errorf("%s: NewSession = %v; want ErrBadAnswer", name, err)
+		}
+		srv.Close()
 	}
 }
 

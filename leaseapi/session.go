@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"sync"
 	"time"
@@ -140,7 +141,8 @@ func NewSession(ctx context.Context, client *Client, resource string, opts Sessi
 		return nil, err
 	}
 	if lease.Resource != resource || lease.Owner != opts.Owner || lease.TTL <= 0 {
-		return nil, fmt.Errorf("leaseapi: the lease API answered the acquisition of %s by %s with another lease (%s, %s, TTL %v)", resource, opts.Owner, lease.Resource, lease.Owner, lease.TTL)
+		return nil, fmt.Errorf("leaseapi: the acquisition of %s by %s: %w", resource, opts.Owner,
+			&badAnswerError{status: http.StatusOK, what: fmt.Sprintf("answered with another lease (%s, %s, TTL %v)", lease.Resource, lease.Owner, lease.TTL)})
 	}
 	ttl := lease.TTL // never longer than asked for: a longer answer is not believed
 	if opts.TTL != 0 {

@@ -157,14 +157,15 @@ func (c *cli) acquire(cmd *cobra.Command, resource string, body map[string]any, 
 	if err != nil {
 		return c.apiFailure(err)
 	}
+	// Only a lease of resource with a valid token is printed, as JSON or
+	// as its token: anything else is not the API's answer, and a script
+	// must not go on with it.
+	lease, err := leaseapi.DecodeLease(raw, resource)
+	if err != nil {
+		return c.apiFailure(fmt.Errorf("%w: %.200s", err, raw))
+	}
 	if !tokenOnly {
 		return printJSONLine(c.stdout, raw)
-	}
-	var lease struct {
-		Token json.Number `json:"token"`
-	}
-	if err := json.Unmarshal(raw, &lease); err != nil || lease.Token == "" {
-		return c.apiFailure(fmt.Errorf("%w: the acquisition's answer holds no token: %.200s", leaseapi.ErrBadAnswer, raw))
 	}
 	_, err = fmt.Fprintln(c.stdout, lease.Token)
 	return err
