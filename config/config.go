@@ -82,6 +82,7 @@ type Config struct {
 	BodyTimeout       time.Duration `env:"BODY_TIMEOUT" envDefault:"10s" help:"longest time a client may take to send a request body: on the gate, a buffered body before admission and a streamed one from when the request is forwarded; on the lease API once its headers are read; a duration > 0"`
 	IdleTimeout       time.Duration `env:"IDLE_TIMEOUT" envDefault:"2m" help:"how long an idle keep-alive connection stays open, a duration > 0"`
 	MaxConns          int           `env:"MAX_CONNS" envDefault:"4096" help:"most concurrent client connections per listener (> 0); beyond it a connection is answered 503 too-many-connections and closed, while a small reserve keeps /livez and /readyz answering"`
+	MaxConnsPerClient *int          `env:"MAX_CONNS_PER_CLIENT" help:"most concurrent connections one client (a TCP peer's IPv4 address, or the /64 prefix of its IPv6 one) may hold per listener, from 0 to FENCEGATE_MAX_CONNS; beyond it a connection is answered 503 too-many-connections and closed, counting against nothing; 0 turns the per-client cap off; unset: a quarter of FENCEGATE_MAX_CONNS (1024 with its default)"`
 	IOURing           bool          `env:"IO_URING" envDefault:"true" help:"true or false: on Linux the gate's event loops batch their socket reads and writes through io_uring where the kernel allows it (5.12 or later); false makes one system call per read and write"`
 	MarkReaders       bool          `env:"MARK_READERS" envDefault:"true" help:"true or false: on Linux with a single-node Valkey store, each event loop reads high-water marks over a store connection of its own, inside the loop; false admits every write through the store's client (valkey-go's pipelining)"`
 	TLSLoops          bool          `env:"TLS_LOOPS" envDefault:"true" help:"true or false: on Linux the gate's event loops serve the HTTP/1.1 connections of a TLS gate listener (FENCEGATE_PROXY_TLS_CERT), through a relay that terminates TLS in Go; HTTP/2 by ALPN stays on the general engine; false serves every TLS connection with the general engine"`
@@ -229,6 +230,11 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConns < 1 {
 		check("MaxConns", fmt.Errorf("%d is not positive", c.MaxConns))
+	}
+	if n := c.MaxConnsPerClient; n != nil && *n < 0 {
+		check("MaxConnsPerClient", fmt.Errorf("%d is negative", *n))
+	} else if n != nil && c.MaxConns >= 1 && *n > c.MaxConns {
+		check("MaxConnsPerClient", fmt.Errorf("%d is above FENCEGATE_MAX_CONNS (%d)", *n, c.MaxConns))
 	}
 	positive("ShutdownGrace", c.ShutdownGrace)
 	positive("ValkeyDialTimeout", c.ValkeyDialTimeout)
@@ -432,6 +438,16 @@ func (c Config) ResourceHeaderOn(rules int) bool {
 		return *c.ResourceHeader
 	}
 	return rules == 0
+}
+
+// ConnsPerClient resolves FENCEGATE_MAX_CONNS_PER_CLIENT: as set (0: no
+// per-client cap), or, unset, a quarter of FENCEGATE_MAX_CONNS (at least
+// one).
+func (c Config) ConnsPerClient() int {
+	if c.MaxConnsPerClient != nil {
+		return *c.MaxConnsPerClient
+	}
+	return max(c.MaxConns/4, 1)
 }
 
 // Help lists every variable with its default and what it accepts, in

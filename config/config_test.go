@@ -202,3 +202,42 @@ func TestSharedBarrierNeedsASharedStore(t *testing.T) {
 		t.Errorf("shared barrier on postgres: %+v, %v", c, err)
 	}
 }
+
+// FENCEGATE_MAX_CONNS_PER_CLIENT: unset, a quarter of FENCEGATE_MAX_CONNS
+// (at least one); set, from 0 (off) to FENCEGATE_MAX_CONNS; negative or
+// above FENCEGATE_MAX_CONNS, an error naming it.
+func TestMaxConnsPerClient(t *testing.T) {
+	for _, c := range []struct {
+		env  []string
+		want int
+	}{
+		{nil, 1024},
+		{[]string{"FENCEGATE_MAX_CONNS=100"}, 25},
+		{[]string{"FENCEGATE_MAX_CONNS=3"}, 1},
+		{[]string{"FENCEGATE_MAX_CONNS_PER_CLIENT=0"}, 0},
+		{[]string{"FENCEGATE_MAX_CONNS_PER_CLIENT=4096"}, 4096},
+		{[]string{"FENCEGATE_MAX_CONNS=10", "FENCEGATE_MAX_CONNS_PER_CLIENT=4"}, 4},
+	} {
+		cfg, err := Load(c.env)
+		if err != nil {
+			t.Fatalf("%v: %v", c.env, err)
+		}
+		if got := cfg.ConnsPerClient(); got != c.want {
+			t.Errorf("%v: %d connections per client, want %d", c.env, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"FENCEGATE_MAX_CONNS_PER_CLIENT=-1"}, "-1 is negative"},
+		{[]string{"FENCEGATE_MAX_CONNS_PER_CLIENT=4097"}, "4097 is above FENCEGATE_MAX_CONNS (4096)"},
+		{[]string{"FENCEGATE_MAX_CONNS=10", "FENCEGATE_MAX_CONNS_PER_CLIENT=11"}, "11 is above FENCEGATE_MAX_CONNS (10)"},
+		{[]string{"FENCEGATE_MAX_CONNS_PER_CLIENT=some"}, `"some" is not a whole number`},
+	} {
+		_, err := Load(c.env)
+		if err == nil || !strings.Contains(err.Error(), "FENCEGATE_MAX_CONNS_PER_CLIENT: "+c.want) {
+			t.Errorf("%v: error %v, want FENCEGATE_MAX_CONNS_PER_CLIENT: %s", c.env, err, c.want)
+		}
+	}
+}

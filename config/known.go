@@ -175,6 +175,11 @@ func (c Config) Effective(environ []string) []Setting {
 			if x != nil {
 				s.Value = fmt.Sprint(*x)
 			}
+		case *int: // unset means the default depends on other settings: MaxConnsPerClient's on MaxConns
+			s.Value = fmt.Sprintf("auto (%d)", c.ConnsPerClient())
+			if x != nil {
+				s.Value = fmt.Sprint(*x)
+			}
 		default:
 			s.Value = fmt.Sprint(x)
 		}

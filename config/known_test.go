@@ -80,7 +80,7 @@ func TestEveryConfigErrorNamesItsVariable(t *testing.T) {
 			bad = []string{"soon", "10", "-1s"}
 		case f.Type.Kind() == reflect.Bool, f.Type == reflect.TypeFor[*bool]():
 			bad = []string{"yes", "maybe"}
-		case f.Type.Kind() == reflect.Int:
+		case f.Type.Kind() == reflect.Int, f.Type == reflect.TypeFor[*int]():
 			bad = []string{"lots", "1.5", "-1"}
 		case f.Type.Kind() == reflect.String:
 			vs, ok := badValues[f.Name]

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime"
 	"sync"
@@ -464,7 +465,9 @@ func (l *eventLoop) accept() {
 			unix.Close(fd)
 			continue
 		}
-		if _, ok := e.s.limit.Acquire(); !ok {
+		remote := tcpAddr(sa)
+		client := sockaddrClient(sa)
+		if _, ok := e.s.limit.Acquire(client); !ok {
 			_, _ = unix.Write(fd, connlimit.Refusal) // best effort: the connection is closed either way
 			unix.Close(fd)
 			continue
@@ -474,20 +477,21 @@ func (l *eventLoop) accept() {
 		}
 		to := e.loops[int(e.next.Add(1))%len(e.loops)]
 		if to == l {
-			l.add(fd, tcpAddr(sa), nil)
-		} else if !to.post(func() { to.add(fd, tcpAddr(sa), nil) }) {
+			l.add(fd, remote, client, nil)
+		} else if !to.post(func() { to.add(fd, remote, client, nil) }) {
 			unix.Close(fd) // that loop has stopped
-			e.s.limit.Release()
+			e.s.limit.Release(client)
 		}
 	}
 }
 
-// add starts serving client connection fd, from remote. tlsState is
-// the connection's TLS, for one whose TLS a relay terminates (fd is then
-// the loop's end of the relay's socket pair, see looptls_linux.go), or
-// nil.
-func (l *eventLoop) add(fd int, remote *net.TCPAddr, tlsState *tls.ConnectionState) {
-	c := &loopConn{Sock: evloop.Sock{FD: fd}, l: l, remote: remote, tls: tlsState}
+// add starts serving client connection fd, from remote, counted under
+// the connection cap as client (connlimit.Client). tlsState is the
+// connection's TLS, for one whose TLS a relay terminates (fd is then the
+// loop's end of the relay's socket pair, see looptls_linux.go; its relay
+// holds its place under the cap), or nil.
+func (l *eventLoop) add(fd int, remote *net.TCPAddr, client netip.Addr, tlsState *tls.ConnectionState) {
+	c := &loopConn{Sock: evloop.Sock{FD: fd}, l: l, remote: remote, client: client, tls: tlsState}
 	if tlsState != nil {
 		c.ctx.Init2(loopTLSConn{c}, nil, false) // IsTLS: X-Forwarded-Proto https
 	} else {
@@ -500,6 +504,17 @@ func (l *eventLoop) add(fd int, remote *net.TCPAddr, tlsState *tls.ConnectionSta
 	if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
 		c.close()
 	}
+}
+
+// sockaddrClient is the connlimit.Client key of a peer's address.
+func sockaddrClient(sa unix.Sockaddr) netip.Addr {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return connlimit.ClientIP(netip.AddrFrom4(a.Addr))
+	case *unix.SockaddrInet6:
+		return connlimit.ClientIP(netip.AddrFrom16(a.Addr))
+	}
+	return netip.Addr{}
 }
 
 func tcpAddr(sa unix.Sockaddr) *net.TCPAddr {

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"time"
 
@@ -81,6 +82,7 @@ type loopConn struct {
 	evloop.Sock
 	l        *eventLoop
 	remote   *net.TCPAddr
+	client   netip.Addr           // its key under the per-client cap (connlimit.Client)
 	tls      *tls.ConnectionState // a connection whose TLS a relay terminates (looptls_linux.go); nil: cleartext
 	state    connState
 	deadline time.Time // of the current step; zero: none
@@ -291,7 +293,7 @@ func (c *loopConn) SetWriteDeadline(time.Time) error { return nil }
 // does, until the client's connection is closed).
 func (c *loopConn) releaseSlot() {
 	if c.tls == nil {
-		c.l.e.s.limit.Release()
+		c.l.e.s.limit.Release(c.client)
 	}
 }
 

@@ -27,7 +27,7 @@ func TestTLSPumpStopsReadingAClientThatDoesNotRead(t *testing.T) {
 		{maxPendingToClient, true},
 		{maxPendingToClient + 1, false},
 	} {
-		e := &loopEngine{lnFD: -1, s: &Server{limit: connlimit.NewCounter(0, 0)}}
+		e := &loopEngine{lnFD: -1, s: &Server{limit: connlimit.NewCounter(0, 0, 0)}}
 		l, err := newEventLoop(e)
 		if err != nil {
 			t.Fatal(err)

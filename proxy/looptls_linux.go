@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"syscall"
 	"time"
 
@@ -76,11 +77,12 @@ func (e *loopEngine) acceptTLS() {
 			_ = raw.Close()
 			continue
 		}
-		if _, ok := e.s.limit.Acquire(); !ok {
+		client := connlimit.Client(raw.RemoteAddr())
+		if _, ok := e.s.limit.Acquire(client); !ok {
 			_ = raw.Close() // a cleartext refusal would only be a handshake error
 			continue
 		}
-		counted := connlimit.Counted(raw, e.s.limit.Release)
+		counted := connlimit.Counted(raw, func() { e.s.limit.Release(client) })
 		e.goTracked(func() { e.startTLS(counted) })
 	}
 }
@@ -129,10 +131,10 @@ func (e *loopEngine) startTLS(raw *connlimit.Conn) {
 	if err != nil {
 		e.g.log.Warn("gate: no socket pair for a TLS connection", "error", err)
 		unix.Close(tcpFD)
-		e.s.limit.Release()
+		raw.Release()
 		return
 	}
-	p := &tlsPump{e: e, tc: tc, idle: e.s.idleTimeout}
+	p := &tlsPump{e: e, slot: raw, tc: tc, idle: e.s.idleTimeout}
 	p.tcp.FD, p.pair.FD = tcpFD, fds[1]
 	cio.p = p
 	to := e.loops[int(e.next.Add(1))%len(e.loops)]
@@ -159,7 +161,9 @@ func (l *eventLoop) addTLS(loopFD int, remote *net.TCPAddr, st *tls.ConnectionSt
 		p.close()
 		return
 	}
-	l.add(loopFD, remote, st)
+	// The pump holds the connection's place under the cap, not the loop's
+	// end of the pair.
+	l.add(loopFD, remote, netip.Addr{}, st)
 	p.run() // the client may have sent its request with its handshake
 }
 
@@ -178,7 +182,8 @@ const maxPendingToClient = loopReadBuffer + 16<<10
 // whose other end the loop serves (plaintext).
 type tlsPump struct {
 	e    *loopEngine
-	l    *eventLoop // nil until the loop takes it
+	l    *eventLoop      // nil until the loop takes it
+	slot *connlimit.Conn // the client's Go connection, closed: its place under the cap
 	tc   *tls.Conn
 	tcp  evloop.Sock // the client's socket; In: ciphertext tc has not read
 	pair evloop.Sock // the pump's end of the pair; In: plaintext to encrypt
@@ -332,7 +337,7 @@ func (p *tlsPump) close() {
 	}
 	unix.Close(p.tcp.FD)
 	unix.Close(p.pair.FD)
-	p.e.s.limit.Release()
+	p.slot.Release()
 }
 
 // shutPump closes p when its loop stops (closeAll).

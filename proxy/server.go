@@ -50,6 +50,13 @@ type ServerOptions struct {
 	// too-many-connections answer, written before its request is read,
 	// and is closed. Zero means no cap.
 	MaxConns int
+	// MaxConnsPerClient caps the open connections of one client (a TCP
+	// peer's IP address, an IPv6 one's /64: connlimit.Client) the same
+	// way, so that one client cannot take every place under MaxConns; a
+	// connection refused for it counts against nothing. A listener
+	// without IP addresses (a Unix socket) is not capped per client.
+	// Zero means no per-client cap.
+	MaxConnsPerClient int
 	// Logger receives connection errors the server cannot answer (a
 	// client gone mid-response); nil discards.
 	Logger *slog.Logger
@@ -99,7 +106,7 @@ type Server struct {
 	headerTimeout time.Duration
 	idleTimeout   time.Duration
 	maxHead       int
-	limit         *connlimit.Counter // client connections, against MaxConns
+	limit         *connlimit.Counter // client connections, against MaxConns and MaxConnsPerClient
 	tls           *tls.Config        // or nil
 	// noLoops keeps the event loops off: the general engine serves every
 	// connection (ServerOptions.NoEventLoops).
@@ -129,7 +136,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		headerTimeout: cmp.Or(opts.HeaderTimeout, DefaultHeaderTimeout),
 		idleTimeout:   cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
 		maxHead:       cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
-		limit:         connlimit.NewCounter(opts.MaxConns, 0),
+		limit:         connlimit.NewCounter(opts.MaxConns, 0, opts.MaxConnsPerClient),
 		noRing:        opts.NoIOURing,
 		noMarks:       opts.NoMarkReaders,
 		noLoops:       opts.NoEventLoops || opts.TLS != nil && opts.NoTLSLoops,

@@ -315,26 +315,58 @@ const MetricConnections = "fencegate.connections"
 // fencegate_gate_writes_in_flight.
 const MetricWritesInFlight = "fencegate.gate.writes_in_flight"
 
-// ConnCount is one listener's open connections for ObserveConnections:
-// Active is read at each collection (a connlimit.Counter's Active, the
-// gate server's ActiveConnections).
+// MetricConnectionsRefused is the counter of client connections refused
+// under the connection caps (answered 503 too-many-connections, or closed
+// on a TLS listener), exported to Prometheus as
+// fencegate_connections_refused_total, with the attributes listener
+// ("gate" or "api") and reason: "total" (beyond FENCEGATE_MAX_CONNS and
+// its reserve) or "per-client" (beyond FENCEGATE_MAX_CONNS_PER_CLIENT).
+const MetricConnectionsRefused = "fencegate.connections.refused"
+
+// ConnCount is one listener's connection counts for ObserveConnections,
+// read at each collection: Active its open connections, Refused the
+// connections refused so far by reason (a connlimit.Counter's Active and
+// Refused, the gate server's ActiveConnections and RefusedConnections).
 type ConnCount struct {
 	Listener string // "gate" or "api"
 	Active   func() int64
+	Refused  func() (total, perClient int64) // nil: not observed
 }
 
-// ObserveConnections registers MetricConnections, once for every listener
-// (an instrument takes its callbacks when it is created). It records
-// nothing per connection.
+// ObserveConnections registers MetricConnections and
+// MetricConnectionsRefused, once for every listener (an instrument takes
+// its callbacks when it is created). It records nothing per connection.
 func ObserveConnections(mp metric.MeterProvider, listeners ...ConnCount) error {
 	if mp == nil || len(listeners) == 0 {
 		return nil
 	}
 	sets := make([]metric.ObserveOption, len(listeners))
+	refusedSets := make([][2]metric.ObserveOption, len(listeners))
 	for i, l := range listeners {
 		sets[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("listener", l.Listener)))
+		for j, reason := range []string{"total", "per-client"} {
+			refusedSets[i][j] = metric.WithAttributeSet(attribute.NewSet(
+				attribute.String("listener", l.Listener), attribute.String("reason", reason)))
+		}
 	}
-	_, err := mp.Meter(ScopeName).Int64ObservableGauge(MetricConnections,
+	_, err := mp.Meter(ScopeName).Int64ObservableCounter(MetricConnectionsRefused,
+		metric.WithUnit("{connection}"),
+		metric.WithDescription("Client connections refused under the connection caps, by listener and reason (total: FENCEGATE_MAX_CONNS; per-client: FENCEGATE_MAX_CONNS_PER_CLIENT)."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			for i, l := range listeners {
+				if l.Refused == nil {
+					continue
+				}
+				total, perClient := l.Refused()
+				o.Observe(total, refusedSets[i][0])
+				o.Observe(perClient, refusedSets[i][1])
+			}
+			return nil
+		}))
+	if err != nil {
+		return fmt.Errorf("proxy: creating %s: %w", MetricConnectionsRefused, err)
+	}
+	_, err = mp.Meter(ScopeName).Int64ObservableGauge(MetricConnections,
 		metric.WithUnit("{connection}"),
 		metric.WithDescription("Open client connections, by listener."),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
@@ -370,6 +402,11 @@ func ObserveWritesInFlight(mp metric.MeterProvider, g *Gate) error {
 // ActiveConnections is the number of client connections the server holds
 // open (its connection cap's count), for ObserveConnections.
 func (s *Server) ActiveConnections() int64 { return s.limit.Active() }
+
+// RefusedConnections is the number of client connections the server has
+// refused under its caps, by reason (see connlimit.Counter.Refused), for
+// ObserveConnections.
+func (s *Server) RefusedConnections() (total, perClient int64) { return s.limit.Refused() }
 
 // headerCarrier reads and writes W3C trace context in the event loops'
 // request header.

@@ -19,9 +19,11 @@ const healthReserve = 32
 // newConnLimit caps ln at max connections, plus reserve kept for health
 // checks: the first max are served normally, the next reserve are marked
 // overflow (see overflowHandler), and any beyond those get the 503
-// too-many-connections answer and are closed (see connlimit).
-func newConnLimit(ln net.Listener, max, reserve int) *connlimit.Listener {
-	return &connlimit.Listener{Listener: ln, Counter: connlimit.NewCounter(max, reserve)}
+// too-many-connections answer and are closed (see connlimit). One client
+// (connlimit.Client) may hold at most perClient of them, the reserve
+// included (0: no per-client cap); one beyond gets the same answer.
+func newConnLimit(ln net.Listener, max, reserve, perClient int) *connlimit.Listener {
+	return &connlimit.Listener{Listener: ln, Counter: connlimit.NewCounter(max, reserve, perClient)}
 }
 
 type overflowKey struct{}

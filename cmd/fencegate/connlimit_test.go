@@ -19,7 +19,7 @@ func TestConnLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	limited := newConnLimit(ln, 1, healthReserve)
+	limited := newConnLimit(ln, 1, healthReserve, 0)
 	srv := &http.Server{
 		Handler: overflowHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, "served "+r.URL.Path)

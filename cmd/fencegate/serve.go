@@ -239,14 +239,15 @@ func (l *listener) listen() error {
 	if l.gate != nil {
 		l.ln = ln
 		opts := proxy.ServerOptions{
-			HeaderTimeout: l.cfg.ReadHeaderTimeout,
-			IdleTimeout:   l.cfg.IdleTimeout,
-			MaxConns:      l.cfg.MaxConns,
-			Logger:        l.log,
-			NoIOURing:     !l.cfg.IOURing,
-			H2C:           l.cfg.ProxyH2C,
-			NoMarkReaders: !l.cfg.MarkReaders,
-			NoTLSLoops:    !l.cfg.TLSLoops,
+			HeaderTimeout:     l.cfg.ReadHeaderTimeout,
+			IdleTimeout:       l.cfg.IdleTimeout,
+			MaxConns:          l.cfg.MaxConns,
+			MaxConnsPerClient: l.cfg.ConnsPerClient(),
+			Logger:            l.log,
+			NoIOURing:         !l.cfg.IOURing,
+			H2C:               l.cfg.ProxyH2C,
+			NoMarkReaders:     !l.cfg.MarkReaders,
+			NoTLSLoops:        !l.cfg.TLSLoops,
 		}
 		if l.tls != nil {
 			opts.TLS = l.tls.TLSConfig() // HTTP/2 by ALPN; certificates re-read on SIGHUP
@@ -254,7 +255,7 @@ func (l *listener) listen() error {
 		l.srv = proxy.NewServer(l.gate, opts)
 		return nil
 	}
-	cl := newConnLimit(ln, l.cfg.MaxConns, healthReserve)
+	cl := newConnLimit(ln, l.cfg.MaxConns, healthReserve, l.cfg.ConnsPerClient())
 	cl.CloseOnly = l.tls != nil // a cleartext 503 is only a handshake error to a TLS client
 	l.ln, l.conns = cl, cl.Counter
 	hs := &http.Server{
@@ -285,15 +286,15 @@ func (l *listener) logger() *slog.Logger {
 	return l.log
 }
 
-// connCount is the listener's open connections, for the
-// fencegate_connections gauge.
+// connCount is the listener's connection counts, for the
+// fencegate_connections gauge and fencegate_connections_refused_total.
 func (l *listener) connCount() (proxy.ConnCount, bool) {
 	switch srv := l.srv.(type) {
 	case *proxy.Server:
-		return proxy.ConnCount{Listener: l.name, Active: srv.ActiveConnections}, true
+		return proxy.ConnCount{Listener: l.name, Active: srv.ActiveConnections, Refused: srv.RefusedConnections}, true
 	default:
 		if l.conns != nil {
-			return proxy.ConnCount{Listener: l.name, Active: l.conns.Active}, true
+			return proxy.ConnCount{Listener: l.name, Active: l.conns.Active, Refused: l.conns.Refused}, true
 		}
 	}
 	return proxy.ConnCount{}, false

@@ -5,10 +5,16 @@
 // connections than it allows and cannot run out of file descriptors.
 // (Blocking accept, as netutil.LimitListener does, would leave clients
 // waiting in the kernel's backlog with no answer.)
+//
+// A Counter may also cap the connections of each client (see Client), so
+// that one address cannot take every place under the cap: a connection
+// beyond its client's share gets the same refusal, and counts against
+// nothing.
 package connlimit
 
 import (
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,38 +27,126 @@ import (
 var Refusal = problem.TooManyConnections().Response()
 
 // Counter counts open connections against a cap, with a reserve beyond
-// it. Safe for concurrent use.
+// it, and each client's against a per-client cap. Safe for concurrent
+// use.
 type Counter struct {
 	max, reserve int64
+	perClient    int
 	active       atomic.Int64
+	// Refusals, by reason.
+	refusedTotal, refusedPerClient atomic.Int64
+
+	mu      sync.Mutex
+	clients map[netip.Addr]int // open connections by client; no entry at zero
 }
 
 // NewCounter returns a counter for max connections (zero or less: no cap)
-// plus reserve ones marked overflow.
-func NewCounter(max, reserve int) *Counter {
-	return &Counter{max: int64(max), reserve: int64(reserve)}
+// plus reserve ones marked overflow, of which one client may hold at most
+// perClient (zero or less: no per-client cap). The per-client cap counts
+// the reserve too.
+func NewCounter(max, reserve, perClient int) *Counter {
+	c := &Counter{max: int64(max), reserve: int64(reserve), perClient: perClient}
+	if perClient > 0 {
+		c.clients = make(map[netip.Addr]int)
+	}
+	return c
 }
 
-// Acquire counts one more connection. ok is false when it is beyond the
-// cap and the reserve (it is then not counted); overflow says it is in
-// the reserve.
-func (c *Counter) Acquire() (overflow, ok bool) {
-	n := c.active.Add(1)
-	if c.max <= 0 {
-		return false, true
+// Client is the key a connection from remote counts under in the
+// per-client cap: the IP address of a TCP peer, IPv4 (an IPv4-mapped IPv6
+// address included) as it is, IPv6 reduced to its /64 prefix (what one
+// host or one customer usually holds, as it can pick any address in it).
+// Any other address (a Unix socket's) gives the zero Addr: such a
+// connection is not capped per client.
+func Client(remote net.Addr) netip.Addr {
+	a, ok := remote.(*net.TCPAddr)
+	if !ok {
+		return netip.Addr{}
 	}
-	if n > c.max+c.reserve {
+	ip, ok := netip.AddrFromSlice(a.IP)
+	if !ok {
+		return netip.Addr{}
+	}
+	return ClientIP(ip)
+}
+
+// ClientIP is Client for a peer's IP address.
+func ClientIP(ip netip.Addr) netip.Addr {
+	ip = ip.Unmap()
+	if ip.Is6() {
+		p, _ := ip.WithZone("").Prefix(64)
+		return p.Addr()
+	}
+	return ip
+}
+
+// Acquire counts one more connection, from client (a Client key; the zero
+// Addr is not capped per client). ok is false when it is beyond the cap
+// and the reserve, or beyond client's share (it is then not counted);
+// overflow says it is in the reserve.
+func (c *Counter) Acquire(client netip.Addr) (overflow, ok bool) {
+	n := c.active.Add(1)
+	if c.max > 0 && n > c.max+c.reserve {
 		c.active.Add(-1)
+		c.refusedTotal.Add(1)
 		return false, false
 	}
-	return n > c.max, true
+	if !c.take(client) {
+		c.active.Add(-1)
+		c.refusedPerClient.Add(1)
+		return false, false
+	}
+	return c.max > 0 && n > c.max, true
 }
 
-// Release uncounts a closed connection.
-func (c *Counter) Release() { c.active.Add(-1) }
+// take counts a connection of client against its share, if it has room.
+func (c *Counter) take(client netip.Addr) bool {
+	if c.perClient <= 0 || !client.IsValid() {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.clients[client]
+	if n >= c.perClient {
+		return false
+	}
+	c.clients[client] = n + 1
+	return true
+}
+
+// Release uncounts a closed connection that Acquire counted, from the
+// same client.
+func (c *Counter) Release(client netip.Addr) {
+	c.active.Add(-1)
+	if c.perClient <= 0 || !client.IsValid() {
+		return
+	}
+	c.mu.Lock()
+	if n := c.clients[client] - 1; n > 0 {
+		c.clients[client] = n
+	} else {
+		delete(c.clients, client)
+	}
+	c.mu.Unlock()
+}
 
 // Active is the number of connections counted.
 func (c *Counter) Active() int64 { return c.active.Load() }
+
+// Clients is the number of clients with a connection counted against the
+// per-client cap (zero without one).
+func (c *Counter) Clients() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.clients)
+}
+
+// Refused is the number of connections Acquire refused since the counter
+// was made: beyond the cap and the reserve (total), and beyond a client's
+// share (perClient).
+func (c *Counter) Refused() (total, perClient int64) {
+	return c.refusedTotal.Load(), c.refusedPerClient.Load()
+}
 
 // Refuse writes Refusal to a connection Acquire refused, best effort (a
 // client that already sent its request may see the connection reset
@@ -82,9 +176,10 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		overflow, ok := l.Acquire()
+		client := Client(c.RemoteAddr())
+		overflow, ok := l.Acquire(client)
 		if ok {
-			return &Conn{Conn: c, Overflow: overflow, release: l.Release}, nil
+			return &Conn{Conn: c, Overflow: overflow, release: func() { l.Release(client) }}, nil
 		}
 		if l.CloseOnly {
 			_ = c.Close()
@@ -110,9 +205,14 @@ func Counted(c net.Conn, release func()) *Conn { return &Conn{Conn: c, release: 
 // Close closes the connection and uncounts it.
 func (c *Conn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.Release()
 	return err
 }
+
+// Release uncounts the connection without closing it, for a server that
+// has taken its socket elsewhere and counts it there until it closes.
+// Only the first of Release and Close uncounts.
+func (c *Conn) Release() { c.once.Do(c.release) }
 
 // CloseWrite half-closes a TCP connection: net/http uses it for a
 // lingering close after an answer to a request whose body it did not
