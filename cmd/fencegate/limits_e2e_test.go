@@ -27,7 +27,9 @@ func TestSlowClientsAreBounded(t *testing.T) {
 		bodyTimeout   = 2 * time.Second
 	)
 	p := start(t, t.TempDir(), []string{
-		"FENCEGATE_STORE=memory:", "FENCEGATE_MAX_CONNS=1000",
+		// Every client here is 127.0.0.1: the per-client share is off so
+		// that the total cap and its reserve are what is tested.
+		"FENCEGATE_STORE=memory:", "FENCEGATE_MAX_CONNS=1000", "FENCEGATE_MAX_CONNS_PER_CLIENT=0",
 		"FENCEGATE_READ_HEADER_TIMEOUT=" + headerTimeout.String(), "FENCEGATE_BODY_TIMEOUT=" + bodyTimeout.String(),
 	}, "api")
 	addr := p.addr["api"]
@@ -149,6 +151,7 @@ func TestGateSlowClientsAreBounded(t *testing.T) {
 	defer up.Close()
 	p := start(t, t.TempDir(), []string{
 		"FENCEGATE_STORE=memory:", "FENCEGATE_UPSTREAM=" + up.URL, "FENCEGATE_MAX_CONNS=300",
+		"FENCEGATE_MAX_CONNS_PER_CLIENT=0", // every client is 127.0.0.1: the total cap is tested
 		"FENCEGATE_READ_HEADER_TIMEOUT=" + headerTimeout.String(),
 	}, "api", "gate")
 	tk := acquireToken(t, p, "job:1", "holder", 60)
