@@ -20,6 +20,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/reqid"
+	"github.com/fencegate/fencegate/internal/loglimit"
 )
 
 // ContentType is the media type of every error body.
@@ -199,17 +200,40 @@ func (p *Error) Response() []byte {
 	return b.Bytes()
 }
 
+// FaultLinesPerSecond bounds the "request failed" lines LogFault writes,
+// over the whole process: during an outage (the store down, the upstream
+// unreachable) every request a client sends is a fault, and one line each
+// would let any client fill the log's disk. The next line after a drop
+// carries how many were left out ("suppressed"); metrics count them all.
+const FaultLinesPerSecond = 20
+
+// faultLines is the process's budget of LogFault lines.
+var faultLines = loglimit.Limiter{PerSecond: FaultLinesPerSecond}
+
 // LogFault logs the cause of a server-side problem (status 500 and up)
-// with the request it failed: its id, method and path. Other problems,
-// and problems without a cause, are not logged.
+// with the request it failed: its id, method and path, at most
+// FaultLinesPerSecond lines a second. Other problems, and problems without
+// a cause, are not logged.
 func LogFault(ctx context.Context, log *slog.Logger, p *Error, id, method, path string) {
+	logFaultAt(ctx, log, p, id, method, path, time.Now())
+}
+
+// logFaultAt is LogFault at now, the limiter's clock.
+func logFaultAt(ctx context.Context, log *slog.Logger, p *Error, id, method, path string, now time.Time) {
 	if p.Cause == nil || log == nil || p.Status < 500 {
+		return
+	}
+	ok, suppressed := faultLines.Allow(now)
+	if !ok {
 		return
 	}
 	attrs := []slog.Attr{
 		slog.String("request_id", id),
 		slog.String("code", p.Code), slog.String("method", method), slog.String("path", path),
 		slog.String("error", p.Cause.Error()),
+	}
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int64("suppressed", suppressed))
 	}
 	for k, v := range p.Extra {
 		attrs = append(attrs, slog.Any(k, v))

@@ -151,3 +151,34 @@ func TestBodyDoesNotEscapeHTML(t *testing.T) {
 		t.Errorf("body %q is not one line ending in a newline", body)
 	}
 }
+
+// A flood of faults logs at most FaultLinesPerSecond "request failed"
+// lines a second, and a line after a drop says how many were left out.
+func TestLogFaultBounded(t *testing.T) {
+	var out bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&out, nil))
+	p := &Error{Status: http.StatusServiceUnavailable, Code: "store-unavailable", Cause: errors.New("store down")}
+	const faults = 5 * FaultLinesPerSecond
+	now := time.Unix(1_800_000_000, 0)
+	for i := range faults {
+		logFaultAt(context.Background(), log, p, fmt.Sprint(i), "PUT", "/jobs/1", now.Add(time.Duration(i)*time.Millisecond))
+	}
+	// The next second's first fault is logged with the count of those
+	// left out.
+	logFaultAt(context.Background(), log, p, "after", "PUT", "/jobs/1", now.Add(time.Second))
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if n := len(lines); n != FaultLinesPerSecond+1 {
+		t.Fatalf("%d lines for %d faults in one second and one in the next, want %d", n, faults, FaultLinesPerSecond+1)
+	}
+	var last struct {
+		Msg        string
+		RequestID  string `json:"request_id"`
+		Suppressed int
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil {
+		t.Fatal(err)
+	}
+	if last.Msg != "request failed" || last.RequestID != "after" || last.Suppressed != faults-FaultLinesPerSecond {
+		t.Errorf("last line %s: want the fault after the flood, with the count of those suppressed", lines[len(lines)-1])
+	}
+}
