@@ -187,6 +187,11 @@ type AdmitRequest struct {
 	Token    Token
 	// RequireLive also requires a live lease holding Token (strict rules).
 	RequireLive bool
+	// MarkRead says the caller has just read the resource's marks (a
+	// MarkReader) and the read did not settle the request: a store whose
+	// admission starts with such a read may skip it and admit the full
+	// way. A hint only; the answer is the same without it.
+	MarkRead bool
 }
 
 // Validate checks the request's bounds.

@@ -42,6 +42,9 @@ type pendingAdmit struct {
 	d  Decision
 	t  *barrier.Ticket // registered by the worker, or for a mark reader's batch
 	ok bool            // admitted and its turn: forward it
+	// read: a mark reader read it and did not settle it (a raise, a
+	// refusal), so the store need not read its marks again.
+	read bool
 }
 
 // batches reports whether fenced write d goes to the store in a batch: a
@@ -111,7 +114,7 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 			// Registered before the admission, as admitWrite does: a
 			// write admitted before this one is already registered.
 			p.t = g.barrier.Register(tg.Resource, tg.Token)
-			reqs = append(reqs, fencing.AdmitRequest{Resource: tg.Resource, Token: tg.Token, RequireLive: tg.Strict})
+			reqs = append(reqs, fencing.AdmitRequest{Resource: tg.Resource, Token: tg.Token, RequireLive: tg.Strict, MarkRead: p.read})
 		}
 		out = slices.Grow(out[:0], len(reqs))[:len(reqs)] // AdmitBatch sets each
 		errs = slices.Grow(errs[:0], len(reqs))[:len(reqs)]

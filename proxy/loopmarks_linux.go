@@ -237,6 +237,7 @@ func (m *markConn) receive() {
 	l.marks.failures = 0
 	for i, p := range m.batch {
 		if !m.settled[i] {
+			p.read = true // a raise or a refusal: the store admits it without reading again
 			l.unread(p)
 			continue
 		}

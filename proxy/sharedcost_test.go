@@ -25,9 +25,11 @@ import (
 func TestSharedBarrierCost(t *testing.T) {
 	t.Run("valkey", func(t *testing.T) {
 		srv := valkeytest.Start(t)
-		testSharedBarrierCost(t, valkeyKit(srv.URL(), []*valkeytest.Server{srv}))
+		// With the local barrier, a write that raises a mark costs the
+		// loop's mark read and the admission script, no second read.
+		testSharedBarrierCost(t, valkeyKit(srv.URL(), []*valkeytest.Server{srv}), 2)
 	})
-	t.Run("postgres", func(t *testing.T) { testSharedBarrierCost(t, postgresKit(t)) })
+	t.Run("postgres", func(t *testing.T) { testSharedBarrierCost(t, postgresKit(t), 0) })
 }
 
 // costWrites is how many writes TestSharedBarrierCost counts per run,
@@ -45,7 +47,10 @@ const (
 // 1 to 11 over a run of costWrites.
 const costOneTime = 24
 
-func testSharedBarrierCost(t *testing.T, kit storeKit) {
+// testSharedBarrierCost runs TestSharedBarrierCost on kit's store; with
+// localRaise above 0, writes that each raise a mark may also cost the local
+// barrier at most localRaise round trips each (plus costOneTime).
+func testSharedBarrierCost(t *testing.T, kit storeKit, localRaise int) {
 	for _, resources := range []int{1, costWrites} {
 		t.Run(fmt.Sprintf("resources=%d", resources), func(t *testing.T) {
 			local := storeTrips(t, kit, false, resources)
@@ -53,6 +58,10 @@ func testSharedBarrierCost(t *testing.T, kit storeKit) {
 			t.Logf("store round trips per write: local %.2f, shared %.2f", float64(local)/costWrites, float64(shared)/costWrites)
 			if local <= 0 {
 				t.Fatalf("%d round trips counted for %d local writes: the proxy does not see the store's traffic", local, costWrites)
+			}
+			if localRaise > 0 && resources == costWrites && local > int64(localRaise*costWrites+costOneTime) {
+				t.Errorf("local barrier: %d store round trips for %d writes that each raise a mark, want at most %d each",
+					local, costWrites, localRaise)
 			}
 			if shared > local+costWrites+costOneTime {
 				t.Errorf("shared barrier: %d store round trips for %d uncontended writes, local barrier %d: more than one more per write (and %d)",

@@ -19,7 +19,9 @@ import (
 // the floor is admitted at the mark, which is what admit.lua would answer
 // at that instant, without writing anything. Every other request (a raise,
 // a refusal, a required lease) runs admit.lua, in a second pipeline for
-// those the read did not settle. A call the server answers NOSCRIPT (after
+// those the read did not settle; a request whose marks the caller has just
+// read (MarkRead: a mark reader did not settle it) runs it without the
+// read. A call the server answers NOSCRIPT (after
 // SCRIPT FLUSH or a restart) is run again alone through Admit's path,
 // which loads the script. With WaitReplicas each admission runs Admit's
 // own path, concurrently.
@@ -48,7 +50,7 @@ func (s *Store) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest, out
 		}
 		c := batchCall{i: i}
 		c.before, c.known = s.seen.resource(req.Resource)
-		if req.RequireLive {
+		if req.RequireLive || req.MarkRead {
 			scripts = append(scripts, c)
 		} else {
 			reads = append(reads, c)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -449,5 +450,41 @@ func TestBatchAfterScriptFlush(t *testing.T) {
 		if !errors.Is(err, fencing.ErrUnavailable) {
 			t.Fatalf("batch on a closed store: answer %d is %v, want unavailable", i, err)
 		}
+	}
+}
+
+// TestBatchMarkReadSkipsTheRead: a batched request marked MarkRead (a
+// mark reader read it and did not settle it) runs admit.lua without a
+// second read of its marks, and is answered as without the mark: the
+// raise of a fresh lease's token costs one command, not two.
+func TestBatchMarkReadSkipsTheRead(t *testing.T) {
+	srv := valkeytest.Start(t)
+	s := open(t, srv.URL(), freshPrefix())
+	ctx := context.Background()
+	hmgets := func() int {
+		for _, line := range strings.Split(srv.MustDo("INFO", "commandstats"), "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_hmget:calls="); ok {
+				n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+				return n
+			}
+		}
+		return 0
+	}
+	raise := func(res string, markRead bool) (fencing.Admission, int) {
+		l := mustAcquire(t, s, res, "alice")
+		out, errs := make([]fencing.Admission, 1), make([]error, 1)
+		before := hmgets()
+		s.AdmitBatch(ctx, []fencing.AdmitRequest{{Resource: res, Token: l.Token, MarkRead: markRead}}, out, errs)
+		if errs[0] != nil || !out[0].Raised || out[0].HighWater != l.Token {
+			t.Fatalf("raise of %s (MarkRead %v): %+v, %v", res, markRead, out[0], errs[0])
+		}
+		return out[0], hmgets() - before
+	}
+	_, plain := raise("mr:a", false)
+	_, marked := raise("mr:b", true)
+	// admit.lua reads the record with one HMGET of its own (counted too);
+	// the batch's read before it is the one MarkRead leaves out.
+	if plain != marked+1 {
+		t.Fatalf("HMGETs for a raise: %d without MarkRead, %d with it; want one fewer with it", plain, marked)
 	}
 }
