@@ -38,7 +38,7 @@ date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 # the same paths as in the repository, so that no link in them is dead.
 # deploy/release_test.go checks every relative link of the archive.
 docs=(README.md LICENSE docs/*.md leaseapi/openapi.json
-	examples/shell examples/python/worker.py examples/go/worker/main.go)
+	examples/shell examples/python/worker.py examples/python/README.md examples/go/worker/main.go examples/go/README.md)
 
 mkdir -p "$dist"
 work="$(mktemp -d)"
