@@ -39,7 +39,8 @@ import (
 // above its token). A write whose first batch finds the mark below its
 // token sends a second one with the raise; after attempts batches that
 // each found the record changed, it decides in a transaction holding the
-// exclusive lock.
+// exclusive lock. All of this needs READ COMMITTED (each statement sees
+// what committed before it began), which Open sets for the session.
 //
 // Leave deletes the entry and, in the same statement, announces it with
 // pg_notify on the channel barrierChannel, the payload naming the schema

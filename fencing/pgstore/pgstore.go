@@ -21,7 +21,10 @@
 // Durability: a call that issued a token or raised a high-water mark
 // returns only after its COMMIT was acknowledged, so with the server's
 // defaults (fsync on, synchronous_commit on) the new counter is on disk. Open
-// refuses a session whose synchronous_commit is off. With synchronous
+// refuses a session whose synchronous_commit is off. Sessions run READ
+// COMMITTED whatever the database's default (Open sets it, and refuses a
+// URL or pooler that imposes another level): the shared barrier relies on
+// each statement seeing what committed before it. With synchronous
 // replication (synchronous_standby_names and synchronous_commit on or
 // remote_apply) it also is on a standby before it is relied on, and a
 // failover to that standby keeps every token.
@@ -255,6 +258,14 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 		// for long: its transaction is ended by the server.
 		rp["idle_in_transaction_session_timeout"] = "10000"
 	}
+	if _, ok := rp["default_transaction_isolation"]; !ok {
+		// Every statement must see what committed before it started (the
+		// shared barrier's registration counts the entries committed while
+		// its raise waited for the row's lock): READ COMMITTED, whatever
+		// the database's or role's default. Start-up refuses a session
+		// that runs another level.
+		rp["default_transaction_isolation"] = "read committed"
+	}
 	if _, ok := rp["application_name"]; !ok {
 		rp["application_name"] = "fencegate"
 	}
@@ -275,10 +286,11 @@ func (s *Store) start(ctx context.Context, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	var num, version, syncCommit, fsync, timeout string
+	var num, version, syncCommit, fsync, timeout, isolation string
 	err := s.pool.QueryRow(ctx, `SELECT current_setting('server_version_num'), current_setting('server_version'),
-		current_setting('synchronous_commit'), current_setting('fsync'), current_setting('statement_timeout')`).
-		Scan(&num, &version, &syncCommit, &fsync, &timeout)
+		current_setting('synchronous_commit'), current_setting('fsync'), current_setting('statement_timeout'),
+		current_setting('transaction_isolation')`).
+		Scan(&num, &version, &syncCommit, &fsync, &timeout, &isolation)
 	if err != nil {
 		return classify("connect", err, false)
 	}
@@ -288,6 +300,11 @@ func (s *Store) start(ctx context.Context, log *slog.Logger) error {
 	}
 	if syncCommit == "off" {
 		return errors.New("pgstore: synchronous_commit is off: a token could be handed out before it is durable, and repeat after a crash; turn it on for fencegate's user or database")
+	}
+	if isolation != "read committed" {
+		return fmt.Errorf("pgstore: the session's transaction isolation is %q: fencegate needs read committed, where each statement sees "+
+			"what committed before it (under a snapshot taken earlier, a write could pass while a lower-token write is in flight); "+
+			"remove default_transaction_isolation from the URL, or let the connection pooler pass it", isolation)
 	}
 	if fsync == "off" {
 		log.Warn("postgres store: the server runs with fsync=off: a crash of its host can lose issued tokens and high-water marks, and tokens may then repeat")
