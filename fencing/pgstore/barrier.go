@@ -30,7 +30,10 @@ import (
 //	readShared  the record, under the row's shared lock (admissions at
 //	            the mark do not wait for each other)
 //	register    the entry, only if the record's mark is the token (the
-//	            write is admitted at the mark), and the lower entries
+//	            write is admitted at the mark; under a strict rule, only
+//	            if the token's lease is live), and the lower entries; the
+//	            client decides on the record read at this statement's
+//	            clock, so a write it refuses registered nothing
 //
 // A raise thus waits for every admission in flight at the old mark to
 // commit its entry, and reads the entries only after that, in a later
@@ -61,12 +64,15 @@ var barrierRecheck = 250 * time.Millisecond
 
 // barrierStatements are the barrier's SQL for table b:
 //
-//	register  $1 resource, $2 token, $3 gate, $4 hold ms: inserts the entry
-//	          when the resource's mark is the token and above its floor
-//	          (the write is admitted at the mark, or about to be refused
-//	          for its lease: the caller removes it then), deletes the
-//	          expired lower ones; returns the entry's id (NULL: none
-//	          inserted) and check's columns.
+//	register  $1 resource, $2 token, $3 gate, $4 hold ms, $5 whether the
+//	          lease must be live: inserts the entry when the resource's
+//	          mark is the token and above its floor and, with $5, the
+//	          token's lease is live at the statement's clock (exactly when
+//	          the write is admitted at the mark: record.Record.Admit, whose
+//	          millisecond expiry compares alike), deletes the expired lower
+//	          ones; returns the entry's id (NULL: none inserted), the
+//	          statement's clock in Unix µs (the caller decides at it, so
+//	          its decision and the insert agree) and check's columns.
 //	check     $1 resource, $2 token, $3 the waiting write's own entry id:
 //	          deletes the expired entries below the token; returns how many,
 //	          how many unexpired ones remain, the milliseconds until the
@@ -90,10 +96,11 @@ func barrierStatements(b, resources string) (register, check, leave string) {
 	register = `WITH now AS (SELECT clock_timestamp() AS t),
 		ins AS (INSERT INTO ` + b + ` (resource, token, gate, deadline)
 			SELECT $1::text, $2::bigint, $3::text, t + $4::bigint * interval '1 millisecond' FROM now
-			WHERE EXISTS (SELECT 1 FROM ` + resources + ` WHERE resource = $1 AND high_water = $2 AND floor < $2)
+			WHERE EXISTS (SELECT 1 FROM ` + resources + ` WHERE resource = $1 AND high_water = $2 AND floor < $2
+				AND (NOT $5::boolean OR (owner IS NOT NULL AND NOT released AND token = $2 AND expires_at > (SELECT t FROM now))))
 			RETURNING id),
 		` + lower + `
-		SELECT (SELECT id FROM ins), ` + counts
+		SELECT (SELECT id FROM ins), floor(extract(epoch FROM (SELECT t FROM now)) * 1000000)::bigint, ` + counts
 	check = `WITH now AS (SELECT clock_timestamp() AS t), ` + lower + ` SELECT ` + strings.Replace(counts, "FROM "+b+" WHERE", `,
 		EXISTS (SELECT 1 FROM `+b+` WHERE resource = $1 AND id = $3::bigint)
 		FROM `+b+` WHERE`, 1)
@@ -142,7 +149,9 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 		expired += b.expired
 		r := b.row.record()
 		before := args(req.Resource, r)
-		a, changed, err := s.admitRecord(r, req, b.row.now())
+		// Decided at the registration's clock, as the registration
+		// decided, on the record it saw (the row is locked in between).
+		a, changed, err := s.admitRecord(r, req, time.UnixMicro(b.nowUs).UTC())
 		if b.id == nil {
 			if err != nil {
 				return fencing.Admission{}, none, false, err
@@ -154,9 +163,11 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 		}
 		e := fencing.BarrierEntry{Resource: req.Resource, Token: req.Token, ID: gate + ":" + strconv.FormatInt(*b.id, 10), Expired: expired}
 		if err != nil {
-			// At the mark but refused for its lease: the entry goes (if
-			// that fails too, it stays until its deadline).
-			_ = s.Leave(ctx, e)
+			// Refused although registered: the registration's condition
+			// and the decision disagree, which they must not. The entry
+			// goes, even when the caller has given up (if that fails too,
+			// it stays until its deadline).
+			_ = s.Leave(context.WithoutCancel(ctx), e)
 			return fencing.Admission{}, none, false, err
 		}
 		if changed {
@@ -182,8 +193,10 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 		a, changed, err := s.admitRecord(r, req, now)
 		return registered{adm: a}, changed, err
 	}, nil, func(ctx context.Context, tx pgx.Tx, v registered) (registered, error) {
-		err := tx.QueryRow(ctx, s.sql.register, req.Resource, int64(req.Token), gate, hold.Milliseconds()).
-			Scan(&v.id, &v.extra, &v.lower, new(int64))
+		// Decided under the exclusive lock: the registration need not
+		// check the lease again.
+		err := tx.QueryRow(ctx, s.sql.register, req.Resource, int64(req.Token), gate, hold.Milliseconds(), false).
+			Scan(&v.id, new(int64), &v.extra, &v.lower, new(int64))
 		if err == nil && v.id == nil {
 			err = fmt.Errorf("pgstore: admit: the entry of an admitted write was not registered")
 		}
@@ -201,6 +214,7 @@ type batchResult struct {
 	row     *row
 	raised  bool   // updateIf wrote the raise
 	id      *int64 // the entry registered, or nil
+	nowUs   int64  // the registration's clock, Unix µs
 	lower   int
 	expired int
 }
@@ -214,7 +228,7 @@ func (s *Store) admitBatch(ctx context.Context, req fencing.AdmitRequest, gate s
 		b.Queue(s.sql.updateIf, raise...)
 	}
 	b.Queue(s.sql.readShared, req.Resource)
-	b.Queue(s.sql.register, req.Resource, int64(req.Token), gate, hold.Milliseconds())
+	b.Queue(s.sql.register, req.Resource, int64(req.Token), gate, hold.Milliseconds(), req.RequireLive)
 	br := s.pool.SendBatch(ctx, &b)
 	var v batchResult
 	err := func() error {
@@ -229,7 +243,7 @@ func (s *Store) admitBatch(ctx context.Context, req fencing.AdmitRequest, gate s
 		if v.row, err = scanRow(br.QueryRow()); err != nil {
 			return err
 		}
-		return br.QueryRow().Scan(&v.id, &v.expired, &v.lower, new(int64))
+		return br.QueryRow().Scan(&v.id, &v.nowUs, &v.expired, &v.lower, new(int64))
 	}()
 	return v, errors.Join(err, br.Close())
 }

@@ -2,7 +2,10 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,6 +108,70 @@ func TestSharedBarrierRunsReadCommitted(t *testing.T) {
 		_, err := Open(ctx, Options{URL: c.SocketURL("postgres") + "&default_transaction_isolation=" + level, Schema: freshSchema()})
 		if err == nil || !strings.Contains(err.Error(), "read committed") {
 			t.Errorf("Open with default_transaction_isolation=%s: %v, want a refusal naming read committed", level, err)
+		}
+	}
+}
+
+// TestDoomedWritesAtTheMarkRegisterNothing: while a holder's lease has
+// ended and the next holder writes for the first time, many gates keep
+// sending writes with the old token under a strict rule. They are at the
+// mark but refused (lease-not-held), so they must register nothing: the
+// next holder's raise must find no lower entry to wait for. Were they to
+// register and then leave, the raise would count them (it waits for every
+// admission in flight at the old mark), and one whose removal failed (its
+// client gone) would hold the holder's writes until its deadline.
+func TestDoomedWritesAtTheMarkRegisterNothing(t *testing.T) {
+	ctx := context.Background()
+	schema := freshSchema()
+	gs := []*Store{open(t, schema), open(t, schema), open(t, schema)}
+	const res = "doomed"
+	for round := 0; round < 10; round++ {
+		a := newHolder(t, gs[0], res, "a")
+		ea, _ := registerEntry(t, gs[0], res, "g", a, time.Minute)
+		if err := gs[0].Leave(ctx, ea); err != nil {
+			t.Fatal(err)
+		}
+		b := newHolder(t, gs[0], res, "b") // a's lease is released: strict writes with a are doomed
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var doomed atomic.Int64
+		for i := range 16 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					_, _, _, err := gs[i%2].AdmitRegister(ctx, fencing.AdmitRequest{Resource: res, Token: a, RequireLive: true}, "flood", time.Minute)
+					if errors.Is(err, fencing.ErrStaleToken) {
+						return // the raise went through
+					}
+					if !errors.Is(err, fencing.ErrLeaseNotHeld) {
+						t.Errorf("a write with the ended lease's token: %v, want ErrLeaseNotHeld", err)
+						return
+					}
+					doomed.Add(1)
+				}
+			})
+		}
+		for doomed.Load() == 0 && !t.Failed() {
+			time.Sleep(time.Millisecond)
+		}
+		_, eb, lower, err := gs[2].AdmitRegister(ctx, fencing.AdmitRequest{Resource: res, Token: b, RequireLive: true}, "holder", time.Minute)
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			t.Fatalf("round %d: the holder's first write: %v", round, err)
+		}
+		if lower {
+			t.Fatalf("round %d: the holder's first write found a lower entry to wait for, with only refused writes at the old mark (%d of them)", round, doomed.Load())
+		}
+		if err := gs[2].Leave(ctx, eb); err != nil {
+			t.Fatal(err)
+		}
+		if n := barrierRows(t, gs[0], res); n != 0 {
+			t.Fatalf("round %d: %d entries left behind", round, n)
 		}
 	}
 }
