@@ -3,6 +3,8 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -174,4 +176,162 @@ func TestDoomedWritesAtTheMarkRegisterNothing(t *testing.T) {
 			t.Fatalf("round %d: %d entries left behind", round, n)
 		}
 	}
+}
+
+// TestSharedBarrierOrderRandomized checks DESIGN §9 itself across gates:
+// three stores (gates) on one schema, a dozen writers admitting, waiting,
+// "forwarding" and leaving with the last few tokens issued (some under a
+// strict rule), while the lease keeps changing hands and being renewed
+// (which makes raises find the row changed). No write may be forwarded
+// while a lower-token write is in flight, nor admitted while a
+// higher-token one is, nor admitted below a token admitted before it
+// began. It runs in the query modes a URL may choose
+// (default_query_exec_mode: pgx's prepared statements, exec, and
+// simple_protocol, which users of transaction-pooling PgBouncer set). It
+// fails with the noshare mutant and under REPEATABLE READ.
+func TestSharedBarrierOrderRandomized(t *testing.T) {
+	c := pgtest.Need(t, cluster)
+	for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			randomizedOrder(t, c.SocketURL("postgres")+"&default_query_exec_mode="+mode, 3, 12, 2*time.Second)
+		})
+	}
+}
+
+// randomizedOrder runs TestSharedBarrierOrderRandomized's check for d with
+// the given gates and writers.
+func randomizedOrder(t *testing.T, url string, gates, writers int, d time.Duration) {
+	ctx := context.Background()
+	schema := freshSchema()
+	var gs []*Store
+	for range gates {
+		gs = append(gs, openURL(t, url, schema))
+	}
+	const res = "order"
+	var (
+		mu       sync.Mutex
+		tokens   []fencing.Token // issued, ascending
+		holders  []string
+		inflight = map[fencing.Token]int{} // forwarded and not yet left
+		maxAdm   fencing.Token             // the highest token admitted
+		failed   atomic.Bool
+		admitted atomic.Int64
+		waited   atomic.Int64
+	)
+	fail := func(format string, a ...any) {
+		if failed.CompareAndSwap(false, true) {
+			t.Errorf(format, a...)
+		}
+	}
+	hand := func(g *Store, owner string) {
+		l, err := g.Acquire(ctx, fencing.AcquireRequest{Resource: res, Owner: owner, TTL: time.Minute})
+		if err != nil {
+			fail("acquire: %v", err)
+			return
+		}
+		mu.Lock()
+		tokens = append(tokens, l.Token)
+		holders = append(holders, owner)
+		mu.Unlock()
+	}
+	hand(gs[0], "o0")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { // the lease changes hands, or is renewed, every few ms
+		rng := rand.New(rand.NewPCG(1, 2))
+		for i := 1; !failed.Load(); i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(rng.IntN(20)) * time.Millisecond):
+			}
+			mu.Lock()
+			last, owner := tokens[len(tokens)-1], holders[len(holders)-1]
+			mu.Unlock()
+			g := gs[rng.IntN(gates)]
+			if rng.IntN(3) == 0 {
+				if _, err := g.Renew(ctx, fencing.RenewRequest{Resource: res, Owner: owner, Token: last, TTL: time.Minute}); err != nil {
+					fail("renew: %v", err)
+				}
+				continue
+			}
+			if _, err := g.Release(ctx, fencing.ReleaseRequest{Resource: res, Owner: owner, Token: last}); err != nil {
+				fail("release: %v", err)
+				return
+			}
+			hand(g, "o"+strconv.Itoa(i))
+		}
+	})
+	for w := range writers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			g, gate := gs[w%gates], "g"+strconv.Itoa(w%gates)
+			for !failed.Load() {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				mu.Lock()
+				tok := tokens[max(0, len(tokens)-1-rng.IntN(3))]
+				before := maxAdm
+				mu.Unlock()
+				_, e, lower, err := g.AdmitRegister(ctx, fencing.AdmitRequest{Resource: res, Token: tok, RequireLive: rng.IntN(4) == 0}, gate, time.Minute)
+				if errors.Is(err, fencing.ErrStaleToken) || errors.Is(err, fencing.ErrLeaseNotHeld) {
+					continue
+				}
+				if err != nil {
+					fail("AdmitRegister(%d): %v", tok, err)
+					return
+				}
+				mu.Lock()
+				for o, n := range inflight {
+					if o > tok && n > 0 {
+						fail("token %d admitted while %d is in flight", tok, o)
+					}
+				}
+				if tok < before {
+					fail("token %d admitted after %d was", tok, before)
+				}
+				maxAdm = max(maxAdm, tok)
+				mu.Unlock()
+				if lower {
+					waited.Add(1)
+					wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					_, err := g.WaitLower(wctx, e)
+					cancel()
+					if err != nil {
+						fail("WaitLower(%d): %v", tok, err)
+						return
+					}
+				}
+				mu.Lock()
+				for o, n := range inflight {
+					if o < tok && n > 0 {
+						fail("token %d forwarded while %d is in flight", tok, o)
+					}
+				}
+				inflight[tok]++
+				mu.Unlock()
+				admitted.Add(1)
+				time.Sleep(time.Duration(rng.IntN(1500)) * time.Microsecond)
+				mu.Lock()
+				inflight[tok]--
+				mu.Unlock()
+				if err := g.Leave(ctx, e); err != nil {
+					fail("Leave: %v", err)
+					return
+				}
+			}
+		})
+	}
+	time.Sleep(d)
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if admitted.Load() == 0 || len(tokens) < 3 {
+		t.Errorf("too little happened to check anything: %d tokens, %d writes forwarded", len(tokens), admitted.Load())
+	}
+	t.Logf("%d tokens issued, %d writes forwarded, %d waited behind a lower one", len(tokens), admitted.Load(), waited.Load())
 }
