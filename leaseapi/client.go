@@ -363,14 +363,7 @@ func (c *Client) leaseCall(ctx context.Context, method, resource, suffix string,
 	if err := c.call(ctx, method, resource, suffix, body, &out); err != nil {
 		return fencing.Lease{}, err
 	}
-	l, err := fromLeaseJSON(out)
-	if err != nil {
-		return fencing.Lease{}, err
-	}
-	if l.Resource != resource {
-		return fencing.Lease{}, fmt.Errorf("leaseapi: %s %s: %w", method, resource, &badAnswerError{status: http.StatusOK, what: fmt.Sprintf("names another resource (%q)", l.Resource)})
-	}
-	return l, nil
+	return leaseOf(out, resource)
 }
 
 // DecodeLease reads raw, the body of a 2xx answer to a call about a lease
@@ -384,6 +377,12 @@ func DecodeLease(raw []byte, resource string) (fencing.Lease, error) {
 	if err := json.Unmarshal(raw, &out); err != nil {
 		return fencing.Lease{}, fmt.Errorf("leaseapi: %w", &badAnswerError{status: http.StatusOK, what: "its body is not the JSON the lease API sends", err: err})
 	}
+	return leaseOf(out, resource)
+}
+
+// leaseOf is the lease a call about resource was answered with: out
+// converted (fromLeaseJSON), and a lease of resource.
+func leaseOf(out leaseJSON, resource string) (fencing.Lease, error) {
 	l, err := fromLeaseJSON(out)
 	if err != nil {
 		return fencing.Lease{}, err
