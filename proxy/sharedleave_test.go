@@ -495,6 +495,9 @@ func testCloseWithHungStore(t *testing.T, kit storeKit, answer bool) {
 	// The store's own timeouts are far beyond leaveTimeout: only the
 	// attempt's bound, or Close's context, ends a hung removal.
 	st := kit.via(t, prefix, cut.addr(), time.Minute)
+	// Thawed at the end, before the store is closed (cleanups run last
+	// first): a store client closing over a frozen connection waits on it.
+	t.Cleanup(cut.mend)
 	g, err := New(Options{Upstream: u, Store: st, ResourceHeader: true, SharedBarrier: st, GateID: "gate-a",
 		BarrierTimeout: 20 * time.Second, BodyTimeout: 20 * time.Second, UpstreamTimeout: 20 * time.Second, TimeoutGrace: NoGrace,
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
