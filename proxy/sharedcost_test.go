@@ -74,8 +74,8 @@ func testSharedBarrierCost(t *testing.T, kit storeKit, localRaise int) {
 // storeTrips is how many store round trips a gate makes for costWrites
 // sequential uncontended writes spread over resources, each with a live
 // lease's token, with the shared barrier or the local one. The store's own
-// background traffic (health checks), counted over as long an idle
-// interval after the writes, is subtracted.
+// background traffic (health checks), counted while idle after the writes
+// and scaled to their duration, is subtracted.
 func storeTrips(t *testing.T, kit storeKit, shared bool, resources int) int64 {
 	t.Helper()
 	ns := fmt.Sprintf("cost%d", time.Now().UnixNano())
@@ -139,9 +139,12 @@ func storeTrips(t *testing.T, kit storeKit, shared bool, resources int) int64 {
 	write("doc", 0, costWrites)
 	took := time.Since(start)
 	trips := counter.trips.Load() - before
+	// The background's rate, over up to half a second of idling, counted
+	// for as long as the writes took.
+	window := min(took, 500*time.Millisecond)
 	idleFrom := counter.trips.Load()
-	time.Sleep(took)
-	idle := counter.trips.Load() - idleFrom
+	time.Sleep(window)
+	idle := (counter.trips.Load() - idleFrom) * int64(took) / int64(window)
 	t.Logf("shared=%v resources=%d: %d round trips for %d writes in %v, %d while idle as long",
 		shared, resources, trips, costWrites, took.Round(time.Millisecond), idle)
 	return trips - idle
