@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 	"unicode"
+
+	"github.com/fencegate/fencegate/internal/mdblock"
 )
 
 // pages are the documents the tests check: the README, every docs page
@@ -143,22 +145,11 @@ func TestSelfContained(t *testing.T) {
 // starts with heading, up to the next heading of the same level.
 func shellBlocks(t *testing.T, page, heading string) []string {
 	t.Helper()
-	_, section, ok := strings.Cut(read(t, page), "\n"+heading)
+	section, ok := mdblock.Section(read(t, page), heading)
 	if !ok {
 		t.Fatalf("%s has no section %q", page, heading)
 	}
-	level := heading[:strings.IndexByte(heading, ' ')+1]
-	section, _, _ = strings.Cut(section, "\n"+level)
-	var blocks []string
-	for rest := section; ; {
-		_, after, ok := strings.Cut(rest, "```sh\n")
-		if !ok {
-			return blocks
-		}
-		block, tail, _ := strings.Cut(after, "```\n")
-		blocks = append(blocks, block)
-		rest = tail
-	}
+	return mdblock.Shell(section)
 }
 
 // TestTLSRecipe runs tls.md's test certificate recipe as written: its two

@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencegate/fencegate/internal/mdblock"
 )
 
 // bin holds the binaries built once for every test: fencegate and the Go
@@ -518,12 +520,11 @@ func TestREADMEQuickStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(readme), "\n## Quick start")
+	section, ok := mdblock.Section(string(readme), "## Quick start")
 	if !ok {
 		t.Fatal("README.md has no Quick start section")
 	}
-	section, _, _ = strings.Cut(section, "\n## ")
-	blocks := shellBlocks(section)
+	blocks := mdblock.Shell(section)
 	if len(blocks) != 2 {
 		t.Fatalf("the quick start has %d shell blocks, want 2", len(blocks))
 	}
@@ -583,7 +584,7 @@ func TestExampleREADMEs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			blocks := shellBlocks(string(readme))
+			blocks := mdblock.Shell(string(readme))
 			if len(blocks) != tc.blocks {
 				t.Fatalf("examples/%s/README.md has %d shell blocks, want %d", tc.dir, len(blocks), tc.blocks)
 			}
@@ -603,20 +604,6 @@ func needTools(t *testing.T, tools ...string) {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s is not installed (scripts/test.sh installs it)", tool)
 		}
-	}
-}
-
-// shellBlocks returns the ```sh blocks of a Markdown text, in order.
-func shellBlocks(text string) []string {
-	var blocks []string
-	for rest := text; ; {
-		_, after, ok := strings.Cut(rest, "```sh\n")
-		if !ok {
-			return blocks
-		}
-		block, tail, _ := strings.Cut(after, "```\n")
-		blocks = append(blocks, block)
-		rest = tail
 	}
 }
 
