@@ -126,7 +126,7 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 type statements struct {
 	readLocked, readShared, read, readCheckpoint string
 	insert, update, updateIf, saveState          string
-	list, sweep                                  string
+	list, sweepLock, sweepRemove                 string
 	register, check, leave                       string
 }
 
@@ -177,19 +177,29 @@ func newStatements(schema string) statements {
 			AND expires_at > clock_timestamp() ORDER BY resource LIMIT $3`,
 	}
 	st.register, st.check, st.leave = barrierStatements(schema+".barrier", r)
-	// One sweep batch (retention, DESIGN §12): at most $2 rows with no live
-	// lease, untouched for the retention $1 (an interval, against the
-	// database's clock; counted from the latest of the last touch, the
-	// lease's expiry and the checkpoint, as the embedded stores count it),
-	// and no barrier entry, locked without waiting for
-	// a row another transaction holds; their checkpoints, then the rows.
-	// It returns how many rows went.
-	st.sweep = `WITH now AS (SELECT clock_timestamp() AS t),
-		idle AS (SELECT resource FROM ` + r + ` x
-			WHERE greatest(touched_at, expires_at, acquired_at, cp_updated_at) <= (SELECT t FROM now) - $1::interval
-			AND (owner IS NULL OR released OR expires_at <= (SELECT t FROM now))
-			AND NOT EXISTS (SELECT 1 FROM ` + schema + `.barrier b WHERE b.resource = x.resource)
-			ORDER BY touched_at NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED),
+	// One sweep batch (retention, DESIGN §12), two statements in one
+	// transaction. sweepLock locks, without waiting for a row another
+	// transaction holds, at most $2 rows with no live lease, untouched for
+	// the retention $1 (an interval, against the database's clock; counted
+	// from the latest of the last touch, the lease's expiry and the
+	// checkpoint, as the embedded stores count it) and no barrier entry,
+	// and returns their names. Its WHERE is checked again on a row updated
+	// since the statement began (READ COMMITTED's recheck of a locked row),
+	// but its barrier entries are those of the statement's snapshot: an
+	// admission that registered one in between (under the row's shared
+	// lock, released at its commit) is not seen. So sweepRemove, a later
+	// statement with a snapshot taken once the rows are locked (every entry
+	// registered before is committed, none can be registered after), removes
+	// the checkpoints and rows of $1 (the names locked) that have no
+	// barrier entry, and returns how many rows went.
+	st.sweepLock = `WITH now AS (SELECT clock_timestamp() AS t)
+		SELECT resource FROM ` + r + ` x
+		WHERE greatest(touched_at, expires_at, acquired_at, cp_updated_at) <= (SELECT t FROM now) - $1::interval
+		AND (owner IS NULL OR released OR expires_at <= (SELECT t FROM now))
+		AND NOT EXISTS (SELECT 1 FROM ` + schema + `.barrier b WHERE b.resource = x.resource)
+		ORDER BY touched_at NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED`
+	st.sweepRemove = `WITH idle AS (SELECT resource FROM unnest($1::text[]) AS x (resource)
+			WHERE NOT EXISTS (SELECT 1 FROM ` + schema + `.barrier b WHERE b.resource = x.resource)),
 		cp AS (DELETE FROM ` + schema + `.checkpoints WHERE resource IN (SELECT resource FROM idle)),
 		gone AS (DELETE FROM ` + r + ` WHERE resource IN (SELECT resource FROM idle) RETURNING 1)
 		SELECT count(*) FROM gone`
