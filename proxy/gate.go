@@ -478,8 +478,9 @@ func (g *Gate) bufferBody(x *exchange) *problem.Error {
 		return nil // the event loops read it with the head
 	}
 	n64 := x.r.ContentLength
-	if n64 <= 0 || n64 > int64(g.bodyBuffer) {
-		return nil // none, or streamed (chunked, or larger)
+	h2 := x.r.ProtoMajor >= 2
+	if n64 < 0 || n64 > int64(g.bodyBuffer) || n64 == 0 && !h2 {
+		return nil // streamed (chunked, or larger), or none
 	}
 	n := int(n64)
 	g.setBodyDeadline(x)
@@ -489,13 +490,39 @@ func (g *Gate) bufferBody(x *exchange) *problem.Error {
 		// in flight hold a thousand small buffers.
 		*buf = make([]byte, 0, max(n, 512))
 	}
-	if _, err := io.ReadFull(x.r.Body, (*buf)[:n]); err != nil {
+	_, err := io.ReadFull(x.r.Body, (*buf)[:n])
+	if err == nil && h2 {
+		err = streamEnd(x.r.Body)
+	}
+	if err != nil {
 		bodyBuffers.Put(buf)
 		return bodyProblem(err, false, false)
 	}
 	*buf = (*buf)[:n]
 	x.buffered = buf
 	return nil
+}
+
+// streamEnd waits for the end of an HTTP/2 request's stream once its
+// declared content has been read: a stream that goes on with more DATA is
+// malformed (RFC 9113 §8.1.1), which net/http notices only when that DATA
+// arrives, after the gate would have forwarded the write (a content-length
+// of 0 with DATA after it reached the upstream as an empty write while its
+// client got a reset). A stream that ended with its last DATA frame, as
+// clients send it, ends at once.
+func streamEnd(body io.Reader) error {
+	var b [1]byte
+	for {
+		n, err := body.Read(b[:])
+		switch {
+		case n > 0:
+			return errors.New("http2: the request's DATA goes past its content-length")
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return err
+		}
+	}
 }
 
 // bodyBuffers recycles the buffers of bodies read in full.

@@ -166,6 +166,9 @@ type h2Shape struct {
 	// withhold declares the body but sends none of it: the answer is read
 	// first (a gate that waits for the body would never give one).
 	withhold bool
+	// more are DATA frames sent after body's, each after a pause, the
+	// last ending the stream.
+	more []string
 }
 
 // h2Connection are the fields HTTP/2 forbids (RFC 9113 §8.2.2): a shape
@@ -310,13 +313,17 @@ func sendH2(t *testing.T, h *rawH2, s h2Shape) string {
 	for i := 0; i+1 < len(kv); i += 2 {
 		_ = h.enc.WriteField(hpack.HeaderField{Name: kv[i], Value: kv[i+1]})
 	}
-	if err := h.f.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: h.buf.Bytes(), EndHeaders: true, EndStream: s.body == ""}); err != nil {
+	if err := h.f.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: h.buf.Bytes(), EndHeaders: true, EndStream: s.body == "" && s.more == nil}); err != nil {
 		t.Fatal(err)
 	}
 	if s.body != "" && !s.withhold {
-		if err := h.f.WriteData(1, true, []byte(s.body)); err != nil {
+		if err := h.f.WriteData(1, s.more == nil, []byte(s.body)); err != nil {
 			t.Fatal(err)
 		}
+	}
+	for i, d := range s.more {
+		time.Sleep(100 * time.Millisecond)
+		_ = h.f.WriteData(1, i == len(s.more)-1, []byte(d)) // the gate may have reset the stream
 	}
 	h.f.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	var status, ctype string
@@ -406,6 +413,52 @@ func TestHTTP2AbuseTLS(t *testing.T) {
 		h := newTLSHostile(t)
 		h.noLoops = way.noLoops
 		t.Run("loops"+way.name, func(t *testing.T) { testHTTP2Abuse(t, h.way()) })
+	}
+}
+
+// TestH2ContentLengthDisagreesWithStream: an HTTP/2 write whose DATA
+// does not add up to its content-length is malformed (RFC 9113 §8.1.1),
+// and an intermediary forwards no malformed request. net/http's server
+// gives a stream that ended with its headers an empty body whatever its
+// content-length, and resets one whose DATA goes past it only when that
+// DATA arrives: without the gate's checks, each write below (a live token)
+// reached the upstream as an empty or cut-short write, the last two while
+// their clients got a reset. Well-formed writes still go through (over
+// TLS, ALPN h2).
+func TestH2ContentLengthDisagreesWithStream(t *testing.T) {
+	h := newTLSHostile(t)
+	for _, c := range []struct {
+		name      string
+		s         h2Shape
+		forwarded int
+	}{
+		{"5 declared, stream ends with its headers", h2Shape{fields: []string{"content-length", "5"}}, 0},
+		{"0 declared, DATA after", h2Shape{fields: []string{"content-length", "0"}, more: []string{"abc"}}, 0},
+		{"3 declared, more DATA after them", h2Shape{fields: []string{"content-length", "3"}, body: "abc", more: []string{"de"}}, 0},
+		{"3 declared, 3 sent, stream ends after", h2Shape{fields: []string{"content-length", "3"}, body: "abc", more: []string{""}}, 1},
+		{"0 declared, stream ends with an empty DATA", h2Shape{fields: []string{"content-length", "0"}, more: []string{""}}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := h.env(t, false, "h2")
+			conn, err := e.dial()
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := c.s
+			s.method, s.path, s.authority = "PUT", "/jobs/1", "gate"
+			s.fields = append([]string{"fencing-token", "2"}, s.fields...)
+			got := sendH2(t, newRawH2(t, conn), s)
+			want := []string{"400 invalid-request", "400 invalid-body", "RST_STREAM PROTOCOL_ERROR"}
+			if c.forwarded == 1 {
+				want = []string{"200"}
+			}
+			if !slices.Contains(want, got) {
+				t.Errorf("answer %q, want one of %q", got, want)
+			}
+			time.Sleep(50 * time.Millisecond) // a write forwarded after the answer would show
+			e.judgeUpstream(t, c.forwarded, func(string, string) bool { return true })
+		})
 	}
 }
 
