@@ -440,35 +440,53 @@ func valkeyTLS(caFile string) (*tls.Config, error) {
 // loadRules reads and parses the write gate's route rules from
 // FENCEGATE_RULES or FENCEGATE_RULES_FILE.
 func loadRules(cfg config.Config) ([]proxy.Rule, error) {
+	rules, _, err := loadRulesText(cfg)
+	return rules, err
+}
+
+// loadRulesText is loadRules, also returning the text it parsed.
+func loadRulesText(cfg config.Config) ([]proxy.Rule, string, error) {
 	text := cfg.Rules
 	if cfg.RulesFile != "" {
 		b, err := os.ReadFile(cfg.RulesFile)
 		if err != nil {
-			return nil, fmt.Errorf("FENCEGATE_RULES_FILE: %w", err)
+			return nil, "", fmt.Errorf("FENCEGATE_RULES_FILE: %w", err)
 		}
 		text = string(b)
 	}
 	rules, err := proxy.ParseRules(text)
 	if err != nil {
-		return nil, fmt.Errorf("FENCEGATE_RULES: %w", err)
+		return nil, "", fmt.Errorf("FENCEGATE_RULES: %w", err)
 	}
-	return rules, nil
+	return rules, text, nil
 }
 
 // reloadRules re-reads FENCEGATE_RULES_FILE into gate (SIGHUP): rules that
-// do not load leave the ones in force, and the error names the file. A
-// file with no rules at all is refused while rules are in force: it is far
-// more often one caught while it is rewritten (truncated, not yet written)
-// than a wish to drop every rule, which would also turn on the
-// Fencing-Resource header's fallback (FENCEGATE_RESOURCE_HEADER unset) and
-// let clients name their writes' resources. A restart drops them all.
+// do not load leave the ones in force, and the error names the file. Two
+// shapes of a file caught while it is rewritten in place are refused too:
+//
+//   - one with no rules at all while rules are in force: far more often a
+//     file truncated and not yet written than a wish to drop every rule,
+//     which would also turn on the Fencing-Resource header's fallback
+//     (FENCEGATE_RESOURCE_HEADER unset) and let clients name their writes'
+//     resources. A restart drops them all.
+//   - one whose last rule's line has no line end: a file cut off inside a
+//     line may still parse, its last rule then another rule than the one
+//     written ("fence job:{id}:data" read as "fence job:{id}", a write
+//     fenced on another resource; "fence strict job:{id}" as "fence st",
+//     no longer strict). Start-up, which reads a file that is not
+//     being written, takes such a file as it is.
 func reloadRules(cfg config.Config, gate *proxy.Gate, log *slog.Logger) error {
-	rules, err := loadRules(cfg)
+	rules, text, err := loadRulesText(cfg)
 	if err != nil {
 		return err
 	}
 	if n := len(gate.Rules()); len(rules) == 0 && n > 0 {
 		return fmt.Errorf("FENCEGATE_RULES_FILE %s holds no rules while %d are in force (a file being rewritten? replace it whole, by a rename); to run without rules, restart", cfg.RulesFile, n)
+	}
+	last := text[strings.LastIndexByte(text, '\n')+1:]
+	if tail, err := proxy.ParseRules(last); err != nil || len(tail) > 0 {
+		return fmt.Errorf("FENCEGATE_RULES_FILE %s: its last rule (line %d) has no line end, as in a file cut off while it is rewritten; end every line with a newline and replace the file whole, by a rename", cfg.RulesFile, strings.Count(text, "\n")+1)
 	}
 	if err := gate.SetRules(rules); err != nil {
 		return err

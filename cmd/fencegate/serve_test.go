@@ -1,9 +1,17 @@
 package main
 
 import (
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/fencegate/fencegate/config"
+	"github.com/fencegate/fencegate/fencing/memstore"
 	"github.com/fencegate/fencegate/proxy"
 )
 
@@ -15,5 +23,62 @@ func TestTimeoutGraceZeroTurnsItOff(t *testing.T) {
 	}
 	if got := timeoutGrace(5 * time.Second); got != 5*time.Second {
 		t.Fatalf("timeoutGrace(5s) = %v", got)
+	}
+}
+
+// TestReloadRulesRefusesALineCutShort: a rules file cut off inside its
+// last line (one caught while it is rewritten in place) can still parse,
+// as other rules than the ones written: "fence job:{id}:data" read as
+// "fence job:{id}" fences the write on another resource, and "fence strict
+// job:{id}" read as "fence st" drops the strict check. SIGHUP refuses
+// such a file and the rules in force stay; the same file with its line end
+// is taken, and so is a last line of comment or blanks without one.
+func TestReloadRulesRefusesALineCutShort(t *testing.T) {
+	const whole = "POST /jobs/{id}/finish fence strict job:{id}\nPUT /jobs/{id} fence job:{id}:data\n"
+	file := filepath.Join(t.TempDir(), "rules")
+	rules, err := proxy.ParseRules(whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse("http://127.0.0.1:1")
+	gate, err := proxy.New(proxy.Options{Upstream: u, Store: memstore.New(memstore.Options{}), Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Config{RulesFile: file}
+	log := slog.New(slog.DiscardHandler)
+	reload := func(text string) error {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return reloadRules(cfg, gate, log)
+	}
+	inForce := func() string {
+		var b strings.Builder
+		for _, r := range gate.Rules() {
+			fmt.Fprintf(&b, "%v %s %v %v %s;", r.Methods, r.Pattern, r.Action, r.Strict, r.Template)
+		}
+		return b.String()
+	}
+	before := inForce()
+	for _, cut := range []string{
+		"POST /jobs/{id}/finish fence strict job:{id}\nPUT /jobs/{id} fence job:{id}",
+		"POST /jobs/{id}/finish fence strict job:{id}\nPUT /jobs/{id} fence j",
+		"POST /jobs/{id}/finish fence st",
+		"POST /jobs/{id}/finish fence strict job:{id}; PUT /jobs/{id} pass",
+	} {
+		err := reload(cut)
+		if err == nil || !strings.Contains(err.Error(), "no line end") || !strings.Contains(err.Error(), file) {
+			t.Errorf("reload of %q: %v, want a refusal naming the file and the missing line end", cut, err)
+		}
+		if got := inForce(); got != before {
+			t.Fatalf("after the refused reload of %q, the rules in force are %s, want %s", cut, got, before)
+		}
+	}
+	for _, ok := range []string{whole, "PUT /jobs/{id} deny\n# end", "PUT /jobs/{id} deny\n  ", "PUT /jobs/{id} deny # no more\n"} {
+		if err := reload(ok); err != nil {
+			t.Errorf("reload of %q: %v", ok, err)
+		}
 	}
 }
