@@ -133,6 +133,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 			return err
 		}
 		if cfg.RulesFile != "" {
+			warnUnendedRules(cfg, log)
 			reg.add("FENCEGATE_RULES_FILE "+cfg.RulesFile, func() error { return reloadRules(cfg, gate, log) })
 		}
 		if err := restoreHolds(ctx, gate, cfg.Barrier == config.BarrierShared, log); err != nil {
@@ -476,6 +477,33 @@ func loadRulesText(cfg config.Config) ([]proxy.Rule, string, error) {
 //     fenced on another resource; "fence strict job:{id}" as "fence st",
 //     no longer strict). Start-up, which reads a file that is not
 //     being written, takes such a file as it is.
+// unendedLastRule returns the line number of text's last line when that
+// line holds a rule (or what does not parse as one) without a line end
+// after it, or 0: the shape reloadRules refuses.
+func unendedLastRule(text string) int {
+	last := text[strings.LastIndexByte(text, '\n')+1:]
+	if tail, err := proxy.ParseRules(last); err != nil || len(tail) > 0 {
+		return strings.Count(text, "\n") + 1
+	}
+	return 0
+}
+
+// warnUnendedRules logs at start-up, once, that the rules file's last rule
+// has no line end: it is taken as it is now, but every reload of the file
+// in that shape will be refused (reloadRules), which an operator would
+// otherwise learn only at the first SIGHUP.
+func warnUnendedRules(cfg config.Config, log *slog.Logger) {
+	if cfg.RulesFile == "" {
+		return
+	}
+	if b, err := os.ReadFile(cfg.RulesFile); err == nil {
+		if line := unendedLastRule(string(b)); line > 0 {
+			log.Warn("the rules file's last rule has no line end: it is in force, but a reload (SIGHUP) of the file in this shape will be refused; end every line with a newline",
+				"file", cfg.RulesFile, "line", line)
+		}
+	}
+}
+
 func reloadRules(cfg config.Config, gate *proxy.Gate, log *slog.Logger) error {
 	rules, text, err := loadRulesText(cfg)
 	if err != nil {
@@ -484,9 +512,8 @@ func reloadRules(cfg config.Config, gate *proxy.Gate, log *slog.Logger) error {
 	if n := len(gate.Rules()); len(rules) == 0 && n > 0 {
 		return fmt.Errorf("FENCEGATE_RULES_FILE %s holds no rules while %d are in force (a file being rewritten? replace it whole, by a rename); to run without rules, restart", cfg.RulesFile, n)
 	}
-	last := text[strings.LastIndexByte(text, '\n')+1:]
-	if tail, err := proxy.ParseRules(last); err != nil || len(tail) > 0 {
-		return fmt.Errorf("FENCEGATE_RULES_FILE %s: its last rule (line %d) has no line end, as in a file cut off while it is rewritten; end every line with a newline and replace the file whole, by a rename", cfg.RulesFile, strings.Count(text, "\n")+1)
+	if line := unendedLastRule(text); line > 0 {
+		return fmt.Errorf("FENCEGATE_RULES_FILE %s: its last rule (line %d) has no line end, as in a file cut off while it is rewritten; end every line with a newline and replace the file whole, by a rename", cfg.RulesFile, line)
 	}
 	if err := gate.SetRules(rules); err != nil {
 		return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -79,6 +80,28 @@ func TestReloadRulesRefusesALineCutShort(t *testing.T) {
 	for _, ok := range []string{whole, "PUT /jobs/{id} deny\n# end", "PUT /jobs/{id} deny\n  ", "PUT /jobs/{id} deny # no more\n"} {
 		if err := reload(ok); err != nil {
 			t.Errorf("reload of %q: %v", ok, err)
+		}
+	}
+}
+
+// TestStartWarnsOfAnUnendedRulesFile: start-up takes a rules file whose
+// last rule has no line end, and says at once that reloads of it in that
+// shape will be refused, rather than leaving the operator to learn it at
+// the first SIGHUP.
+func TestStartWarnsOfAnUnendedRulesFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "rules")
+	for text, warned := range map[string]bool{
+		"PUT /jobs/{id} fence job:{id}":        true,
+		"PUT /jobs/{id} fence job:{id}\n":      false,
+		"PUT /jobs/{id} fence job:{id}\n# end": false,
+	} {
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		warnUnendedRules(config.Config{RulesFile: file}, slog.New(slog.NewTextHandler(&out, nil)))
+		if got := strings.Contains(out.String(), "no line end"); got != warned {
+			t.Errorf("rules file %q: warned %v, want %v (log: %q)", text, got, warned, out.String())
 		}
 	}
 }
