@@ -398,9 +398,10 @@ type exchange struct {
 // Every open is ended by end once x's answer is set. scratch, when not nil,
 // is a map open may clear and reuse for the headers decide reads (see
 // decisionHeader). start is when the request arrived: its duration is
-// measured from then.
-func (g *Gate) open(c *fasthttp.RequestCtx, scratch http.Header, start time.Time) (*exchange, Decision) {
-	x := &exchange{c: c, ctx: context.Background(), start: start}
+// measured from then. ctx bounds x's admission and its wait for a turn
+// (the event loops': cancelled when they stop).
+func (g *Gate) open(ctx context.Context, c *fasthttp.RequestCtx, scratch http.Header, start time.Time) (*exchange, Decision) {
+	x := &exchange{c: c, ctx: ctx, start: start}
 	x.id = reqid.Choose(c.Request.Header.Peek(reqid.Header))
 	c.Response.Header.Set(reqid.Header, x.id)
 	target := string(c.Request.Header.RequestURI())

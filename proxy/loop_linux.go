@@ -94,11 +94,14 @@ type loopEngine struct {
 	doneOnce sync.Once
 	wg       sync.WaitGroup // the loops
 	// work is the engine's other goroutines (dials, admissions, waits
-	// for a turn, the fallback's connections, mark readers opening):
-	// stop waits for them, after cancelling ctx, which bounds the dials.
-	work   sync.WaitGroup
-	ctx    context.Context
-	cancel context.CancelFunc
+	// for a turn, the fallback's connections, mark readers opening,
+	// handshakes): stop waits for them, after cancelling ctx, which
+	// ends those that honour it, until its own context ends. running
+	// counts them by kind, for stop's report of what it left.
+	work    sync.WaitGroup
+	running [workKinds]atomic.Int64
+	ctx     context.Context
+	cancel  context.CancelFunc
 
 	mu     sync.Mutex
 	handed map[*handedConn]bool // connections served by the fallback; true while idle
@@ -166,15 +169,38 @@ func (e *loopEngine) serve() error {
 		e.wg.Go(l.run)
 	}
 	if e.tlsLn != nil {
-		e.goTracked(e.acceptTLS)
+		e.goTracked(workAccept, e.acceptTLS)
 	}
 	<-e.done
 	e.doneOnce.Do(func() {}) // waits for stop's cleanup
 	return nil
 }
 
-// goTracked runs f on a goroutine stop waits for.
-func (e *loopEngine) goTracked(f func()) { e.work.Go(f) }
+// workKind is what a goroutine of the engine's work does (see goTracked).
+type workKind int
+
+const (
+	workDial      workKind = iota // dialing the upstream
+	workAdmission                 // a write's admission by the store, or its wait for a turn
+	workMarks                     // a mark reader opening
+	workHandshake                 // a TLS handshake
+	workAccept                    // a TLS listener's accept
+	workHandoff                   // a connection on its way to the general path
+	workSendHook                  // Gate.beforeSend (tests)
+	workKinds
+)
+
+var workNames = [workKinds]string{"dials", "admissions", "mark_readers_opening", "tls_handshakes",
+	"tls_accept", "handoffs", "send_hooks"}
+
+// goTracked runs f, work of kind k, on a goroutine stop waits for.
+func (e *loopEngine) goTracked(k workKind, f func()) {
+	e.running[k].Add(1)
+	e.work.Go(func() {
+		defer e.running[k].Add(-1)
+		f()
+	})
+}
 
 func (e *loopEngine) stopAccepting() {
 	if e.closing.Swap(true) {
@@ -216,8 +242,7 @@ func (e *loopEngine) shutdown(ctx context.Context) error {
 		open.Add(int64(len(e.handed)))
 		e.mu.Unlock()
 		if open.Load() == 0 {
-			e.stop()
-			return nil
+			return e.stop(ctx)
 		}
 		select {
 		case <-ctx.Done():
@@ -227,8 +252,9 @@ func (e *loopEngine) shutdown(ctx context.Context) error {
 	}
 }
 
-// close closes every connection at once and stops the loops.
-func (e *loopEngine) close() {
+// close closes every connection at once and stops the loops, waiting for
+// their work until ctx ends (see stop).
+func (e *loopEngine) close(ctx context.Context) error {
 	e.stopAccepting()
 	for _, l := range e.loops {
 		l.call(func() {
@@ -240,7 +266,7 @@ func (e *loopEngine) close() {
 	for _, h := range e.handedConns(false) {
 		_ = h.Close()
 	}
-	e.stop()
+	return e.stop(ctx)
 }
 
 // handedConns lists the connections served by the fallback: the idle
@@ -257,11 +283,23 @@ func (e *loopEngine) handedConns(idleOnly bool) []*handedConn {
 	return hs
 }
 
-// stop stops the loops and waits for them and for the engine's other
-// goroutines: once it returns, every connection is closed, every barrier
-// place a write of the loops took is left (or held for the grace, as for
-// a client gone), and every dialed descriptor is closed.
-func (e *loopEngine) stop() {
+// stop stops the loops, closes what they hold, cancels the engine's
+// context (dials, admissions and waits for a turn, mark readers opening,
+// handshakes) and waits for the engine's other goroutines until ctx ends.
+// When they all returned in time, every connection is closed, every
+// barrier place a write of the loops took is left (or held for the grace,
+// as for a client gone), and every dialed descriptor is closed. When ctx
+// ends first (a store or resolver that ignores cancellation), stop logs
+// once what it left running and returns ctx's error: what it left can no
+// longer reach a loop (a stopped loop refuses what is posted to it), so it
+// forwards nothing; its poster leaves its barrier place and closes its
+// descriptor when it returns, or the process's exit does. Later calls
+// return nil at once.
+//
+// The loops themselves are waited for without a bound: they block only in
+// epoll_wait, and a stopped loop returns from its next pass.
+func (e *loopEngine) stop(ctx context.Context) error {
+	var err error
 	e.doneOnce.Do(func() {
 		for _, l := range e.loops {
 			l.post(func() { l.stopped = true })
@@ -273,8 +311,32 @@ func (e *loopEngine) stop() {
 		if e.lnFD >= 0 {
 			unix.Close(e.lnFD)
 		}
-		e.work.Wait()
+		err = e.waitWork(ctx)
 	})
+	return err
+}
+
+// waitWork waits for the engine's work until ctx ends; then it logs what
+// is still running, once, and returns ctx's error.
+func (e *loopEngine) waitWork(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		e.work.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	attrs := []any{"error", ctx.Err()}
+	for k := range workKinds {
+		if n := e.running[k].Load(); n > 0 {
+			attrs = append(attrs, workNames[k], n)
+		}
+	}
+	e.g.log.Warn("gate event loops stopped before their work ended; what still runs forwards nothing, and leaves its barrier places and descriptors when it returns", attrs...)
+	return ctx.Err()
 }
 
 func (e *loopEngine) closeLoops() {
@@ -606,7 +668,7 @@ func (l *eventLoop) handoff(c *loopConn) {
 	l.e.mu.Lock()
 	l.e.handed[h] = false
 	l.e.mu.Unlock()
-	l.e.goTracked(func() { l.e.s.serveHanded(h) })
+	l.e.goTracked(workHandoff, func() { l.e.s.serveHanded(h) })
 }
 
 // forget drops c from the loop's tables.

@@ -14,5 +14,5 @@ type loopEngine struct{ closing interface{ Load() bool } }
 func newLoopEngine(*Server, net.Listener) (*loopEngine, error) { return nil, nil }
 func (e *loopEngine) serve() error                             { return nil }
 func (e *loopEngine) shutdown(context.Context) error           { return nil }
-func (e *loopEngine) close()                                   {}
+func (e *loopEngine) close(context.Context) error              { return nil }
 func (e *loopEngine) setIdle(net.Conn, bool)                   {}

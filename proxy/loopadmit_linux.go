@@ -3,7 +3,6 @@
 package proxy
 
 import (
-	"context"
 	"slices"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -89,7 +88,7 @@ func (l *eventLoop) sendAdmits() {
 	if l.admission.admitCh == nil {
 		l.admission.admitCh = make(chan []pendingAdmit, 1)
 		ch := l.admission.admitCh
-		l.e.goTracked(func() { l.admitWorker(ch) })
+		l.e.goTracked(workAdmission, func() { l.admitWorker(ch) })
 	}
 	l.admission.admitting = true
 	l.admission.admitCh <- l.admission.admits
@@ -118,7 +117,7 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 		}
 		out = slices.Grow(out[:0], len(reqs))[:len(reqs)] // AdmitBatch sets each
 		errs = slices.Grow(errs[:0], len(reqs))[:len(reqs)]
-		g.batch.AdmitBatch(context.Background(), reqs, out, errs)
+		g.batch.AdmitBatch(l.e.ctx, reqs, out, errs) // cancelled when the loops stop
 		ready := batch[:0]
 		for i, p := range batch {
 			if errs[i] != nil {
@@ -154,7 +153,7 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 // Gate.waitTurn), waiting on a goroutine of its own, as on the loops'
 // general path.
 func (l *eventLoop) awaitTurn(p pendingAdmit) {
-	l.e.goTracked(func() {
+	l.e.goTracked(workAdmission, func() {
 		ok := l.e.g.waitTurn(p.x, p.d.Targets[0], p.t)
 		if !l.post(func() { p.c.admitted(p.t, ok) }) {
 			abandonAdmitted(l.e.g, p.x, p.t, ok) // the loop has stopped

@@ -101,7 +101,7 @@ func (p *upstreamPool) dial(c *loopConn) {
 	l.e.upConns.Add(1)
 	c.dialing = true
 	g := l.e.g
-	l.e.goTracked(func() {
+	l.e.goTracked(workDial, func() {
 		fd, err := dialFD(l.e.ctx, g.dialer.addr)
 		posted := l.post(func() {
 			fail := func(err error) {

@@ -113,7 +113,7 @@ func (c *loopConn) readBody() bool {
 func (c *loopConn) start(bodyErr error) {
 	g := c.l.e.g
 	c.enter(stAdmit)
-	x, d := g.open(&c.ctx, c.l.hdr, c.l.now) // the start of the loop's pass: one clock read less, as exact as a pass
+	x, d := g.open(c.l.e.ctx, &c.ctx, c.l.hdr, c.l.now) // the start of the loop's pass: one clock read less, as exact as a pass
 	x.bodyErr = bodyErr
 	c.x = x
 	if hook := loopPanicHook.Load(); hook != nil {
@@ -135,7 +135,7 @@ func (c *loopConn) start(bodyErr error) {
 			return
 		}
 		l := c.l
-		l.e.goTracked(func() {
+		l.e.goTracked(workAdmission, func() {
 			var f flight
 			ok := false
 			if t != nil {

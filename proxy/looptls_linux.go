@@ -83,7 +83,7 @@ func (e *loopEngine) acceptTLS() {
 			continue
 		}
 		counted := connlimit.Counted(raw, func() { e.s.limit.Release(client) })
-		e.goTracked(func() { e.startTLS(counted) })
+		e.goTracked(workHandshake, func() { e.startTLS(counted) })
 	}
 }
 

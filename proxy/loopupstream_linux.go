@@ -29,7 +29,7 @@ func (c *loopConn) forward(t flight) {
 	c.retried = false
 	c.enter(stUpstream)
 	if g.beforeSend != nil {
-		l.e.goTracked(func() {
+		l.e.goTracked(workSendHook, func() {
 			g.beforeSend()
 			l.post(func() { // refused once the loop has stopped: closeAll closed c, holding its place
 				if !c.closed && c.state == stUpstream {

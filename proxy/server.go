@@ -226,8 +226,9 @@ func (s *Server) serveHanded(c net.Conn) {
 }
 
 // Shutdown stops accepting, closes idle connections, and waits until the
-// requests in progress are answered or ctx ends (then it returns ctx's
-// error and leaves the rest to Close).
+// requests in progress are answered, and the event loops' work has ended
+// (see CloseContext), or ctx ends (then it returns ctx's error and leaves
+// the rest to Close or CloseContext).
 func (s *Server) Shutdown(ctx context.Context) error {
 	var err error
 	if e := s.engine(); e != nil {
@@ -241,15 +242,27 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // Close closes every open connection at once: requests in progress are cut
-// off.
-func (s *Server) Close() error {
+// off. It is CloseContext without a bound.
+func (s *Server) Close() error { return s.CloseContext(context.Background()) }
+
+// CloseContext closes every open connection at once (requests in progress
+// are cut off), stops the event loops and waits, until ctx ends, for the
+// work they handed to goroutines (dials, admissions, waits for a turn,
+// mark readers opening, handshakes), which it cancels. When that work
+// ended in time, every barrier place the loops' writes took is left (or
+// held for the grace) and every upstream connection they dialed is
+// closed. When ctx ends first, it returns ctx's error and logs once what
+// is left running: none of it forwards a write, and each leaves its place
+// and closes its descriptor when it returns (see loopEngine.stop).
+func (s *Server) CloseContext(ctx context.Context) error {
+	var err error
 	if e := s.engine(); e != nil {
-		e.close()
+		err = e.close(ctx)
 		s.closeListener()
 	}
 	_ = s.hs.Close()
 	s.handoff.Close()
-	return nil
+	return err
 }
 
 func (s *Server) closeListener() {

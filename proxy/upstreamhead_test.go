@@ -73,7 +73,7 @@ func TestUpstreamHeadAgrees(t *testing.T) {
 			if err := c.Request.Header.Read(bufio.NewReader(strings.NewReader(raw.String()))); err != nil {
 				t.Skip("fasthttp refuses it:", err) // the loops hand such heads off
 			}
-			x, _ := g.open(&c, nil, time.Now())
+			x, _ := g.open(context.Background(), &c, nil, time.Now())
 			loops, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(g.appendUpstreamHead(nil, x, body))))
 			if err != nil {
 				t.Fatalf("the loops' head does not parse: %v", err)

@@ -335,7 +335,7 @@ func shutdown(servers []*listener, grace time.Duration, log *slog.Logger) (cutOf
 				if s.onCutOff != nil {
 					s.onCutOff()
 				}
-				s.srv.Close()
+				closeServer(s.srv)
 				mu.Lock()
 				cutOff = true
 				mu.Unlock()
@@ -344,6 +344,21 @@ func shutdown(servers []*listener, grace time.Duration, log *slog.Logger) (cutOf
 	}
 	wg.Wait()
 	return cutOff
+}
+
+// closeServer closes srv's connections at once. The gate's server
+// (proxy.Server) then waits for the work its event loops handed to
+// goroutines (a dial, an admission by a store that does not answer) no
+// longer than gateCloseTimeout: past it, what is left forwards nothing and
+// is logged once.
+func closeServer(srv server) {
+	if ps, ok := srv.(*proxy.Server); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), gateCloseTimeout)
+		defer cancel()
+		_ = ps.CloseContext(ctx) // logged by the server
+		return
+	}
+	_ = srv.Close()
 }
 
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
