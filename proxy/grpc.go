@@ -19,10 +19,20 @@ import (
 // (percent-encoded), fencing-code the code, and the problem's numeric
 // members as fencing-… fields.
 
-// isGRPC reports whether r is a gRPC call.
+// isGRPC reports whether r is a gRPC call: whether any of its Content-Type
+// fields names gRPC. A request with several (malformed: the field is a
+// singleton) goes on with all of them, and servers differ on which one
+// they read (grpc-go reads the last), so a refusal is given in gRPC's form
+// whenever one of them may make the upstream take it for a gRPC call: a
+// gRPC client cannot read a problem+json answer. What is admitted does not
+// depend on it.
 func isGRPC(r *http.Request) bool {
-	ct := r.Header.Get("Content-Type")
-	return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;")
+	for _, ct := range r.Header.Values("Content-Type") {
+		if ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;") {
+			return true
+		}
+	}
+	return false
 }
 
 // gRPC status codes the gate answers with.
