@@ -179,9 +179,10 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	case <-ctx.Done():
 	case err := <-errc:
 		log.Error("listener failed", "error", err)
-		shutdown(servers, cfg.ShutdownGrace, log)
+		stopBy := time.Now().Add(cfg.ShutdownGrace + gateCloseTimeout)
+		shutdown(servers, cfg.ShutdownGrace, stopBy, log)
 		if gate != nil {
-			closeGate(gate, log)
+			closeGate(gate, stopBy, log)
 		}
 		return err
 	}
@@ -191,9 +192,10 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	time.Sleep(cfg.DrainDelay)
 	// Exit 0 even when requests were cut off: the drain was bounded by
 	// design, and the cut-off is logged above.
-	cutOff := shutdown(servers, cfg.ShutdownGrace, log)
+	stopBy := time.Now().Add(cfg.ShutdownGrace + gateCloseTimeout)
+	cutOff := shutdown(servers, cfg.ShutdownGrace, stopBy, log)
 	if gate != nil {
-		closeGate(gate, log)
+		closeGate(gate, stopBy, log)
 	}
 	log.Info("stopped", "requests_cut_off", cutOff)
 	return nil
@@ -318,7 +320,7 @@ func (l *listener) close() {
 // requests. Connections still busy when the grace ends are closed (the
 // gate's writes among them may still be applied by the upstream); it
 // reports whether any were.
-func shutdown(servers []*listener, grace time.Duration, log *slog.Logger) (cutOff bool) {
+func shutdown(servers []*listener, grace time.Duration, stopBy time.Time, log *slog.Logger) (cutOff bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	var (
@@ -335,7 +337,7 @@ func shutdown(servers []*listener, grace time.Duration, log *slog.Logger) (cutOf
 				if s.onCutOff != nil {
 					s.onCutOff()
 				}
-				closeServer(s.srv)
+				closeServer(s.srv, stopBy)
 				mu.Lock()
 				cutOff = true
 				mu.Unlock()
@@ -349,11 +351,11 @@ func shutdown(servers []*listener, grace time.Duration, log *slog.Logger) (cutOf
 // closeServer closes srv's connections at once. The gate's server
 // (proxy.Server) then waits for the work its event loops handed to
 // goroutines (a dial, an admission by a store that does not answer) no
-// longer than gateCloseTimeout: past it, what is left forwards nothing and
-// is logged once.
-func closeServer(srv server) {
+// later than stopBy: past it, what is left forwards nothing and is logged
+// once.
+func closeServer(srv server, stopBy time.Time) {
 	if ps, ok := srv.(*proxy.Server); ok {
-		ctx, cancel := context.WithTimeout(context.Background(), gateCloseTimeout)
+		ctx, cancel := context.WithDeadline(context.Background(), stopBy)
 		defer cancel()
 		_ = ps.CloseContext(ctx) // logged by the server
 		return
@@ -492,6 +494,7 @@ func loadRulesText(cfg config.Config) ([]proxy.Rule, string, error) {
 //     fenced on another resource; "fence strict job:{id}" as "fence st",
 //     no longer strict). Start-up, which reads a file that is not
 //     being written, takes such a file as it is.
+//
 // unendedLastRule returns the line number of text's last line when that
 // line holds a rule (or what does not parse as one) without a line end
 // after it, or 0: the shape reloadRules refuses.
@@ -644,16 +647,18 @@ func restoreHolds(ctx context.Context, gate *proxy.Gate, shared bool, log *slog.
 	return nil
 }
 
-// gateCloseTimeout bounds closeGate, after the shutdown grace: the store's
-// part of the gate's stop (removing the shared-barrier entries of the
-// writes that ended, recording barrier holds) waits no longer for a store
-// that does not answer.
+// gateCloseTimeout bounds what a stop does after the shutdown grace, all of
+// it together: closing the gate's connections cut off at the grace's end
+// (the work its event loops handed to goroutines), and the store's part of
+// the gate's stop (removing the shared-barrier entries of the writes that
+// ended, recording barrier holds). A store that does not answer holds the
+// stop no longer.
 const gateCloseTimeout = 10 * time.Second
 
-// closeGate stops the gate forwarding and records its barrier holds, within
-// gateCloseTimeout.
-func closeGate(gate *proxy.Gate, log *slog.Logger) {
-	ctx, cancel := context.WithTimeout(context.Background(), gateCloseTimeout)
+// closeGate stops the gate forwarding and records its barrier holds, by
+// stopBy (the shutdown grace plus gateCloseTimeout from the stop's start).
+func closeGate(gate *proxy.Gate, stopBy time.Time, log *slog.Logger) {
+	ctx, cancel := context.WithDeadline(context.Background(), stopBy)
 	defer cancel()
 	n, err := gate.Close(ctx)
 	if err != nil {
