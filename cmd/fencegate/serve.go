@@ -479,22 +479,6 @@ func loadRulesText(cfg config.Config) ([]proxy.Rule, string, error) {
 	return rules, text, nil
 }
 
-// reloadRules re-reads FENCEGATE_RULES_FILE into gate (SIGHUP): rules that
-// do not load leave the ones in force, and the error names the file. Two
-// shapes of a file caught while it is rewritten in place are refused too:
-//
-//   - one with no rules at all while rules are in force: far more often a
-//     file truncated and not yet written than a wish to drop every rule,
-//     which would also turn on the Fencing-Resource header's fallback
-//     (FENCEGATE_RESOURCE_HEADER unset) and let clients name their writes'
-//     resources. A restart drops them all.
-//   - one whose last rule's line has no line end: a file cut off inside a
-//     line may still parse, its last rule then another rule than the one
-//     written ("fence job:{id}:data" read as "fence job:{id}", a write
-//     fenced on another resource; "fence strict job:{id}" as "fence st",
-//     no longer strict). Start-up, which reads a file that is not
-//     being written, takes such a file as it is.
-//
 // unendedLastRule returns the line number of text's last line when that
 // line holds a rule (or what does not parse as one) without a line end
 // after it, or 0: the shape reloadRules refuses.
@@ -522,6 +506,22 @@ func warnUnendedRules(cfg config.Config, log *slog.Logger) {
 	}
 }
 
+// reloadRules re-reads FENCEGATE_RULES_FILE into gate (SIGHUP): rules that
+// do not load leave the ones in force, and the error names the file. Two
+// shapes of a file caught while it is rewritten in place are refused too:
+//
+//   - one with no rules at all while rules are in force: far more often a
+//     file truncated and not yet written than a wish to drop every rule,
+//     which would also turn on the Fencing-Resource header's fallback
+//     (FENCEGATE_RESOURCE_HEADER unset) and let clients name their writes'
+//     resources. A restart drops them all.
+//   - one whose last rule's line has no line end: a file cut off inside a
+//     line may still parse, its last rule then another rule than the one
+//     written ("fence job:{id}:data" read as "fence job:{id}", a write
+//     fenced on another resource; "fence strict job:{id}" as "fence st",
+//     no longer strict). Start-up, which reads a file that is not
+//     being written, takes such a file as it is, with a warning
+//     (warnUnendedRules).
 func reloadRules(cfg config.Config, gate *proxy.Gate, log *slog.Logger) error {
 	rules, text, err := loadRulesText(cfg)
 	if err != nil {
