@@ -12,3 +12,6 @@ func Routes(s *Server) chi.Routes { return s.routes() }
 // SetLimiter replaces the server's failed-authentication limiter (to give
 // it a fake clock).
 func SetLimiter(s *Server, l *access.Limiter) { s.limiter = l }
+
+// Waiting returns how many acquisitions wait on resource in s's queue.
+func Waiting(s *Server, resource string) int { return s.waiters.waiting(resource) }

@@ -200,7 +200,7 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name stri
 	req := fencing.AcquireRequest{Resource: name, Owner: body.Owner, TTL: ttl}
 	var lease fencing.Lease
 	if wait > 0 {
-		lease, err = fencing.AcquireWait(r.Context(), s.store, req, wait)
+		lease, err = s.acquireWait(r.Context(), req, wait)
 	} else {
 		lease, err = s.store.Acquire(r.Context(), req)
 	}
@@ -240,6 +240,9 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, name stri
 	released, err := s.store.Release(r.Context(), fencing.ReleaseRequest{Resource: name, Owner: body.Owner, Token: body.Token, Finished: body.Finished})
 	if err != nil {
 		return nil, err
+	}
+	if released {
+		s.waiters.freed(name) // the next waiter here tries at once
 	}
 	return releasedJSON{Released: released}, nil
 }

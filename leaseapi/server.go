@@ -5,7 +5,7 @@
 // bounds requests, calls the store, and renders answers as JSON and errors as
 // application/problem+json through the one table in fencing/problem. It
 // keeps no lease state of its own, so any number of servers may share one
-// store.
+// store; it only queues the acquisitions that wait on it (waiters.go).
 //
 // Endpoints (see routes.go): POST /v1/leases/{resource}/acquire, .../renew
 // and .../release; PUT and GET /v1/leases/{resource}/checkpoint; GET
@@ -159,6 +159,7 @@ type Server struct {
 	unready         atomic.Bool // the last /readyz store ping failed: log state changes only
 	accessLog       bool
 	readyNoStore    bool
+	waiters         waitQueues   // the acquisitions waiting on this server (waiters.go)
 	handler         http.Handler // the routes, wrapped with otelhttp when telemetry is on
 }
 

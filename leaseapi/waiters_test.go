@@ -1,0 +1,146 @@
+package leaseapi_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/leaseapi"
+)
+
+// countingStore is a real store that counts the acquisitions it is asked
+// for and, when holdWon is set, keeps a granted acquisition's answer until
+// the caller's context ends (a client that hangs up while the store gives
+// it the lease), telling won first.
+type countingStore struct {
+	fencing.Store
+	acquires atomic.Int64
+	holdWon  atomic.Bool
+	won      chan struct{}
+}
+
+func (s *countingStore) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencing.Lease, error) {
+	s.acquires.Add(1)
+	l, err := s.Store.Acquire(ctx, req)
+	if err == nil && s.holdWon.Load() {
+		s.won <- struct{}{}
+		<-ctx.Done()
+	}
+	return l, err
+}
+
+// waitFor polls cond until it holds, failing the test after a generous
+// bound (a failure bound, not a timing claim).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestWaitersQueueInArrivalOrder: acquisitions that wait on one resource
+// get it in the order they came, each as soon as the one before releases,
+// and while they wait only one of them asks the store: the holder's
+// renewals and release do not queue behind a try per waiter.
+func TestWaitersQueueInArrivalOrder(t *testing.T) {
+	forEachStore(t, func(t *testing.T, k storeKind) {
+		clock := newFakeClock() // leases never expire by themselves here
+		spy := &countingStore{Store: k.open(t, clock)}
+		e := newEnvWith(t, clock, spy, nil)
+		holder := e.post("/v1/leases/job:1/acquire", `{"owner":"holder"}`)
+		wantOK(t, "holder", holder)
+
+		const n = 16
+		got := make(chan answer, n)
+		for i := range n {
+			go func() {
+				got <- e.reqNoFatal(http.MethodPost, "/v1/leases/job:1/acquire", fmt.Sprintf(`{"owner":"w%d","wait_seconds":30}`, i))
+			}()
+			waitFor(t, fmt.Sprintf("waiter %d to queue", i), func() bool { return leaseapi.Waiting(e.api, "job:1") == i+1 })
+		}
+
+		// Half a second of waiting: the head's tries only (a poll of at
+		// most 250 ms), not one or more per waiter.
+		before := spy.acquires.Load()
+		time.Sleep(500 * time.Millisecond)
+		if tries := spy.acquires.Load() - before; tries >= n {
+			t.Errorf("%d waiters asked the store %d times in 500 ms; only the head of the queue should", n, tries)
+		}
+		wantOK(t, "renew while they wait", e.post("/v1/leases/job:1/renew", fmt.Sprintf(`{"owner":"holder","token":%d}`, holder.num("token"))))
+
+		owner, token := "holder", holder.num("token")
+		for i := range n {
+			wantOK(t, owner+" releases", e.post("/v1/leases/job:1/release", fmt.Sprintf(`{"owner":%q,"token":%d}`, owner, token)))
+			a := <-got
+			wantOK(t, "waiter", a)
+			if want := fmt.Sprintf("w%d", i); a.str("owner") != want {
+				t.Fatalf("after %s released, %s got the lease; want %s (arrival order)", owner, a.str("owner"), want)
+			}
+			owner, token = a.str("owner"), a.num("token")
+		}
+		if w := leaseapi.Waiting(e.api, "job:1"); w != 0 {
+			t.Fatalf("%d waiters left in the queue", w)
+		}
+	})
+}
+
+// TestWaiterGoneReleasesItsLease: when the store gives a waiting
+// acquisition the lease after its client hung up, the lease is released
+// again, so the resource is not held until its TTL for no one; the next
+// waiter gets it.
+func TestWaiterGoneReleasesItsLease(t *testing.T) {
+	forEachStore(t, func(t *testing.T, k storeKind) {
+		clock := newFakeClock()
+		spy := &countingStore{Store: k.open(t, clock), won: make(chan struct{}, 1)}
+		e := newEnvWith(t, clock, spy, nil)
+		holder := e.post("/v1/leases/job:1/acquire", `{"owner":"holder","ttl_seconds":3600}`)
+		wantOK(t, "holder", holder)
+
+		ctx, hangUp := context.WithCancel(context.Background())
+		defer hangUp()
+		gone := make(chan error, 1)
+		go func() {
+			r, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/v1/leases/job:1/acquire",
+				strings.NewReader(`{"owner":"gone","ttl_seconds":3600,"wait_seconds":30}`))
+			r.Header.Set("Content-Type", "application/json")
+			resp, err := e.srv.Client().Do(r)
+			if err == nil {
+				resp.Body.Close()
+			}
+			gone <- err
+		}()
+		waitFor(t, "the first waiter to queue", func() bool { return leaseapi.Waiting(e.api, "job:1") == 1 })
+		next := make(chan answer, 1)
+		go func() {
+			next <- e.reqNoFatal(http.MethodPost, "/v1/leases/job:1/acquire", `{"owner":"next","wait_seconds":30}`)
+		}()
+		waitFor(t, "the second waiter to queue", func() bool { return leaseapi.Waiting(e.api, "job:1") == 2 })
+
+		spy.holdWon.Store(true)
+		wantOK(t, "release", e.post("/v1/leases/job:1/release", fmt.Sprintf(`{"owner":"holder","token":%d}`, holder.num("token"))))
+		<-spy.won // the store gave "gone" the lease; its answer waits for the hang-up
+		spy.holdWon.Store(false)
+		hangUp()
+		if err := <-gone; err == nil {
+			t.Fatal("the hung-up request got an answer")
+		}
+
+		a := <-next
+		wantOK(t, "next waiter", a)
+		if a.str("owner") != "next" {
+			t.Fatalf("next waiter: %s", a.raw)
+		}
+		st := e.get("/v1/leases/job:1")
+		if prev := st.obj("previous"); prev == nil || prev["owner"] != "gone" || prev["ended"] != "released" {
+			t.Fatalf("status %s: want the lease of the client that hung up released", st.raw)
+		}
+	})
+}
