@@ -224,6 +224,8 @@ func decodeJSONStream(body io.Reader, limit int64, dst any) error {
 	case err == io.EOF:
 	case isMaxBytes(err):
 		return tooLarge(limit)
+	case isReadFailure(err):
+		return errBodyUnread
 	default:
 		return problem.New(http.StatusBadRequest, "invalid-json", "the request body must hold a single JSON object, with nothing after it")
 	}
@@ -293,8 +295,26 @@ func decodeProblem(err error, limit int64) error {
 		return problem.New(http.StatusBadRequest, "invalid-json", "the request body ends before its JSON value is complete")
 	case errors.As(err, &syntax):
 		return problem.New(http.StatusBadRequest, "invalid-json", fmt.Sprintf("the request body is not valid JSON: %s (at byte %d)", syntax.Error(), syntax.Offset))
+	case isReadFailure(err):
+		return errBodyUnread
 	}
 	return problem.New(http.StatusBadRequest, "invalid-json", "the request body is not valid JSON")
+}
+
+// errBodyUnread answers a body whose reading failed before its end: it
+// stopped arriving within the body timeout (a Content-Length larger than
+// what was sent, a client sending byte by byte), or the connection broke.
+// Its bytes so far may be valid JSON; the body is refused all the same.
+var errBodyUnread = problem.New(http.StatusBadRequest, "invalid-json",
+	"the request body could not be read to its end (it stopped arriving before the body timeout, or the connection failed)")
+
+// isReadFailure reports whether err, from decoding a body, is the body's
+// reader failing rather than the JSON being wrong or ending early.
+func isReadFailure(err error) bool {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	return err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) &&
+		!errors.As(err, &syntax) && !errors.As(err, &typ) && !isMaxBytes(err)
 }
 
 // describe names the JSON shape a Go type accepts.

@@ -29,8 +29,9 @@
 //     posting to the API cross-site without a CORS preflight, which the API
 //     never grants. With curl, pass -H 'Content-Type: application/json'.
 //   - The body is one JSON object. Syntax errors, an empty body, trailing
-//     data after the object, or a body that is not an object are 400
-//     "invalid-json". Unknown members and members of the wrong type (a
+//     data after the object, a body that is not an object, or one whose
+//     reading fails before its end (it stopped arriving within the read
+//     deadline) are 400 "invalid-json". Unknown members and members of the wrong type (a
 //     string where an integer belongs) are 400 "invalid-request" naming the
 //     member. A JSON null member counts as absent.
 //   - Bodies are size-limited (LeaseBodyLimit for lease calls,
