@@ -133,24 +133,29 @@ func silentAPI(t *testing.T) string {
 // connection and never answers, run and lease acquire with a short --wait
 // give up after the wait plus acquireGrace, exit 4 (not acquired: the API
 // is unusable), instead of waiting out the client's 90 s timeout. The
-// bound asserted is generous; the old behaviour overran fg's minute.
+// bound asserted is generous; the old behaviour overran fg's minute. The
+// two commands wait out their grace side by side (each is a process that
+// sleeps, not one that computes).
 func TestAcquisitionBoundedByTheWait(t *testing.T) {
 	env := []string{"FENCEGATE_API_URL=" + silentAPI(t)}
 	for _, args := range [][]string{
 		{"run", "--resource", "job:1", "--wait", "0s", "--", "true"},
 		{"lease", "acquire", "job:1", "--owner", "me", "--wait", "1s"},
 	} {
-		start := time.Now()
-		r := fg(t, env, "", args...)
-		took := time.Since(start)
-		if r.code != exitUnavailable {
-			t.Errorf("%v: exit %d after %v, stderr %q; want 4", args, r.code, took, r.stderr)
-		}
-		if took > acquireGrace+15*time.Second {
-			t.Errorf("%v: took %v; want about its --wait plus %v", args, took, acquireGrace)
-		}
-		if args[0] == "run" && !strings.Contains(r.stderr, "did not answer the acquisition") {
-			t.Errorf("%v: stderr %q; want it to say the API did not answer", args, r.stderr)
-		}
+		t.Run(args[0], func(t *testing.T) {
+			t.Parallel()
+			start := time.Now()
+			r := fg(t, env, "", args...)
+			took := time.Since(start)
+			if r.code != exitUnavailable {
+				t.Errorf("%v: exit %d after %v, stderr %q; want 4", args, r.code, took, r.stderr)
+			}
+			if took > acquireGrace+15*time.Second {
+				t.Errorf("%v: took %v; want about its --wait plus %v", args, took, acquireGrace)
+			}
+			if args[0] == "run" && !strings.Contains(r.stderr, "did not answer the acquisition") {
+				t.Errorf("%v: stderr %q; want it to say the API did not answer", args, r.stderr)
+			}
+		})
 	}
 }
