@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -222,4 +223,41 @@ func (s *syncBuf) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// Failed authentications are counted per client as the connection limits
+// count them: an IPv6 client by its /64 (it can pick any address in it),
+// an IPv4-mapped IPv6 address as the IPv4 one. A guesser cycling through
+// its /64 is held to one allowance.
+func TestAccessRateLimitIPv6Prefix(t *testing.T) {
+	e := newAccessEnv(t)
+	now := time.Unix(1000, 0)
+	leaseapi.SetLimiter(e.api, access.NewLimiter(3, 10*time.Second, func() time.Time { return now }))
+	call := func(remote, tok string) int {
+		r := httptest.NewRequest("GET", "/v1/leases/job:a:1", nil)
+		r.RemoteAddr = remote
+		r.Header.Set("Authorization", "Bearer "+tok)
+		w := httptest.NewRecorder()
+		e.api.ServeHTTP(w, r)
+		return w.Code
+	}
+	for i, remote := range []string{"[2001:db8::1]:1000", "[2001:db8::2]:1000", "[2001:db8:0:0:ffff::3%eth0]:1000"} {
+		if got := call(remote, "guess"); got != 401 {
+			t.Fatalf("guess %d from %s: %d, want 401", i, remote, got)
+		}
+	}
+	if got := call("[2001:db8::4]:1000", "guess"); got != 429 {
+		t.Fatalf("a fourth guess from another address of the same /64: %d, want 429", got)
+	}
+	if got := call("[2001:db8:0:1::1]:1000", "tok-a"); got != 200 {
+		t.Fatalf("another /64: %d, want 200", got)
+	}
+	for i, remote := range []string{"192.0.2.7:1000", "[::ffff:192.0.2.7]:1000", "192.0.2.7:2000"} {
+		if got := call(remote, "guess"); got != 401 {
+			t.Fatalf("IPv4 guess %d from %s: %d, want 401", i, remote, got)
+		}
+	}
+	if got := call("[::ffff:192.0.2.7]:3000", "guess"); got != 429 {
+		t.Fatalf("IPv4-mapped after 3 IPv4 guesses: %d, want 429", got)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing/problem"
 	"github.com/fencegate/fencegate/fencing/reqid"
+	"github.com/fencegate/fencegate/internal/connlimit"
 	"github.com/fencegate/fencegate/leaseapi/access"
 )
 
@@ -86,14 +88,14 @@ func setClient(r *http.Request, c *access.Client) {
 // a client's (compared by hash, in constant time); without one, a verified
 // client certificate's URI or DNS SAN must name a client. Otherwise, with
 // AuthToken: the token must be it. Missing or unknown credentials are 401
-// unauthorized; an address whose failures are spent gets 429
+// unauthorized; an address (limitKey) whose failures are spent gets 429
 // too-many-requests with Retry-After before its credentials are looked at.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	if !s.authOn && s.access == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		addr := remoteHost(r)
+		addr := limitKey(r)
 		if wait, blocked := s.limiter.Blocked(addr); blocked {
 			secs := int((wait + time.Second - 1) / time.Second)
 			s.refuse(w, r, &problem.Error{Status: http.StatusTooManyRequests, Code: "too-many-requests",
@@ -156,6 +158,20 @@ func remoteHost(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
+}
+
+// limitKey is the key the failed authentications of r count under: the
+// client as the connection limits know it (connlimit.ClientIP), an IPv4
+// address (an IPv4-mapped IPv6 one as the IPv4 one) or the /64 prefix of
+// an IPv6 one, which a client can pick any address of; the peer's host as
+// given when it is no IP address (a Unix socket's peer).
+func limitKey(r *http.Request) string {
+	host := remoteHost(r)
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	return connlimit.ClientIP(ip).String()
 }
 
 // refuse writes an authentication or permission refusal, logs it with the
