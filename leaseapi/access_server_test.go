@@ -2,6 +2,7 @@ package leaseapi_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/internal/certs/certstest"
 	"github.com/fencegate/fencegate/leaseapi"
 	"github.com/fencegate/fencegate/leaseapi/access"
 )
@@ -259,5 +262,42 @@ func TestAccessRateLimitIPv6Prefix(t *testing.T) {
 	}
 	if got := call("[::ffff:192.0.2.7]:3000", "guess"); got != 429 {
 		t.Fatalf("IPv4-mapped after 3 IPv4 guesses: %d, want 429", got)
+	}
+}
+
+// Over mutual TLS, a client certificate whose SANs name two clients of the
+// access file (here a reader's DNS name on an admin's SPIFFE ID) is
+// refused 401 and nothing is done; one naming a single client is that
+// client.
+func TestAccessCertificateNamingTwoClients(t *testing.T) {
+	set := certstest.New(t)
+	p, err := access.Parse([]byte(`clients:
+  - {name: reporting, cert_dns: reporting.ops.svc, allow: [{prefix: "", ops: [read]}]}
+  - {name: admin, cert_uri: "spiffe://corp/admin", allow: [{prefix: "", ops: [acquire, read]}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := memstore.New(memstore.Options{})
+	api := leaseapi.NewServer(leaseapi.Options{Store: store, Access: access.Static(p)})
+	srv := httptest.NewUnstartedServer(api)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{set.Server.TLS(t)}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: set.CA.Pool()}
+	srv.StartTLS()
+	defer srv.Close()
+	ctx := context.Background()
+	as := func(o certstest.ClientOptions) *leaseapi.Client {
+		return leaseapi.NewClient(srv.URL, leaseapi.WithTLSConfig(&tls.Config{RootCAs: set.CA.Pool(), Certificates: []tls.Certificate{set.CA.Client(t, o).TLS(t)}}))
+	}
+	both := as(certstest.ClientOptions{URIs: []string{"spiffe://corp/admin"}, DNSNames: []string{"reporting.ops.svc"}})
+	if _, err := both.Acquire(ctx, "job:1", leaseapi.AcquireOptions{Owner: "w"}); !errors.Is(err, leaseapi.ErrUnauthorized) {
+		t.Fatalf("acquire by a certificate naming admin and reporting: %v, want ErrUnauthorized", err)
+	}
+	reporting := as(certstest.ClientOptions{DNSNames: []string{"other.example", "reporting.ops.svc"}})
+	st, err := reporting.Status(ctx, "job:1")
+	if err != nil || st.Lease != nil {
+		t.Fatalf("reporting's status of job:1: %+v %v, want no lease", st, err)
+	}
+	if _, err := reporting.Acquire(ctx, "job:1", leaseapi.AcquireOptions{Owner: "w"}); !errors.Is(err, leaseapi.ErrForbidden) {
+		t.Fatalf("reporting acquires: %v, want ErrForbidden", err)
 	}
 }

@@ -183,20 +183,36 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// ByCertificate finds the client named by a URI SAN (first) or a DNS SAN
-// of cert, which the TLS handshake verified.
+// ByCertificate finds the client named by the URI and DNS SANs of cert,
+// which the TLS handshake verified. A certificate whose SANs name two or
+// more clients is none of them: which it would be would hang on the order
+// and kind of its SANs, which the access file does not show, and a
+// certificate issued for one client with a name of another would act as
+// the one its issuer listed first.
 func (p *Policy) ByCertificate(cert *x509.Certificate) (*Client, bool) {
-	for _, u := range cert.URIs {
-		if c, ok := p.byURI[u.String()]; ok {
-			return c, true
+	var found *Client
+	several := false
+	note := func(c *Client, ok bool) {
+		switch {
+		case !ok:
+		case found == nil:
+			found = c
+		case found != c:
+			several = true
 		}
+	}
+	for _, u := range cert.URIs {
+		c, ok := p.byURI[u.String()]
+		note(c, ok)
 	}
 	for _, d := range cert.DNSNames {
-		if c, ok := p.byDNS[strings.ToLower(d)]; ok {
-			return c, true
-		}
+		c, ok := p.byDNS[strings.ToLower(d)]
+		note(c, ok)
 	}
-	return nil, false
+	if several {
+		return nil, false
+	}
+	return found, found != nil
 }
 
 // HasCertClients reports whether any client is known by a certificate,

@@ -71,6 +71,8 @@ func TestByCertificate(t *testing.T) {
 		{&x509.Certificate{DNSNames: []string{"reporting.ops.svc.evil"}}, ""},
 		// A common name is never a credential.
 		{&x509.Certificate{Subject: pkix.Name{CommonName: "reporting.ops.svc"}}, ""},
+		// Several SANs naming the same client: that client.
+		{&x509.Certificate{URIs: []*url.URL{uri("spiffe://corp/ns/ops/sa/reporting")}, DNSNames: []string{"x.example", "Reporting.ops.svc"}}, "reporting"},
 	} {
 		c, ok := p.ByCertificate(tc.cert)
 		if ok {
@@ -83,6 +85,31 @@ func TestByCertificate(t *testing.T) {
 	}
 	if !p.HasCertClients() {
 		t.Error("HasCertClients() = false")
+	}
+}
+
+// A certificate whose SANs name two clients is no client's: which one it
+// is would hang on the order and kind of its SANs, which the file does not
+// show.
+func TestByCertificateNamingTwoClients(t *testing.T) {
+	doc := `clients:
+  - {name: reporting, cert_dns: reporting.ops.svc, allow: [{prefix: "", ops: [read]}]}
+  - {name: admin, cert_uri: "spiffe://corp/admin", allow: [{prefix: "", ops: [acquire, read]}]}
+  - {name: ops, cert_dns: ops.svc, allow: [{prefix: "", ops: [read]}]}
+`
+	p, err := access.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, _ := url.Parse("spiffe://corp/admin")
+	for _, cert := range []*x509.Certificate{
+		{URIs: []*url.URL{admin}, DNSNames: []string{"reporting.ops.svc"}},
+		{DNSNames: []string{"reporting.ops.svc", "ops.svc"}},
+		{DNSNames: []string{"ops.svc", "REPORTING.ops.svc"}},
+	} {
+		if c, ok := p.ByCertificate(cert); ok {
+			t.Errorf("%v %v: found %s, want none (two clients named)", cert.URIs, cert.DNSNames, c.Name)
+		}
 	}
 }
 
