@@ -301,3 +301,59 @@ func TestAccessCertificateNamingTwoClients(t *testing.T) {
 		t.Fatalf("reporting acquires: %v, want ErrForbidden", err)
 	}
 }
+
+// Guesses sent at once get no more 401s
+// (answers that a guess was wrong) than the allowance: the others are 429,
+// however their checks interleave. (Many clients make each token lookup
+// long, widening the time between an address's allowance being looked at
+// and a failure being counted.)
+func TestAccessRateLimitConcurrentGuesses(t *testing.T) {
+	var doc strings.Builder
+	doc.WriteString(accessDoc)
+	for i := range 20000 {
+		fmt.Fprintf(&doc, "  - {name: c%d, token_sha256: %s, allow: [{prefix: \"\", ops: [read]}]}\n", i, access.HashToken(fmt.Sprint("t", i)))
+	}
+	p, err := access.Parse([]byte(doc.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, storeKinds[0], func(o *leaseapi.Options) { o.Access = access.Static(p) })
+	now := time.Unix(1000, 0)
+	const burst = 3
+	leaseapi.SetLimiter(e.api, access.NewLimiter(burst, time.Hour, func() time.Time { return now }))
+	const guesses = 40
+	start := make(chan struct{})
+	codes := make(chan int, guesses)
+	var wg sync.WaitGroup
+	for i := range guesses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := httptest.NewRequest("GET", "/v1/leases/job:a:1", nil)
+			r.RemoteAddr = "192.0.2.1:1000"
+			r.Header.Set("Authorization", "Bearer guess-"+fmt.Sprint(i))
+			w := httptest.NewRecorder()
+			<-start
+			e.api.ServeHTTP(w, r)
+			codes <- w.Code
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(codes)
+	n := map[int]int{}
+	for c := range codes {
+		n[c]++
+	}
+	if n[401] > burst || n[401]+n[429] != guesses {
+		t.Fatalf("%d guesses at once with an allowance of %d: %v; want at most %d 401s, the rest 429", guesses, burst, n, burst)
+	}
+	// The address is spent: a good token waits too.
+	r := httptest.NewRequest("GET", "/v1/leases/job:a:1", nil)
+	r.RemoteAddr = "192.0.2.1:1000"
+	r.Header.Set("Authorization", "Bearer tok-a")
+	w := httptest.NewRecorder()
+	if e.api.ServeHTTP(w, r); w.Code != 429 {
+		t.Fatalf("a good token after the allowance is spent: %d, want 429", w.Code)
+	}
+}

@@ -89,7 +89,11 @@ func setClient(r *http.Request, c *access.Client) {
 // client certificate's URI or DNS SAN must name a client. Otherwise, with
 // AuthToken: the token must be it. Missing or unknown credentials are 401
 // unauthorized; an address (limitKey) whose failures are spent gets 429
-// too-many-requests with Retry-After before its credentials are looked at.
+// too-many-requests with Retry-After, before its credentials are looked at
+// and, for calls that raced with the failure that spent them, after: a
+// failure is counted only when one is left to spend (a wrong guess is
+// told 401 only within the allowance), and a right credential still finds
+// the address spent (a guess's rightness is not told by a 429 either).
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	if !s.authOn && s.access == nil {
 		return next
@@ -97,16 +101,16 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		addr := limitKey(r)
 		if wait, blocked := s.limiter.Blocked(addr); blocked {
-			secs := int((wait + time.Second - 1) / time.Second)
-			s.refuse(w, r, &problem.Error{Status: http.StatusTooManyRequests, Code: "too-many-requests",
-				Detail:  "too many failed authentications from this address; retry later",
-				Headers: http.Header{"Retry-After": {strconv.Itoa(secs)}}})
+			s.tooMany(w, r, wait)
 			return
 		}
 		if len(r.Header.Values("Authorization")) > 1 {
 			// Which one counts would depend on who reads the request: a
 			// proxy in front may judge the last where this judges the first.
-			s.limiter.Fail(addr)
+			if wait, blocked := s.limiter.Fail(addr); blocked {
+				s.tooMany(w, r, wait)
+				return
+			}
 			s.refuse(w, r, &problem.Error{Status: http.StatusBadRequest, Code: "invalid-request",
 				Detail:  "send one Authorization header",
 				Headers: http.Header{"Www-Authenticate": {`Bearer realm="fencegate", error="invalid_request"`}}})
@@ -115,9 +119,9 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		header, sent := r.Header.Get("Authorization"), len(r.Header.Values("Authorization")) > 0
 		tok, hasTok := bearer(header)
 		ok := false
+		var c *access.Client
 		switch {
 		case s.access != nil:
-			var c *access.Client
 			p := s.access.Policy()
 			if hasTok {
 				c, ok = p.ByToken(tok)
@@ -128,15 +132,15 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				// by a token.
 				c, ok = p.ByCertificate(r.TLS.VerifiedChains[0][0])
 			}
-			if ok {
-				setClient(r, c)
-			}
 		case hasTok:
 			sum := sha256.Sum256([]byte(tok))
 			ok = subtle.ConstantTimeCompare(sum[:], s.authSum[:]) == 1
 		}
 		if !ok {
-			s.limiter.Fail(addr)
+			if wait, blocked := s.limiter.Fail(addr); blocked {
+				s.tooMany(w, r, wait)
+				return
+			}
 			detail, www := "this API requires an Authorization: Bearer <token> header", `Bearer realm="fencegate"`
 			if hasTok {
 				detail, www = "the bearer token is not valid", `Bearer realm="fencegate", error="invalid_token"`
@@ -147,8 +151,25 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				Headers: http.Header{"Www-Authenticate": {www}}})
 			return
 		}
+		if wait, blocked := s.limiter.Blocked(addr); blocked {
+			// Failures that raced with this call spent the address.
+			s.tooMany(w, r, wait)
+			return
+		}
+		if c != nil {
+			setClient(r, c)
+		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// tooMany answers 429 too-many-requests to an address whose failed
+// authentications are spent, with the wait in Retry-After.
+func (s *Server) tooMany(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+	secs := int((wait + time.Second - 1) / time.Second)
+	s.refuse(w, r, &problem.Error{Status: http.StatusTooManyRequests, Code: "too-many-requests",
+		Detail:  "too many failed authentications from this address; retry later",
+		Headers: http.Header{"Retry-After": {strconv.Itoa(secs)}}})
 }
 
 // remoteHost is the client's address without its port.

@@ -265,3 +265,26 @@ func TestLimiter(t *testing.T) {
 		t.Fatal("refill went beyond the burst")
 	}
 }
+
+// Fail spends a failure only when one is left, and otherwise says how
+// long to wait, as Blocked does: calls that all passed Blocked at once
+// get no more failures than the burst.
+func TestLimiterFailReportsSpent(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := access.NewLimiter(2, 10*time.Second, func() time.Time { return now })
+	for i := range 2 {
+		if _, blocked := l.Fail("a"); blocked {
+			t.Fatalf("failure %d of a burst of 2 refused", i+1)
+		}
+	}
+	for range 5 {
+		if wait, blocked := l.Fail("a"); !blocked || wait != 10*time.Second {
+			t.Fatalf("a failure past the burst: blocked %v, wait %v; want blocked for 10s", blocked, wait)
+		}
+	}
+	// The refused ones spent nothing: one refill later, one failure again.
+	now = now.Add(10 * time.Second)
+	if _, blocked := l.Fail("a"); blocked {
+		t.Fatal("after a refill, the failure is refused")
+	}
+}

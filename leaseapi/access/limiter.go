@@ -64,12 +64,15 @@ func (l *Limiter) Blocked(addr string) (time.Duration, bool) {
 	if b.tokens >= 1 {
 		return 0, false
 	}
-	wait := time.Duration((1 - b.tokens) * float64(l.every))
-	return max(wait, time.Second), true
+	return l.wait(b), true
 }
 
-// Fail records a failed authentication from addr.
-func (l *Limiter) Fail(addr string) {
+// Fail records a failed authentication from addr, when addr has one left
+// to spend; when it has none (calls that raced spent them since Blocked
+// said no), it reports so, as Blocked does, and records nothing. So no
+// more failures are answered as such than the allowance, however many
+// calls check at once.
+func (l *Limiter) Fail(addr string) (time.Duration, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
@@ -82,7 +85,17 @@ func (l *Limiter) Fail(addr string) {
 		l.addrs[addr] = b
 	}
 	l.refill(b, now)
-	b.tokens = max(b.tokens-1, 0)
+	if b.tokens < 1 {
+		return l.wait(b), true
+	}
+	b.tokens--
+	return 0, false
+}
+
+// wait is how long until b has a failure to spend, at least a second
+// (the Retry-After); the caller holds l.mu.
+func (l *Limiter) wait(b *bucket) time.Duration {
+	return max(time.Duration((1-b.tokens)*float64(l.every)), time.Second)
 }
 
 // forget drops the addresses whose failures are all refilled, or, when
