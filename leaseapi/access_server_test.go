@@ -357,3 +357,52 @@ func TestAccessRateLimitConcurrentGuesses(t *testing.T) {
 		t.Fatalf("a good token after the allowance is spent: %d, want 429", w.Code)
 	}
 }
+
+// A client known by its verified certificate is not held back by the
+// failed authentications of its address: a certificate cannot be guessed,
+// so refusing it would only let a token guesser on the same address (a
+// shared host, a NAT) lock it out.
+func TestAccessCertificateClientNotLockedOut(t *testing.T) {
+	set := certstest.New(t)
+	p, err := access.Parse([]byte(`clients:
+  - {name: reporting, cert_dns: reporting.ops.svc, allow: [{prefix: "", ops: [read]}]}
+  - {name: pool, token_sha256: ` + access.HashToken("tok") + `, allow: [{prefix: "", ops: [read]}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := leaseapi.NewServer(leaseapi.Options{Store: memstore.New(memstore.Options{}), Access: access.Static(p)})
+	now := time.Unix(1000, 0)
+	leaseapi.SetLimiter(api, access.NewLimiter(2, time.Hour, func() time.Time { return now }))
+	srv := httptest.NewUnstartedServer(api)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{set.Server.TLS(t)}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: set.CA.Pool()}
+	srv.StartTLS()
+	defer srv.Close()
+	ctx := context.Background()
+	as := func(o certstest.ClientOptions, token string) *leaseapi.Client {
+		opts := []leaseapi.ClientOption{leaseapi.WithTLSConfig(&tls.Config{RootCAs: set.CA.Pool(), Certificates: []tls.Certificate{set.CA.Client(t, o).TLS(t)}})}
+		if token != "" {
+			opts = append(opts, leaseapi.WithToken(token))
+		}
+		return leaseapi.NewClient(srv.URL, opts...)
+	}
+	stranger := certstest.ClientOptions{DNSNames: []string{"stranger.example"}}
+	guesser := as(stranger, "guess")
+	for i := range 2 {
+		if _, err := guesser.Status(ctx, "job:1"); !errors.Is(err, leaseapi.ErrUnauthorized) {
+			t.Fatalf("guess %d: %v, want ErrUnauthorized", i+1, err)
+		}
+	}
+	if _, err := guesser.Status(ctx, "job:1"); err == nil || errors.Is(err, leaseapi.ErrUnauthorized) {
+		t.Fatalf("a third guess: %v, want 429", err)
+	}
+	if _, err := as(stranger, "tok").Status(ctx, "job:1"); err == nil {
+		t.Fatal("a good token from the spent address was served")
+	}
+	if _, err := as(stranger, "").Status(ctx, "job:1"); err == nil {
+		t.Fatal("a certificate naming no client was served")
+	}
+	if _, err := as(certstest.ClientOptions{DNSNames: []string{"reporting.ops.svc"}}, "").Status(ctx, "job:1"); err != nil {
+		t.Fatalf("reporting, by its certificate, from the spent address: %v, want served", err)
+	}
+}

@@ -94,13 +94,20 @@ func setClient(r *http.Request, c *access.Client) {
 // failure is counted only when one is left to spend (a wrong guess is
 // told 401 only within the allowance), and a right credential still finds
 // the address spent (a guess's rightness is not told by a 429 either).
+// A client known by its verified certificate is never held back.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	if !s.authOn && s.access == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		addr := limitKey(r)
-		if wait, blocked := s.limiter.Blocked(addr); blocked {
+		// A verified client certificate, without a header to take its
+		// place, is not held back by its address's failures: it cannot
+		// be guessed, and holding it back would let a guesser sharing
+		// the address lock its clients out. One naming no client still
+		// counts as a failure.
+		byCert := s.access != nil && r.Header.Values("Authorization") == nil && r.TLS != nil && len(r.TLS.VerifiedChains) > 0
+		if wait, blocked := s.limiter.Blocked(addr); blocked && !byCert {
 			s.tooMany(w, r, wait)
 			return
 		}
@@ -151,7 +158,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				Headers: http.Header{"Www-Authenticate": {www}}})
 			return
 		}
-		if wait, blocked := s.limiter.Blocked(addr); blocked {
+		if wait, blocked := s.limiter.Blocked(addr); blocked && !byCert {
 			// Failures that raced with this call spent the address.
 			s.tooMany(w, r, wait)
 			return
