@@ -314,10 +314,15 @@ func (l *leaver) round() (ok bool, removed int) {
 
 // close stops the retries (the removals waiting for one are abandoned)
 // and waits for the first attempts still running, each bounded by
-// leaveTimeout. When ctx ends first, it cancels those attempts (their
-// entries stay until their deadlines) and returns ctx's error. Either way
-// every goroutine the leaver started has returned when close does, and the
-// removals it gave up are counted as stopping and logged once.
+// leaveTimeout; then every goroutine the leaver started has returned. When
+// ctx ends first, it cancels those attempts (their entries stay until
+// their deadlines) and returns ctx's error at once, without waiting for
+// them: Leave honours its context, but a store client may not while it
+// opens a connection (valkey-go's handshake on a new connection waits for
+// its own timeout), and close must not outlast ctx. An attempt still
+// running then counts itself as stopping when it returns (or removes its
+// entry, if the store answers first). The removals given up are counted
+// as stopping and logged once, with the attempts still running.
 func (l *leaver) close(ctx context.Context) error {
 	l.mu.Lock()
 	l.closed = true
@@ -333,16 +338,14 @@ func (l *leaver) close(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 		err = ctx.Err()
-		l.abort() // the attempts return at once: Leave honours its context
-		<-done
 	}
 	l.abort()
 	l.mu.Lock()
 	n := l.left
 	l.mu.Unlock()
-	if n > 0 {
+	if running := l.attempts.Load(); n > 0 || running > 0 {
 		l.log.Warn("shared barrier: the gate stopped before the removal of some entries of ended writes; they stay until their deadlines",
-			slog.Int("entries", n))
+			slog.Int("entries", n), slog.Int64("removals_in_flight", running))
 	}
 	return err
 }
