@@ -154,7 +154,7 @@ func NewSession(ctx context.Context, client *Client, resource string, opts Sessi
 		resource: resource,
 		owner:    opts.Owner,
 		ttl:      ttl,
-		interval: lease.TTL / 3,
+		interval: ttl / 3, // of the TTL the session believes, not of a longer answer
 		margin:   opts.Margin,
 		retry:    opts.RetryInterval,
 		onRetry:  opts.OnRetry,

@@ -2,6 +2,7 @@ package leaseapi_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -33,10 +34,14 @@ type sessionEnv struct {
 	abandoned atomic.Int64 // hung calls whose client gave up (cancelled the request)
 	fail503   atomic.Bool  // renewals answer 503 store-unavailable
 	slowRenew atomic.Int64 // the fake clock moves this far while a renewal is served
-	mu        sync.Mutex
-	calls     map[string]int // "POST acquire" -> count of calls served
-	afterAcq  func(n int)    // run after the n-th acquire was served
-	unhang    chan struct{}  // closed at cleanup, releasing hung calls
+	// acquireTTL, when set, replaces ttl_seconds in the API's answers to
+	// acquisitions: a server (or a proxy) that claims another TTL than
+	// asked for, while its store holds the lease as asked.
+	acquireTTL atomic.Int64
+	mu         sync.Mutex
+	calls      map[string]int // "POST acquire" -> count of calls served
+	afterAcq   func(n int)    // run after the n-th acquire was served
+	unhang     chan struct{}  // closed at cleanup, releasing hung calls
 	// lie, when set, answers renewals in the API's place: a server (or a
 	// proxy) that answers something else than the session's lease.
 	lie atomic.Pointer[func(w http.ResponseWriter, r *http.Request)]
@@ -77,7 +82,19 @@ func newSessionEnv(t *testing.T) *sessionEnv {
 		if d := time.Duration(e.slowRenew.Load()); d > 0 && op == "POST renew" {
 			e.clock.Advance(d)
 		}
-		api.ServeHTTP(w, r)
+		if ttl := e.acquireTTL.Load(); ttl != 0 && op == "POST acquire" {
+			rec := httptest.NewRecorder()
+			api.ServeHTTP(rec, r)
+			var l map[string]any
+			if err := json.Unmarshal(rec.Body.Bytes(), &l); err == nil && rec.Code == http.StatusOK {
+				l["ttl_seconds"] = ttl
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(rec.Code)
+			_ = json.NewEncoder(w).Encode(l)
+		} else {
+			api.ServeHTTP(w, r)
+		}
 		n := e.count(op)
 		if op == "POST acquire" && e.afterAcq != nil {
 			e.afterAcq(n)
@@ -728,4 +745,22 @@ func TestSessionBelievesOnlyItsOwnLease(t *testing.T) {
 			t.Fatalf("after a renewal answered with a day-long TTL, then failures: %v, want lost 27 s after that renewal", s.Err())
 		}
 	})
+}
+
+// TestSessionRenewsByItsOwnTTL: an acquisition answered with a TTL far
+// longer than asked for (a day for 30 s) is not believed, for the deadline
+// nor for the renewals: the session renews every 10 s, not every 8 hours
+// (which would leave it lost at its 27 s deadline without a renewal sent).
+func TestSessionRenewsByItsOwnTTL(t *testing.T) {
+	e := newSessionEnv(t)
+	e.acquireTTL.Store(86400)
+	s := e.session(t, "w1")
+	for i := 1; i <= 3; i++ {
+		e.clock.waitTimer(t, e.at(time.Duration(i)*10*time.Second))
+		e.clock.Advance(10 * time.Second)
+	}
+	e.clock.waitTimer(t, e.at(40*time.Second))
+	if err := s.Err(); err != nil || e.served("POST renew") != 3 {
+		t.Fatalf("after 30 s: err %v, %d renewals; want a live session renewed 3 times", err, e.served("POST renew"))
+	}
 }
