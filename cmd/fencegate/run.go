@@ -39,9 +39,12 @@ environment:
                      are passed on as they are)
 
 While CMD runs the lease is renewed every TTL/3, and transient failures are
-retried every TTL/10. SIGINT and SIGTERM are forwarded to CMD. When CMD exits the lease
-is released (marked finished with --finish-on-success if CMD exited 0) and
-fencegate run exits with CMD's status (128+N if a signal N ended it).
+retried every TTL/10. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to CMD;
+one that comes while the lease is still awaited ends the wait instead: CMD is
+not started, and fencegate run exits 130 (129 for SIGHUP, 131 for SIGQUIT).
+When CMD exits the lease is released (marked finished with --finish-on-success
+if CMD exited 0) and fencegate run exits with CMD's status (128+N if a signal N
+ended it).
 
 If the lease is lost while CMD runs, because a renewal is refused or is not
 confirmed before a conservative local deadline (the time the last confirmed
@@ -68,6 +71,7 @@ Exit status:
   75      the lease was not acquired within --wait (lease-held)
   76      the lease was lost while CMD ran
   127     CMD could not be started
+  130     SIGINT or SIGTERM before CMD started (129 SIGHUP, 131 SIGQUIT)
 
 CMD's status is passed through as it is: a CMD exiting 2, 3, 4, 75, 76 or 127
 cannot be told from fencegate run's own by the status alone (fencegate run
@@ -168,7 +172,20 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 	// process group of its own, went on: the job-control stop is ignored.
 	signal.Ignore(syscall.SIGTSTP)
 
-	sess, err := c.openSession(ctx, client, o)
+	sess, sig, err := c.acquireUnlessSignalled(ctx, client, o, sigc)
+	if sig != nil {
+		code := exitInterrupted
+		if n := sig.(syscall.Signal); n != syscall.SIGINT && n != syscall.SIGTERM {
+			code = 128 + int(n) // as a shell reports a process that n ended
+		}
+		what := "(a call in flight may have taken effect)"
+		if err == nil {
+			// Acquired as the signal came: CMD is not started for it.
+			c.release(context.WithoutCancel(ctx), sess, false)
+			what = "(the lease, acquired as the signal came, is released)"
+		}
+		return withExit(code, fmt.Errorf("interrupted by %v while acquiring %s: the command was not started %s", sig, o.resource, what))
+	}
 	var pe *leaseapi.ProblemError
 	switch {
 	case errors.As(err, &pe) && !pe.FromAPI():
@@ -253,6 +270,39 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 		return withExit(status, nil)
 	}
 	return nil
+}
+
+// acquireUnlessSignalled is openSession, ended by any of the signals
+// fencegate run forwards (read from sigc) while it waits: they are meant
+// for CMD, which is not running yet, so they end the acquisition, and CMD
+// is not started. It returns the signal that came, if one did (also when
+// the acquisition succeeded just as it came, or when main's context was
+// cancelled by SIGINT or SIGTERM before sigc delivered it), and the
+// session or openSession's error.
+func (c *cli) acquireUnlessSignalled(ctx context.Context, client *leaseapi.Client, o runOptions, sigc <-chan os.Signal) (*leaseapi.Session, os.Signal, error) {
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop, caught := make(chan struct{}), make(chan os.Signal, 1)
+	go func() {
+		defer close(caught)
+		select {
+		case sig := <-sigc:
+			caught <- sig
+			cancel()
+		case <-stop:
+		}
+	}()
+	sess, err := c.openSession(actx, client, o)
+	close(stop)
+	sig := <-caught // nil when none came
+	if sig == nil && ctx.Err() != nil {
+		select {
+		case sig = <-sigc:
+		default:
+			sig = syscall.SIGINT // main's context ends only on SIGINT or SIGTERM
+		}
+	}
+	return sess, sig, err
 }
 
 // openSession acquires the lease as a session, with the acquisition loop

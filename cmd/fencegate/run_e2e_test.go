@@ -534,3 +534,53 @@ func TestRunEndsWhatTheCommandLeftBehind(t *testing.T) {
 		t.Fatalf("run whose lease had ended before the command exited: exit %d, want 76\n%s", code, r.stderr)
 	}
 }
+
+// TestRunSignalledWhileAcquiring: a signal that fencegate run forwards to
+// CMD, sent while run still waits for the lease (--wait forever), ends the
+// wait instead: run exits (130 for SIGINT and SIGTERM, as an interrupted
+// lease command does; 128+N for SIGHUP and SIGQUIT, as a shell reports a
+// process they end), CMD never starts, and no lease is left behind, also
+// after the holder lets go. Before, SIGHUP and SIGQUIT were caught (to be
+// forwarded) and nothing else: run waited on, and once it got the lease it
+// started CMD only to pass it the old signal.
+func TestRunSignalledWhileAcquiring(t *testing.T) {
+	p := start(t, t.TempDir(), []string{"FENCEGATE_STORE=memory:"}, "api")
+	api := p.url("api", "")
+	client := leaseapi.NewClient(api)
+	ctx := context.Background()
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			d := t.TempDir()
+			resource := "job:acq-" + strings.ToLower(strings.TrimPrefix(unix.SignalName(sig), "SIG"))
+			held, err := client.Acquire(ctx, resource, leaseapi.AcquireOptions{Owner: "holder", TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := startBG(t, []string{"FENCEGATE_API_URL=" + api, "D=" + d}, "run", "--resource", resource, "--wait", "forever", "--", "sh", "-c", `touch "$D/ran"`)
+			for limit := time.Now().Add(30 * time.Second); !strings.Contains(r.stderr.String(), "is held by"); time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(limit) {
+					t.Fatalf("run did not report its wait: %s", r.stderr)
+				}
+			}
+			if err := r.cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			want := 128 + int(sig)
+			if sig == syscall.SIGINT || sig == syscall.SIGTERM {
+				want = exitInterrupted
+			}
+			if code := r.wait(20 * time.Second); code != want || !strings.Contains(r.stderr.String(), "not started") {
+				t.Fatalf("run signalled (%v) while waiting: exit %d, want %d, and the command said not started\n%s", sig, code, want, r.stderr)
+			}
+			if ok, err := client.Release(ctx, resource, "holder", held.Token, false); !ok || err != nil {
+				t.Fatalf("the holder's release: %v, %v", ok, err)
+			}
+			if _, err := os.Stat(filepath.Join(d, "ran")); err == nil {
+				t.Fatal("the command ran")
+			}
+			if st, err := client.Status(ctx, resource); err != nil || st.Lease != nil || st.Issued != held.Token {
+				t.Fatalf("status after the holder let go: %+v, %v; want no lease and no other token issued", st, err)
+			}
+		})
+	}
+}
