@@ -298,9 +298,12 @@ func (s *Session) endLocked(err error) {
 }
 
 // confirm records a successful acquire, renew or checkpoint sent at sent,
-// whose answer is the session's own lease (see foreign). The deadline only
-// moves forward, by at most the session's TTL (an answer with a longer one
-// is not believed), and not at all once the session ended.
+// whose answer is the session's own lease (see foreign), and not at all
+// once the session ended. The deadline moves forward by at most the
+// session's TTL (an answer with a longer one is not believed). An answer
+// with a shorter TTL than the session's says the server now expires the
+// lease sooner than the session counted: the deadline moves back to match
+// (the send time plus that TTL, less the margin), never forward.
 func (s *Session) confirm(sent time.Time, l fencing.Lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -308,7 +311,8 @@ func (s *Session) confirm(sent time.Time, l fencing.Lease) {
 		return
 	}
 	s.lease = l
-	if d := sent.Add(min(l.TTL, s.ttl) - s.margin); d.After(s.deadline) {
+	d := sent.Add(min(l.TTL, s.ttl) - s.margin)
+	if d.After(s.deadline) || l.TTL < s.ttl {
 		s.deadline = d
 	}
 }

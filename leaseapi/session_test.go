@@ -764,3 +764,29 @@ func TestSessionRenewsByItsOwnTTL(t *testing.T) {
 		t.Fatalf("after 30 s: err %v, %d renewals; want a live session renewed 3 times", err, e.served("POST renew"))
 	}
 }
+
+// TestSessionBelievesAShorterTTL: a renewal answered with the session's own
+// lease but a TTL shorter than asked for (5 s for 30 s) says the server now
+// expires the lease 5 s after handling it, sooner than the session's
+// deadline from the last renewal: the session believes the shorter one and
+// is lost at 10 s + 5 s - 3 s = 12 s, not at 27 s or later.
+func TestSessionBelievesAShorterTTL(t *testing.T) {
+	e := newSessionEnv(t)
+	s := e.session(t, "w1")
+	lie := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"resource":"job:1","owner":"w1","token":`+s.Token().String()+`,"ttl_seconds":5,"acquired_at":"2026-03-01T12:00:00.000Z","expires_at":"2026-03-01T12:00:15.000Z"}`)
+	}
+	e.lie.Store(&lie)
+	e.clock.waitTimer(t, e.at(10*time.Second))
+	e.clock.Advance(10 * time.Second)
+	e.clock.waitTimer(t, e.at(12*time.Second))
+	if err := s.Err(); err != nil {
+		t.Fatalf("lost before the shortened deadline: %v", err)
+	}
+	e.clock.Advance(2 * time.Second)
+	waitDone(t, s)
+	if err := s.Err(); !errors.Is(err, leaseapi.ErrRenewDeadline) {
+		t.Fatalf("Err = %v, want the local deadline", err)
+	}
+}
