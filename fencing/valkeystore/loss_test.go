@@ -142,3 +142,54 @@ func TestRolledBackRecordIsStoreLost(t *testing.T) {
 		t.Fatalf("token after the rollback %d, want above %d", l.Token, second.Token)
 	}
 }
+
+// lostMarkRaise sets up a record that lost only the admission that raised
+// its high-water mark to the newer holder's token (a failover to a replica
+// that missed it, a restart whose AOF lost its last second, a backup taken
+// between the acquisition and the write): its issued counter and floor are
+// the ones s saw, and the superseded token first is at the mark again.
+func lostMarkRaise(t *testing.T) (s *Store, first, second fencing.Lease) {
+	t.Helper()
+	srv := valkeytest.Start(t)
+	s = open(t, srv.URL(), freshPrefix())
+	key := s.recKey("mark")
+	first = mustAcquire(t, s, "mark", "a")
+	mustAdmit(t, s, "mark", first.Token)
+	s.Release(context.Background(), fencing.ReleaseRequest{Resource: "mark", Owner: "a", Token: first.Token})
+	second = mustAcquire(t, s, "mark", "b")
+	snapshot := srv.MustDo("DUMP", key) // issued: second; hw: first
+	mustAdmit(t, s, "mark", second.Token)
+	srv.MustDo("RESTORE", key, "0", snapshot, "REPLACE")
+	return s, first, second
+}
+
+// wantLostMarkRaiseRefused checks the answer err to the superseded token's
+// first admission on lostMarkRaise's record, and what follows it.
+func wantLostMarkRaiseRefused(t *testing.T, s *Store, first, second fencing.Lease, err error) {
+	t.Helper()
+	if !errors.Is(err, fencing.ErrStoreLost) {
+		t.Fatalf("superseded token after its successor's write was lost: %v, want ErrStoreLost", err)
+	}
+	wantStaleToken(t, admitToken(s, "mark", first.Token), true, "superseded token after the lift")
+	if l := mustAcquire(t, s, "mark", "c"); l.Token <= second.Token {
+		t.Fatalf("token after the loss %d, want above %d", l.Token, second.Token)
+	}
+}
+
+// TestLostMarkRaiseIsStoreLost: a gate that admitted the newer holder's
+// write does not admit the superseded token after it once the store lost
+// that admission (see lostMarkRaise), through Admit or AdmitBatch.
+func TestLostMarkRaiseIsStoreLost(t *testing.T) {
+	ctx := context.Background()
+	t.Run("admit", func(t *testing.T) {
+		s, first, second := lostMarkRaise(t)
+		_, err := s.Admit(ctx, fencing.AdmitRequest{Resource: "mark", Token: first.Token})
+		wantLostMarkRaiseRefused(t, s, first, second, err)
+	})
+	t.Run("batch", func(t *testing.T) {
+		s, first, second := lostMarkRaise(t)
+		errs := make([]error, 1)
+		s.AdmitBatch(ctx, []fencing.AdmitRequest{{Resource: "mark", Token: first.Token}}, make([]fencing.Admission, 1), errs)
+		wantLostMarkRaiseRefused(t, s, first, second, errs[0])
+	})
+}

@@ -252,10 +252,10 @@ func (m *markReplies) settle(i int, r redcon.RESP) {
 	})
 	req, c := m.reqs[i], m.calls[i]
 	issued, hw, floor := f[0], f[1], f[2]
-	if !ok || k != 3 || !atMark(req.Token, issued, hw, floor) || c.before.lost(c.known, issued, floor) || !m.s.keptRecently(c.before, c.known) {
+	if !ok || k != 3 || !atMark(req.Token, issued, hw, floor) || c.before.lost(c.known, issued, hw, floor) || !m.s.keptRecently(c.before, c.known) {
 		return
 	}
-	m.s.seen.observe(req.Resource, issued, floor)
+	m.s.seen.observe(req.Resource, issued, hw, floor)
 	m.out[i] = fencing.Admission{Resource: req.Resource, Token: req.Token, HighWater: hw, Issued: issued}
 	m.ok[i] = true
 }

@@ -235,10 +235,10 @@ func TestMarkReaderFaults(t *testing.T) {
 func TestMarkRepliesFraming(t *testing.T) {
 	s := &Store{prefix: "p", seen: newSeenMarks(), slack: time.Hour}
 	for _, res := range []string{"a", "c", "d", "e", "f"} {
-		s.seen.observe(res, 9, 2)
+		s.seen.observe(res, 9, 0, 2)
 		s.seen.kept(res, s.now())
 	}
-	s.seen.observe("e", 9, 0)
+	s.seen.observe("e", 9, 0, 0)
 	reqs := []fencing.AdmitRequest{
 		{Resource: "a", Token: 7},
 		{Resource: "b", Token: 7, RequireLive: true}, // no read sent
@@ -289,4 +289,17 @@ func TestMarkRepliesFraming(t *testing.T) {
 	if _, err := m.add([]byte(replies[:strings.Index(replies, "-")] + "+OK\r\n")); err == nil {
 		t.Fatal("a reply past the batch's was taken")
 	}
+}
+
+// TestMarkReaderLeavesLostMarkRaiseToAdmit: a mark reader does not settle
+// the superseded token at a mark that lost its successor's raise (see
+// lostMarkRaise); Admit then finds the loss.
+func TestMarkReaderLeavesLostMarkRaiseToAdmit(t *testing.T) {
+	s, first, second := lostMarkRaise(t)
+	req := fencing.AdmitRequest{Resource: "mark", Token: first.Token}
+	if _, settled := readMarks(t, openReader(t, s), []fencing.AdmitRequest{req}); settled[0] {
+		t.Fatal("the mark reader settled the superseded token at a mark that lost its raise")
+	}
+	_, err := s.Admit(context.Background(), req)
+	wantLostMarkRaiseRefused(t, s, first, second, err)
 }

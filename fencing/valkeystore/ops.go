@@ -40,7 +40,7 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 	if a.held {
 		return fencing.Lease{}, &fencing.LeaseHeldError{Resource: req.Resource, Holder: a.holder, ExpiresAt: fromMillis(a.expiresMs), Now: fromMillis(a.nowMs)}
 	}
-	s.seen.observe(req.Resource, a.lease.token, a.floor)
+	s.seen.observe(req.Resource, a.lease.token, 0, a.floor)
 	return a.lease.of(req.Resource, req.Owner), nil
 }
 
@@ -207,7 +207,7 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 func (s *Store) admitted(ctx context.Context, req fencing.AdmitRequest, a admitReply, top fencing.Token, before seenRecord, known, script bool) (fencing.Admission, error) {
 	switch a.kind {
 	case admitOK:
-		if err := s.checkNotLost(ctx, req.Resource, top, before, known, a.issued, a.floor); err != nil {
+		if err := s.checkNotLost(ctx, req.Resource, top, before, known, a.issued, a.hw, a.floor); err != nil {
 			return fencing.Admission{}, err
 		}
 		if script {
@@ -222,9 +222,9 @@ func (s *Store) admitted(ctx context.Context, req fencing.AdmitRequest, a admitR
 			// clock, which therefore cannot refuse the tokens issued
 			// before the record went. Not a removal the clock covers: a
 			// loss, lifted past them.
-			return fencing.Admission{}, s.storeLost(ctx, req.Resource, top, before, 0, 0)
+			return fencing.Admission{}, s.storeLost(ctx, req.Resource, top, before, 0, 0, 0)
 		}
-		if err := s.checkNotLost(ctx, req.Resource, top, before, known, a.issued, a.floor); err != nil {
+		if err := s.checkNotLost(ctx, req.Resource, top, before, known, a.issued, 0, a.floor); err != nil {
 			return fencing.Admission{}, err
 		}
 		return fencing.Admission{}, &fencing.TokenNotIssuedError{Resource: req.Resource, Token: req.Token, Issued: a.issued}
@@ -238,31 +238,33 @@ func (s *Store) admitted(ctx context.Context, req fencing.AdmitRequest, a admitR
 	return fencing.Admission{}, fmt.Errorf("%w: admit: unexpected outcome %d", fencing.ErrAmbiguous, a.kind)
 }
 
-// checkNotLost compares a resource's issued counter and floor as the server
-// answered them with what this Store had seen before sending the call
+// checkNotLost compares a resource's issued counter, high-water mark (0
+// when the answer does not carry it) and floor as the server answered them
+// with what this Store had seen before sending the call
 // (seen, known; top, the highest token seen on any resource; see seen.go).
-// An issued counter below the one seen, or another floor, means the record
+// An issued counter or a mark below the one seen, or another floor, means the record
 // lost writes or was created afresh: it is lifted past every token this
 // Store had seen (not past tokens issued since the call was sent, which
 // are post-loss) and the call fails with fencing.ErrStoreLost. Otherwise
 // the answer is remembered.
-func (s *Store) checkNotLost(ctx context.Context, res string, top fencing.Token, seen seenRecord, known bool, issued, floor fencing.Token) error {
-	if !seen.lost(known, issued, floor) {
-		s.seen.observe(res, issued, floor)
+func (s *Store) checkNotLost(ctx context.Context, res string, top fencing.Token, seen seenRecord, known bool, issued, hw, floor fencing.Token) error {
+	if !seen.lost(known, issued, hw, floor) {
+		s.seen.observe(res, issued, hw, floor)
 		return nil
 	}
-	return s.storeLost(ctx, res, top, seen, issued, floor)
+	return s.storeLost(ctx, res, top, seen, issued, hw, floor)
 }
 
 // storeLost lifts res's record past every token this Store had seen (top,
 // seen.issued) after an answer (issued, floor) showed that it lost data,
-// and returns the fencing.ErrStoreLost the call fails with.
-func (s *Store) storeLost(ctx context.Context, res string, top fencing.Token, seen seenRecord, issued, floor fencing.Token) error {
+// and returns the fencing.ErrStoreLost the call fails with (hw 0: the
+// answer did not carry the mark).
+func (s *Store) storeLost(ctx context.Context, res string, top fencing.Token, seen seenRecord, issued, hw, floor fencing.Token) error {
 	to := max(top, seen.issued)
 	s.log.Error("valkeystore: the store lost data: a resource's record is older than one this gate saw; moving it past every token this gate has seen",
-		"resource", res, "issued", issued, "floor", floor, "seen_issued", seen.issued, "seen_floor", seen.floor, "lift_to", to)
-	lost := fmt.Errorf("%w: %q: the record (issued %d, floor %d) is not the one seen before (issued %d, floor %d)",
-		fencing.ErrStoreLost, res, issued, floor, seen.issued, seen.floor)
+		"resource", res, "issued", issued, "hw", hw, "floor", floor, "seen_issued", seen.issued, "seen_hw", seen.hw, "seen_floor", seen.floor, "lift_to", to)
+	lost := fmt.Errorf("%w: %q: the record (issued %d, high-water mark %d, floor %d) is not the one seen before (issued %d, high-water mark %d, floor %d)",
+		fencing.ErrStoreLost, res, issued, hw, floor, seen.issued, seen.hw, seen.floor)
 	r, err := s.run(ctx, "lift", liftScript, s.leaseKeys(res), []string{to.String(), s.retention})
 	if err != nil {
 		return fmt.Errorf("%w; lifting it failed: %w", lost, err)
@@ -271,6 +273,6 @@ func (s *Store) storeLost(ctx context.Context, res string, top fencing.Token, se
 	if err := n.err(); err != nil {
 		return fmt.Errorf("%w; lift: %w", lost, err)
 	}
-	s.seen.observe(res, l.issued, l.floor)
+	s.seen.observe(res, l.issued, 0, l.floor)
 	return fmt.Errorf("%w; it now refuses every token up to %d", lost, l.floor)
 }

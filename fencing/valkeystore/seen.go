@@ -24,15 +24,16 @@ import (
 //     with every acquisition as a floor hint: a record created afresh (never
 //     used, or lost whole) starts above it, so the first token after a loss
 //     is above every token this process saw before it, whatever the clocks;
-//   - per resource, the highest issued token seen and the record's floor, in
-//     a bounded table (maxSeenResources entries; when full, the oldest
-//     entries are dropped, and only the global floor hint protects those
-//     resources). The floor changes only when a record is created afresh or
-//     lifted. An admission answer whose issued counter is below the one
-//     seen under the same floor, or whose floor differs and is below the
-//     issued token seen, means the record lost writes or was lost whole and
-//     re-created (by another gate) below tokens issued before: Admit then lifts
-//     the record past the floor hint (lift.lua) and fails with
+//   - per resource, the highest issued token seen, the highest high-water
+//     mark seen and the record's floor, in a bounded table (maxSeenResources
+//     entries; when full, the oldest entries are dropped, and only the
+//     global floor hint protects those resources). The floor changes only
+//     when a record is created afresh or lifted. An admission answer whose
+//     issued counter or mark is below the one seen under the same floor (a
+//     lost raise would put a superseded token at the mark again), or whose
+//     floor differs and is below the issued token seen, means the record
+//     lost writes or was lost whole and re-created (by another gate) below
+//     tokens issued before: Admit then lifts the record past the floor hint (lift.lua) and fails with
 //     fencing.ErrStoreLost, so neither the pre-loss token nor a post-loss
 //     token below it is forwarded, through any gate; the next acquisition
 //     issues a token above both. Acquire sends the resource's issued token
@@ -63,6 +64,7 @@ const maxSeenResources = 1 << 16
 // seenRecord is what a Store last saw of one resource's record.
 type seenRecord struct {
 	issued fencing.Token // the highest issued token seen
+	hw     fencing.Token // the highest high-water mark seen under floor (0: none)
 	floor  fencing.Token // the record's floor (changes only when the record is created afresh or lifted)
 	keptAt time.Duration // Store.now when a script last applied the retention to it (0: never; see retention.go)
 }
@@ -105,12 +107,16 @@ func (m *seenMarks) put(res string, rec seenRecord) {
 	m.byRes[res] = rec
 }
 
-// lost reports whether an answer for res (its issued counter and floor)
-// shows that the record lost writes since before, the snapshot of what was
-// seen taken before the call was sent:
+// lost reports whether an answer for res (its issued counter, high-water
+// mark and floor; hw 0 when the answer does not carry the mark) shows that
+// the record lost writes since before, the snapshot of what was seen taken
+// before the call was sent:
 //
-//   - the same record (same floor) whose issued counter went back: rolled
-//     back;
+//   - the same record (same floor) whose issued counter or high-water mark
+//     went back: rolled back (the mark alone goes back when the store lost
+//     only the admission that raised it, say to a newer holder's token
+//     issued before the loss: the superseded token would be at the mark
+//     again);
 //   - another floor (the record was created afresh, or lifted) below the
 //     highest token seen on it: created again below tokens issued before,
 //     which its floor does not refuse (a loss re-created by a node whose
@@ -127,32 +133,42 @@ func (m *seenMarks) put(res string, rec seenRecord) {
 // arrives, keeps concurrent calls whose answers arrive out of order from
 // looking like a loss: the server ran this call after every call whose
 // answer was in before it was sent.
-func (before seenRecord) lost(known bool, issued, floor fencing.Token) bool {
+func (before seenRecord) lost(known bool, issued, hw, floor fencing.Token) bool {
 	if !known || issued == 0 {
 		return false
 	}
 	if floor == before.floor {
-		return issued < before.issued
+		return issued < before.issued || hw != 0 && hw < before.hw
 	}
 	return floor < before.issued
 }
 
-// observe remembers an answer for res: it replaces what was seen unless
-// what was seen is newer (a higher issued counter; answers may arrive out
-// of order).
+// observe remembers an answer for res (hw 0 when it does not carry the
+// high-water mark): it replaces what was seen unless what was seen is newer
+// (a higher issued counter; answers may arrive out of order), and keeps the
+// highest mark seen under the same floor.
 //
 // An answer with issued 0 is a record that does not exist (never used, or
 // lost whole): there is nothing to remember of it. Remembering it would
 // make the record's creation by the next acquisition (with a floor of its
 // own) look like a loss, and the lift would end that live lease.
-func (m *seenMarks) observe(res string, issued, floor fencing.Token) {
+func (m *seenMarks) observe(res string, issued, hw, floor fencing.Token) {
 	if issued == 0 {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if seen, ok := m.byRes[res]; !ok || issued >= seen.issued {
-		m.put(res, seenRecord{issued: issued, floor: floor, keptAt: seen.keptAt})
+	seen, ok := m.byRes[res]
+	switch {
+	case !ok || issued >= seen.issued:
+		rec := seenRecord{issued: issued, hw: hw, floor: floor, keptAt: seen.keptAt}
+		if ok && floor == seen.floor {
+			rec.hw = max(hw, seen.hw)
+		}
+		m.put(res, rec)
+	case floor == seen.floor && hw > seen.hw:
+		seen.hw = hw
+		m.byRes[res] = seen
 	}
 	m.raiseTop(issued)
 }

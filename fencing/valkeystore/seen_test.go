@@ -13,23 +13,25 @@ import (
 )
 
 func TestSeenRecordLost(t *testing.T) {
-	seen := seenRecord{issued: 10, floor: 4}
+	seen := seenRecord{issued: 10, hw: 8, floor: 4}
 	for _, tc := range []struct {
-		known         bool
-		issued, floor fencing.Token
-		want          bool
+		known             bool
+		issued, hw, floor fencing.Token
+		want              bool
 	}{
-		{false, 1, 0, false},  // never seen: nothing to compare
-		{true, 10, 4, false},  // the same record
-		{true, 12, 4, false},  // moved on
-		{true, 9, 4, true},    // an issued counter never goes back on its own
-		{true, 12, 5, true},   // another floor below tokens seen: re-created below them
-		{true, 12, 10, false}, // re-created at the clock, at the highest token seen: refuses it
-		{true, 30, 20, false}, // re-created above every token seen (after retention)
-		{true, 0, 0, false},   // gone (removed by retention, or lost): refused on the clock until re-created
+		{false, 1, 1, 0, false},  // never seen: nothing to compare
+		{true, 10, 8, 4, false},  // the same record
+		{true, 10, 0, 4, false},  // the same record, an answer without the mark
+		{true, 12, 9, 4, false},  // moved on
+		{true, 9, 8, 4, true},    // an issued counter never goes back on its own
+		{true, 10, 6, 4, true},   // nor does a mark: the raise to 8 was lost
+		{true, 12, 5, 5, true},   // another floor below tokens seen: re-created below them
+		{true, 12, 0, 10, false}, // re-created at the clock, at the highest token seen: refuses it
+		{true, 30, 0, 20, false}, // re-created above every token seen (after retention)
+		{true, 0, 0, 0, false},   // gone (removed by retention, or lost): refused on the clock until re-created
 	} {
-		if got := seen.lost(tc.known, tc.issued, tc.floor); got != tc.want {
-			t.Errorf("lost(%v, %d, %d) = %v, want %v", tc.known, tc.issued, tc.floor, got, tc.want)
+		if got := seen.lost(tc.known, tc.issued, tc.hw, tc.floor); got != tc.want {
+			t.Errorf("lost(%v, %d, %d, %d) = %v, want %v", tc.known, tc.issued, tc.hw, tc.floor, got, tc.want)
 		}
 	}
 }
@@ -37,17 +39,27 @@ func TestSeenRecordLost(t *testing.T) {
 // Answers arriving out of order never move what was seen back.
 func TestSeenMarksObserveKeepsNewest(t *testing.T) {
 	m := newSeenMarks()
-	m.observe("r", 20, 3)
-	m.observe("r", 15, 3) // an older answer, late
+	m.observe("r", 20, 0, 3)
+	m.observe("r", 15, 0, 3) // an older answer, late
 	if got, _ := m.resource("r"); got.issued != 20 {
 		t.Fatalf("after a late older answer: %+v", got)
 	}
-	m.observe("r", 20, 19) // a lift: same counter, new floor
+	m.observe("r", 20, 0, 19) // a lift: same counter, new floor
 	if got, _ := m.resource("r"); got.floor != 19 {
 		t.Fatalf("after a lift: %+v", got)
 	}
 	if m.floor() != 20 {
 		t.Fatalf("top %d, want 20", m.floor())
+	}
+	m.observe("r", 20, 20, 19)
+	m.observe("r", 20, 0, 19)  // an answer without the mark
+	m.observe("r", 18, 19, 19) // an older answer, late
+	if got, _ := m.resource("r"); got.hw != 20 {
+		t.Fatalf("mark after answers without it or older: %+v", got)
+	}
+	m.observe("r", 25, 0, 24) // lifted: the mark seen was under the old floor
+	if got, _ := m.resource("r"); got.hw != 0 || got.floor != 24 {
+		t.Fatalf("after a lift: %+v", got)
 	}
 }
 
@@ -55,7 +67,7 @@ func TestSeenMarksObserveKeepsNewest(t *testing.T) {
 // by the next acquisition is not a loss.
 func TestSeenMarksIgnoreAbsentRecords(t *testing.T) {
 	m := newSeenMarks()
-	m.observe("r", 0, 0)
+	m.observe("r", 0, 0, 0)
 	if rec, known := m.resource("r"); known {
 		t.Fatalf("an absent record was remembered: %+v", rec)
 	}
@@ -98,7 +110,7 @@ func TestSeenMarksBounded(t *testing.T) {
 	for g := range 8 {
 		wg.Go(func() {
 			for i := range maxSeenResources / 4 {
-				m.observe("r"+strconv.Itoa(g)+"-"+strconv.Itoa(i), fencing.Token(i+1), 0)
+				m.observe("r"+strconv.Itoa(g)+"-"+strconv.Itoa(i), fencing.Token(i+1), 0, 0)
 			}
 		})
 	}

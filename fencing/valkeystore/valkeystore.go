@@ -54,7 +54,8 @@
 //     token is above it, even when the serving node's clock is behind the
 //     lost tokens, as long as this gate saw them (or a later token).
 //   - A gate notices a record that is not the one it last saw (an issued
-//     counter that went back under the same floor: rolled back by a
+//     counter or a high-water mark that went back under the same floor,
+//     the mark alone when only a raise was lost: rolled back by a
 //     failover to a lagging replica or a crash losing the last second of an
 //     appendfsync everysec AOF; or another floor below a token it saw on
 //     the resource: lost and re-created through another gate whose clock
@@ -70,11 +71,11 @@
 //     a pre-loss token issued by a node whose clock was ahead of the
 //     post-loss node's can be admitted through it once the post-loss
 //     counter passes that token, unless a gate that saw the resource lifted
-//     it first. A rollback that only lost a high-water mark raise (no
-//     token issued since) is noticed only through its floor or counter, so
-//     a token superseded in the lost window may be admitted again, until a
-//     newer token is admitted; Options.WaitReplicas prevents that for
-//     failovers (see wait.go).
+//     it first. A rollback that only lost a high-water mark raise is
+//     noticed by the gates that saw the raise (or a later mark); through
+//     another gate a token superseded in the lost window may be admitted
+//     again, until a newer token is admitted; Options.WaitReplicas
+//     prevents that for failovers (see wait.go).
 //
 // Faults are classified here: a request that never left the client
 // (connection refused, dial failure, client closed, server LOADING/BUSY)
