@@ -335,7 +335,10 @@ func TestClusterSlotMigration(t *testing.T) {
 		t.Fatalf("the checkpoint state key is not on the source after moving the record alone (EXISTS %s): the split was not set up", got)
 	}
 	// Split: the record is on the target, its state on the source. Every
-	// operation is refused, none answers from half a record.
+	// operation is refused (the server answers TRYAGAIN, which valkey-go's
+	// cluster client sends again until the command timeout), none answers
+	// from half a record. Side by side: each waits out the timeout.
+	var splitChecks sync.WaitGroup
 	for name, op := range map[string]func() error{
 		"acquire": func() error {
 			_, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: res, Owner: "split", TTL: time.Minute})
@@ -351,10 +354,13 @@ func TestClusterSlotMigration(t *testing.T) {
 			return err
 		},
 	} {
-		if err := op(); !errors.Is(err, fencing.ErrUnavailable) {
-			t.Errorf("%s with the record moved and its state not: %v, want a refusal (store unavailable: not performed)", name, err)
-		}
+		splitChecks.Go(func() {
+			if err := op(); !errors.Is(err, fencing.ErrUnavailable) {
+				t.Errorf("%s with the record moved and its state not: %v, want a refusal (store unavailable: not performed)", name, err)
+			}
+		})
 	}
+	splitChecks.Wait()
 	// AdmitBatch reads the marks alone (one key, read where it is) and may
 	// admit a token at the mark from them within the retention slack of
 	// the last script, else runs the script (refused here): either way,
@@ -366,7 +372,19 @@ func TestClusterSlotMigration(t *testing.T) {
 		t.Errorf("AdmitBatch at the mark %d with the record moved and its state not: %+v, %v", mark, out[0], errs[0])
 	}
 	t.Logf("AdmitBatch at the mark during the split: %+v, %v", out[0], errs[0])
+	// A call made during the split, with the move completed within its
+	// command timeout, waits for it and is answered (valkey-go sends a
+	// script refused with TRYAGAIN again, after a pause, until the
+	// context ends: the server refused it before running anything), not
+	// refused.
+	patient := make(chan error, 1)
+	go func() { _, err := s.Status(ctx, res); patient <- err }()
 	pause()
+	select {
+	case err := <-patient:
+		t.Fatalf("a status call made during the split returned before the move completed: %v; want it to wait for the slot", err)
+	default:
+	}
 	var rest []string
 	for _, k := range strings.Split(source.MustDo("CLUSTER", "GETKEYSINSLOT", fmt.Sprint(slot), "100"), "\n") {
 		if k = strings.TrimSpace(k); k != "" {
@@ -379,6 +397,9 @@ func TestClusterSlotMigration(t *testing.T) {
 	pause()
 	for _, n := range append([]*valkeytest.Server{target, source}, cl.Nodes...) {
 		n.MustDo("CLUSTER", "SETSLOT", fmt.Sprint(slot), "NODE", ids[dst])
+	}
+	if err := <-patient; err != nil {
+		t.Errorf("a status call made during the split, the move completed within its command timeout: %v, want its answer", err)
 	}
 	pause()
 	pause()
