@@ -125,6 +125,59 @@ func (h *rawH2) drain(d time.Duration) (closed bool, settings map[http2.SettingI
 	}
 }
 
+// flood sends n rounds of frames, round i written by frame on a framer
+// (errors are the test's), many rounds to a write (and so to a TLS
+// record), as a flooding client sends them: the gate reads the same frames
+// as from one write each, at a fraction of the client's cost. It stops at
+// the first write that fails: the gate closed the connection.
+func (h *rawH2) flood(t *testing.T, n int, frame func(f *http2.Framer, i int) error) {
+	t.Helper()
+	var buf bytes.Buffer
+	f := http2.NewFramer(&buf, nil)
+	for i := range n {
+		if err := frame(f, i); err != nil {
+			t.Fatal(err)
+		}
+		if buf.Len() >= 64<<10 || i == n-1 {
+			if _, err := h.c.Write(buf.Bytes()); err != nil {
+				return
+			}
+			buf.Reset()
+		}
+	}
+}
+
+// fence sends a PING and reads frames until its ACK or the connection's
+// end. The ACK shows the gate has handled every frame sent before the PING
+// (a connection's frames are handled in order) and still answers; the end,
+// that it closed the connection (GOAWAY or EOF), which bounds the abuse.
+// Neither within d is t's error: the gate is stuck on the connection.
+func (h *rawH2) fence(t *testing.T, d time.Duration) {
+	t.Helper()
+	mark := [8]byte{'f', 'e', 'n', 'c', 'e'}
+	if err := h.f.WritePing(false, mark); err != nil {
+		return // closed by the gate
+	}
+	_ = h.c.SetReadDeadline(time.Now().Add(d))
+	for {
+		fr, err := h.f.ReadFrame()
+		if err != nil {
+			if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+				t.Errorf("the gate neither answered a PING sent after the abuse nor closed the connection within %v", d)
+			}
+			return
+		}
+		switch fr := fr.(type) {
+		case *http2.GoAwayFrame:
+			return
+		case *http2.PingFrame:
+			if fr.IsAck() && fr.Data == mark {
+				return
+			}
+		}
+	}
+}
+
 // stillServes proves the gate serves a fresh client after an abuse.
 func stillServes(t *testing.T, w h2way, addr string) {
 	t.Helper()
@@ -194,10 +247,11 @@ func TestH2CIsOffByDefault(t *testing.T) {
 }
 
 // TestHTTP2Abuse sends HTTP/2's own attacks with raw frames at an h2c
-// gate: each is bounded (the connection refused or closed), no stream of
-// it reaches the upstream (every write carries a stale token, or never
-// completes its headers), and the gate goes on serving others. Over TLS
-// (ALPN h2) in TestHTTP2AbuseTLS.
+// gate: each is bounded (the connection refused or closed, or a flood of
+// control frames handled in full with the gate still answering on the
+// connection, see fence), no stream of it reaches the upstream (every
+// write carries a stale token, or never completes its headers), and the
+// gate goes on serving others. Over TLS (ALPN h2) in TestHTTP2AbuseTLS.
 func TestHTTP2Abuse(t *testing.T) { testHTTP2Abuse(t, h2cWay()) }
 
 func testHTTP2Abuse(t *testing.T, w h2way) {
@@ -219,13 +273,13 @@ func testHTTP2Abuse(t *testing.T, w h2way) {
 	t.Run("rapid reset", func(t *testing.T) {
 		h := w.dialH2(t, addr)
 		block := h.block("PUT", "/jobs/1", "fencing-token", tok(stale.Token), "content-length", "1")
-		for i := uint32(0); i < 20000; i++ {
-			id := 1 + 2*i
-			if h.f.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}) != nil ||
-				h.f.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
-				break // the gate closed the connection
+		h.flood(t, 20000, func(f *http2.Framer, i int) error {
+			id := uint32(1 + 2*i)
+			if err := f.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}); err != nil {
+				return err
 			}
-		}
+			return f.WriteRSTStream(id, http2.ErrCodeCancel)
+		})
 		h.drain(2 * time.Second)
 	})
 	t.Run("CONTINUATION flood", func(t *testing.T) {
@@ -246,22 +300,19 @@ func testHTTP2Abuse(t *testing.T, w h2way) {
 	})
 	t.Run("PING flood", func(t *testing.T) {
 		h := w.dialH2(t, addr)
+		// Five times the PING ACKs net/http queues for a client that
+		// does not read before it closes the connection; the fence shows
+		// the gate handled them all (or closed the connection).
 		var data [8]byte
-		for i := 0; i < 200000; i++ {
-			if h.f.WritePing(false, data) != nil {
-				break // the gate closed it: bounded
-			}
-		}
-		h.drain(time.Second)
+		h.flood(t, 50000, func(f *http2.Framer, _ int) error { return f.WritePing(false, data) })
+		h.fence(t, 20*time.Second)
 	})
 	t.Run("SETTINGS flood", func(t *testing.T) {
 		h := w.dialH2(t, addr)
-		for i := 0; i < 50000; i++ {
-			if h.f.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: uint32(i)}) != nil {
-				break
-			}
-		}
-		h.drain(time.Second)
+		h.flood(t, 50000, func(f *http2.Framer, i int) error {
+			return f.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: uint32(i)})
+		})
+		h.fence(t, 20*time.Second)
 	})
 	t.Run("header list too large", func(t *testing.T) {
 		h := w.dialH2(t, addr)
