@@ -411,19 +411,31 @@ func TestClusterSlotMigration(t *testing.T) {
 	if n := source.MustDo("CLUSTER", "COUNTKEYSINSLOT", fmt.Sprint(slot)); n != "0" {
 		t.Fatalf("%s keys left on the source", n)
 	}
-	st, err := s.Status(ctx, res)
+	if st := c.servedAfter(t, "the move", first.Token); st.Checkpoint == nil {
+		t.Fatalf("status after the move %+v: the checkpoint is gone", st)
+	}
+}
+
+// servedAfter checks that c's resource is served whole after what (a
+// migration, a failover): its status holds every token and mark the
+// workers saw, the first token is refused, and a new acquisition issues a
+// token above the status's and is admitted. It returns the status.
+func (c *migrationChecker) servedAfter(t *testing.T, what string, first fencing.Token) fencing.Status {
+	t.Helper()
+	st, err := c.s.Status(context.Background(), c.res)
 	if err != nil {
-		t.Fatalf("Status after the move: %v", err)
+		t.Fatalf("Status after %s: %v", what, err)
 	}
-	if st.Issued < fencing.Token(c.issued.Load()) || st.HighWater < fencing.Token(c.hw.Load()) || st.Checkpoint == nil {
-		t.Fatalf("status after the move %+v: want issued >= %d, high-water >= %d and a checkpoint", st, c.issued.Load(), c.hw.Load())
+	if st.Issued < fencing.Token(c.issued.Load()) || st.HighWater < fencing.Token(c.hw.Load()) {
+		t.Fatalf("status after %s %+v: want issued >= %d, high-water >= %d", what, st, c.issued.Load(), c.hw.Load())
 	}
-	wantRefused(t, s, res, first.Token)
-	l := mustAcquire(t, s, res, "after")
+	wantRefused(t, c.s, c.res, first)
+	l := mustAcquire(t, c.s, c.res, "after")
 	if l.Token <= st.Issued {
-		t.Fatalf("token after the move %d, want > %d", l.Token, st.Issued)
+		t.Fatalf("token after %s %d, want > %d", what, l.Token, st.Issued)
 	}
-	mustAdmit(t, s, res, l.Token)
+	mustAdmit(t, c.s, c.res, l.Token)
+	return st
 }
 
 // TestClusterManualFailover promotes the replica of a resource's primary
@@ -474,17 +486,5 @@ func TestClusterManualFailover(t *testing.T) {
 	if role := cl.Nodes[src].MustDo("INFO", "replication"); !strings.Contains(role, "role:slave") {
 		t.Fatalf("the old primary is not a replica after the failover: the test did not fail over")
 	}
-	st, err := s.Status(ctx, res)
-	if err != nil {
-		t.Fatalf("Status after the failover: %v", err)
-	}
-	if st.Issued < fencing.Token(c.issued.Load()) || st.HighWater < fencing.Token(c.hw.Load()) {
-		t.Fatalf("status after the failover %+v: want issued >= %d, high-water >= %d", st, c.issued.Load(), c.hw.Load())
-	}
-	wantRefused(t, s, res, first.Token)
-	l := mustAcquire(t, s, res, "after")
-	if l.Token <= st.Issued {
-		t.Fatalf("token after the failover %d, want > %d", l.Token, st.Issued)
-	}
-	mustAdmit(t, s, res, l.Token)
+	c.servedAfter(t, "the failover", first.Token)
 }
