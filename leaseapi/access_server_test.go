@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing/memstore"
 	"github.com/fencegate/fencegate/internal/certs/certstest"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 	"github.com/fencegate/fencegate/leaseapi"
 	"github.com/fencegate/fencegate/leaseapi/access"
 )
@@ -173,7 +174,7 @@ func TestAccessUnknownCredentialsAndRateLimit(t *testing.T) {
 
 // The access log names the access file's client of each call.
 func TestAccessLogNamesTheClient(t *testing.T) {
-	var logs syncBuf
+	var logs syncbuf.Buffer
 	e := newAccessEnv(t, func(o *leaseapi.Options) {
 		o.AccessLog = true
 		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
@@ -195,7 +196,7 @@ func TestAccessLogNamesTheClient(t *testing.T) {
 // A flood of refused calls logs at most RefusalLinesPerSecond refusal
 // lines a second, while every call is still answered as refused.
 func TestRefusalLinesBounded(t *testing.T) {
-	var logs syncBuf
+	var logs syncbuf.Buffer
 	e := newAccessEnv(t, func(o *leaseapi.Options) { o.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
 	const calls = 5 * leaseapi.RefusalLinesPerSecond
 	first := time.Now().Unix()
@@ -209,23 +210,6 @@ func TestRefusalLinesBounded(t *testing.T) {
 	if lines == 0 || lines > leaseapi.RefusalLinesPerSecond*seconds {
 		t.Fatalf("%d refusal lines over %d second(s), want 1 to %d a second", lines, seconds, leaseapi.RefusalLinesPerSecond)
 	}
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Failed authentications are counted per client as the connection limits

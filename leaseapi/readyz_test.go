@@ -1,17 +1,16 @@
 package leaseapi_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 	"github.com/fencegate/fencegate/leaseapi"
 )
 
@@ -29,22 +28,10 @@ func (s *flakyPingStore) Ping(ctx context.Context) error {
 	return s.Store.Ping(ctx)
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+// lockedBuffer is the server's log, which a test counts lines of.
+type lockedBuffer struct{ syncbuf.Buffer }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), s)
-}
+func (l *lockedBuffer) count(s string) int { return strings.Count(l.String(), s) }
 
 // TestReadyzLogsOncePerStateChange: a probe every few seconds against a
 // store that is down logs one error when readiness is lost and one info
@@ -69,20 +56,20 @@ func TestReadyzLogsOncePerStateChange(t *testing.T) {
 	store.down.Store(true)
 	probe(5, 503)
 	if got := logs.count(lost); got != 1 {
-		t.Fatalf("5 failing probes logged %d errors, want 1:\n%s", got, logs.b.String())
+		t.Fatalf("5 failing probes logged %d errors, want 1:\n%s", got, logs.String())
 	}
 	if got := logs.count(`"level":"ERROR"`); got != 1 {
-		t.Fatalf("%d ERROR lines, want 1:\n%s", got, logs.b.String())
+		t.Fatalf("%d ERROR lines, want 1:\n%s", got, logs.String())
 	}
 	store.down.Store(false)
 	probe(3, 200)
 	if got := logs.count(back); got != 1 {
-		t.Fatalf("recovery logged %d times, want 1:\n%s", got, logs.b.String())
+		t.Fatalf("recovery logged %d times, want 1:\n%s", got, logs.String())
 	}
 	store.down.Store(true)
 	probe(2, 503)
 	if got := logs.count(lost); got != 2 {
-		t.Fatalf("second outage logged %d errors in all, want 2:\n%s", got, logs.b.String())
+		t.Fatalf("second outage logged %d errors in all, want 2:\n%s", got, logs.String())
 	}
 }
 
@@ -107,7 +94,7 @@ func TestReadyWithoutStore(t *testing.T) {
 		}
 	}
 	if got := logs.count(`"msg":"not ready`); got != 1 {
-		t.Fatalf("the outage was logged %d times, want once:\n%s", got, logs.b.String())
+		t.Fatalf("the outage was logged %d times, want once:\n%s", got, logs.String())
 	}
 	e.api.SetDraining()
 	if a := e.get("/readyz"); a.status != 503 {
@@ -129,9 +116,7 @@ func TestAccessLog(t *testing.T) {
 	e.post("/v1/leases/job:1/acquire", `{"owner":"b"}`)
 	e.get("/readyz")
 	e.get("/livez")
-	logs.mu.Lock()
-	text := logs.b.String()
-	logs.mu.Unlock()
+	text := logs.String()
 	var lines []map[string]any
 	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
 		var m map[string]any

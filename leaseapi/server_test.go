@@ -1,7 +1,6 @@
 package leaseapi_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,13 +8,13 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 	"github.com/fencegate/fencegate/leaseapi"
 	"github.com/fencegate/fencegate/leaseapi/access"
 )
@@ -223,7 +222,7 @@ func TestPanicBecomesProblem(t *testing.T) {
 // its cause, and each cause is logged beside the request id the response
 // carries.
 func TestFailuresLoggedWithRequestID(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	clock := newFakeClock()
 	spy := &spyStore{Store: storeKinds[0].open(t, clock), held: make(chan struct{}, 1)}
 	e := newEnvWith(t, clock, spy, func(o *leaseapi.Options) { o.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
@@ -261,24 +260,6 @@ func TestFailuresLoggedWithRequestID(t *testing.T) {
 	if detail := f.str("detail"); strings.Contains(detail, fmt.Sprint(lines["req-fault-2"]["error"])) {
 		t.Errorf("store fault answer quotes its cause: %s", f.raw)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestNewServerRejectsBadOptions(t *testing.T) {

@@ -1,34 +1,23 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/fencegate/fencegate/internal/syncbuf"
 )
 
 // auditLog collects the gate's JSON log lines.
-type auditLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *auditLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type auditLog struct{ syncbuf.Buffer }
 
 // lines returns the decoded log lines with message msg.
 func (l *auditLog) lines(t *testing.T, msg string) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(l.String()), "\n") {
 		if line == "" {
 			continue
 		}
@@ -86,7 +75,7 @@ func TestAuditLineAdmittedAndStale(t *testing.T) {
 
 	lines := logs.lines(t, AuditMessage)
 	if len(lines) != 3 {
-		t.Fatalf("%d audit lines for 3 writes:\n%s", len(lines), logs.b.String())
+		t.Fatalf("%d audit lines for 3 writes:\n%s", len(lines), logs.String())
 	}
 	wantFields(t, lines[0], map[string]any{"request_id": "req-admitted", "method": "PUT", "path": "/jobs/7", "code": CodeAdmitted,
 		"resource": "job:7", "token": float64(b.Token), "high_water": float64(b.Token), "issued": float64(b.Token),
@@ -116,7 +105,7 @@ func TestAuditLineBarrierTimeoutAndCutOff(t *testing.T) {
 
 	cut := logs.lines(t, CutOffMessage)
 	if len(cut) != 1 {
-		t.Fatalf("%d cut-off lines:\n%s", len(cut), logs.b.String())
+		t.Fatalf("%d cut-off lines:\n%s", len(cut), logs.String())
 	}
 	wantFields(t, cut[0], map[string]any{"request_id": "req-slow", "code": "cut-off", "level": "WARN",
 		"resource": "job:5", "token": float64(a.Token), "high_water": float64(a.Token), "upstream_status": nil})
@@ -125,7 +114,7 @@ func TestAuditLineBarrierTimeoutAndCutOff(t *testing.T) {
 	// line when it ends after all.
 	lines := logs.lines(t, AuditMessage)
 	if len(lines) != 1 {
-		t.Fatalf("%d audit lines, want the barrier timeout's only:\n%s", len(lines), logs.b.String())
+		t.Fatalf("%d audit lines, want the barrier timeout's only:\n%s", len(lines), logs.String())
 	}
 	wantFields(t, lines[0], map[string]any{"request_id": "req-barrier", "code": "barrier-timeout", "resource": "job:5",
 		"token": float64(b.Token), "high_water": float64(b.Token), "upstream_status": nil})
@@ -202,7 +191,7 @@ func TestAuditTwoResourcesNamesTheRefusingOne(t *testing.T) {
 		}
 	}
 	if line == nil {
-		t.Fatalf("no audit line for the COPY:\n%s", logs.b.String())
+		t.Fatalf("no audit line for the COPY:\n%s", logs.String())
 	}
 	wantFields(t, line, map[string]any{"code": "stale-token", "resource": "file:X", "token": float64(1),
 		"high_water": float64(x.Token)})
@@ -226,7 +215,7 @@ func TestAccessLineForReads(t *testing.T) {
 			continue
 		}
 		if len(lines) != 1 {
-			t.Fatalf("%d access lines, want the read's:\n%s", len(lines), logs.b.String())
+			t.Fatalf("%d access lines, want the read's:\n%s", len(lines), logs.String())
 		}
 		wantFields(t, lines[0], map[string]any{"request_id": "req-read", "method": "GET", "path": "/jobs/1",
 			"status": float64(200), "code": nil})

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 )
 
 // TestLoopsContainAPanic: a panic in a loop's step (provoked by a test
@@ -36,7 +37,7 @@ func TestLoopsContainAPanic(t *testing.T) {
 
 	up := newRawUpstream(t)
 	u, _ := url.Parse("http://" + up.ln.Addr().String())
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{}), Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"github.com/fencegate/fencegate/fencing/memstore"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
 	"github.com/fencegate/fencegate/fencing/valkeystore/valkeytest"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 )
 
 // deafBatch is a memory store seen through a batch path (as the loops
@@ -51,7 +52,7 @@ func (b *deafBatch) AdmitBatch(ctx context.Context, reqs []fencing.AdmitRequest,
 func TestLoopStopHonoursItsContext(t *testing.T) {
 	for _, timeLeft := range []bool{false, true} {
 		t.Run(fmt.Sprintf("time left %v", timeLeft), func(t *testing.T) {
-			var logs syncBuffer
+			var logs syncbuf.Buffer
 			clock := newFakeClock()
 			st := &deafBatch{Store: memstore.New(memstore.Options{Clock: clock}), hold: make(chan struct{})}
 			e := newEnvStore(t, testRules, st, clock, func(o *Options) {
@@ -141,7 +142,7 @@ func TestLoopStopLeavesAFrozenAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	e := newEnvStore(t, testRules, st, nil, func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	waitFor(t, "the server to start", func() bool { return e.gateSrv.srv.engine() != nil })
 	l := e.acquire("job:1", "w", time.Hour)

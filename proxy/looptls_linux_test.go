@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/fencegate/fencegate/internal/certs/certstest"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 )
 
 // tlsLoopEnv is a gate (newEnv's, rules "PUT /jobs/{id} fence job:{id}")
@@ -30,14 +31,14 @@ type tlsLoopEnv struct {
 	srv    *gateServer // the TLS listener's
 	ca     *certstest.CA
 	client *tls.Config
-	logs   *syncBuffer // the gate's log lines (JSON)
+	logs   *syncbuf.Buffer // the gate's log lines (JSON)
 }
 
 // newTLSLoopEnv serves the gate over TLS with opts (its TLS field set
 // here, from server when not nil).
 func newTLSLoopEnv(t *testing.T, opts ServerOptions, server *tls.Config) *tlsLoopEnv {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	e := newEnv(t, "PUT /jobs/{id} fence job:{id}", func(o *Options) {
 		o.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	})

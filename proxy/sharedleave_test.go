@@ -22,6 +22,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/valkeystore/valkeytest"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 )
 
 // TestSharedBarrierLeaveRetried: the store becomes unreachable from a gate
@@ -491,7 +492,7 @@ func testCloseWithHungStore(t *testing.T, kit storeKit, answer bool) {
 	t.Cleanup(up.Close)
 	u, _ := url.Parse(up.URL)
 	reader := sdkmetric.NewManualReader()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	// The store's own timeouts are far beyond leaveTimeout: only the
 	// attempt's bound, or Close's context, ends a hung removal.
 	st := kit.via(t, prefix, cut.addr(), time.Minute)

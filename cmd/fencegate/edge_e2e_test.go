@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencegate/fencegate/internal/syncbuf"
 )
 
 // startNginx runs nginx as a WebDAV server (PUT, DELETE, COPY, MOVE under
@@ -78,7 +80,7 @@ http {
 	}
 	cmd := exec.Command(bin, "-p", dir, "-c", confPath, "-e", filepath.Join(dir, "error.log"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

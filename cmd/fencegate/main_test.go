@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,10 +13,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencegate/fencegate/internal/syncbuf"
 )
 
 // binary is the fencegate binary built once for the end-to-end tests.
@@ -46,26 +46,9 @@ type proc struct {
 	t      *testing.T
 	cmd    *exec.Cmd
 	addr   map[string]string // listener name -> address; set once, before start returns
-	logs   *syncBuffer
+	logs   *syncbuf.Buffer
 	exited chan struct{} // closed when the process has exited; err is then set
 	err    error         // cmd.Wait's result
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // start runs the binary in dir with env (plus listeners on free ports) and
@@ -82,7 +65,7 @@ func start(t *testing.T, dir string, env []string, listeners ...string) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{t: t, cmd: cmd, logs: &syncBuffer{}, exited: make(chan struct{})}
+	p := &proc{t: t, cmd: cmd, logs: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	ready := make(chan struct{})
 	go func() {
 		// The addresses are collected here and published once, before

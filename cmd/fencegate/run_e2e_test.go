@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 	"github.com/fencegate/fencegate/leaseapi"
 )
 
@@ -26,7 +27,7 @@ import (
 type bgProc struct {
 	t              *testing.T
 	cmd            *exec.Cmd
-	stdout, stderr *syncBuffer
+	stdout, stderr *syncbuf.Buffer
 	exited         chan struct{} // closed when the process has exited
 }
 
@@ -40,7 +41,7 @@ func startBG(t *testing.T, env []string, args ...string) *bgProc {
 	// A command left behind by a failed test may hold the output pipes:
 	// do not wait for them long after the process exited.
 	cmd.WaitDelay = 5 * time.Second
-	b := &bgProc{t: t, cmd: cmd, stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	b := &bgProc{t: t, cmd: cmd, stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = b.stdout, b.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,36 +1,17 @@
 package valkeystore
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/valkeystore/valkeytest"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 )
-
-// lockedBuffer is a log sink safe for the watcher's goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // until polls cond every 20 ms for up to 30 s.
 func until(t *testing.T, what string, cond func() bool) {
@@ -50,7 +31,7 @@ func until(t *testing.T, what string, cond func() bool) {
 // recovers, logged once.
 func TestEvictionPolicyChangedAtRuntime(t *testing.T) {
 	srv := valkeytest.Start(t)
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	s, err := Open(context.Background(), Options{URL: srv.URL(), KeyPrefix: freshPrefix(), PolicyCheckInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	if err != nil {
