@@ -135,25 +135,25 @@ func (c *migrationChecker) acquirer(ctx context.Context, owner string, stop <-ch
 		// lease is still live and re-acquiring it keeps its token.
 		raise(&c.issued, int64(l.Token))
 		state, _ := json.Marshal(map[string]any{"token": l.Token})
-		if _, err := c.s.Checkpoint(ctx, fencing.CheckpointRequest{Resource: c.res, Owner: owner, Token: l.Token, State: state}); err != nil {
-			if errors.Is(err, fencing.ErrLeaseLost) {
-				c.fail("checkpoint: the live holder %s (token %d) lost its lease", owner, l.Token)
-			} else {
-				c.other("checkpoint", err)
-			}
-		} else {
-			c.count(c.ok, "checkpoint")
-		}
+		_, err = c.s.Checkpoint(ctx, fencing.CheckpointRequest{Resource: c.res, Owner: owner, Token: l.Token, State: state})
+		c.holderCall("checkpoint", owner, l.Token, err)
 		c.admit(ctx, l.Token)
-		if _, err := c.s.Release(ctx, fencing.ReleaseRequest{Resource: c.res, Owner: owner, Token: l.Token}); err != nil {
-			if errors.Is(err, fencing.ErrLeaseLost) {
-				c.fail("release: the live holder %s (token %d) lost its lease", owner, l.Token)
-			} else {
-				c.other("release", err)
-			}
-		} else {
-			c.count(c.ok, "release")
-		}
+		_, err = c.s.Release(ctx, fencing.ReleaseRequest{Resource: c.res, Owner: owner, Token: l.Token})
+		c.holderCall("release", owner, l.Token, err)
+	}
+}
+
+// holderCall judges the answer to a call (kind) the live holder owner of
+// tok made: lease-lost is wrong (nothing else took the lease), any other
+// error must be a store fault.
+func (c *migrationChecker) holderCall(kind, owner string, tok fencing.Token, err error) {
+	switch {
+	case err == nil:
+		c.count(c.ok, kind)
+	case errors.Is(err, fencing.ErrLeaseLost):
+		c.fail("%s: the live holder %s (token %d) lost its lease", kind, owner, tok)
+	default:
+		c.other(kind, err)
 	}
 }
 
