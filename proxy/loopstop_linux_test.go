@@ -60,15 +60,7 @@ func TestLoopStopHonoursItsContext(t *testing.T) {
 			})
 			waitFor(t, "the server to start", func() bool { return e.gateSrv.srv.engine() != nil })
 			l := e.acquire("job:1", "w", time.Hour)
-			c, err := net.Dial("tcp", e.gateSrv.Listener.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if _, err := fmt.Fprintf(c, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: %d\r\nContent-Length: 4\r\n\r\nlate", l.Token); err != nil {
-				t.Fatal(err)
-			}
-			waitFor(t, "the write to wait for its admission", func() bool { return e.gate.registered("job:1", l.Token) == 1 })
+			sendHeldWrite(t, e, l.Token)
 
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			if timeLeft {
@@ -85,6 +77,7 @@ func TestLoopStopHonoursItsContext(t *testing.T) {
 				}
 				close(st.hold)
 			}
+			var err error
 			select {
 			case err = <-closed:
 			case <-time.After(30 * time.Second):
@@ -147,15 +140,7 @@ func TestLoopStopLeavesAFrozenAdmission(t *testing.T) {
 	waitFor(t, "the server to start", func() bool { return e.gateSrv.srv.engine() != nil })
 	l := e.acquire("job:1", "w", time.Hour)
 	relay.freeze()
-	c, err := net.Dial("tcp", e.gateSrv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := fmt.Fprintf(c, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: %d\r\nContent-Length: 4\r\n\r\nlate", l.Token); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the write to wait for its admission", func() bool { return e.gate.registered("job:1", l.Token) == 1 })
+	sendHeldWrite(t, e, l.Token)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
@@ -232,4 +217,21 @@ func TestLoopDrainUnderHostileClients(t *testing.T) {
 	if n := e.gate.InFlightResources(); n != 0 {
 		t.Errorf("%d resource(s) still in flight after the close", n)
 	}
+}
+
+// sendHeldWrite sends the write PUT /jobs/1 with tok to e's gate on a
+// connection of its own (closed when the test ends) and returns once the
+// write has taken its barrier place and waits for its admission, which
+// the test's store holds back.
+func sendHeldWrite(t *testing.T, e *env, tok fencing.Token) {
+	t.Helper()
+	c, err := net.Dial("tcp", e.gateSrv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := fmt.Fprintf(c, "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: %d\r\nContent-Length: 4\r\n\r\nlate", tok); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the write to wait for its admission", func() bool { return e.gate.registered("job:1", tok) == 1 })
 }
