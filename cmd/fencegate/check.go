@@ -14,9 +14,13 @@ import (
 
 // configured is a configuration validate accepted, with what it loaded.
 type configured struct {
-	cfg    config.Config
-	rules  []proxy.Rule // the route rules, when FENCEGATE_RULES or FENCEGATE_RULES_FILE is set
-	access *access.File // the lease API's access file; nil without FENCEGATE_ACCESS_FILE
+	cfg   config.Config
+	rules []proxy.Rule // the route rules, when FENCEGATE_RULES or FENCEGATE_RULES_FILE is set
+	// unendedRule is the line of FENCEGATE_RULES_FILE's last rule when it
+	// has no line end (taken, but reloads refuse the file in that shape:
+	// reloadRules), else 0.
+	unendedRule int
+	access      *access.File // the lease API's access file; nil without FENCEGATE_ACCESS_FILE
 }
 
 // validate checks the configuration as check and serve both do before
@@ -37,8 +41,12 @@ func validate(environ []string) (configured, error) {
 	}
 	c := configured{cfg: cfg}
 	if cfg.Rules != "" || cfg.RulesFile != "" {
-		if c.rules, err = loadRules(cfg); err != nil {
+		var text string
+		if c.rules, text, err = loadRules(cfg); err != nil {
 			return invalid(err)
+		}
+		if cfg.RulesFile != "" {
+			c.unendedRule = unendedLastRule(text)
 		}
 	}
 	if _, err := valkeyTLS(cfg.ValkeyCAFile); err != nil {

@@ -133,7 +133,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 			return err
 		}
 		if cfg.RulesFile != "" {
-			warnUnendedRules(cfg, log)
+			warnUnendedRules(cfg.RulesFile, valid.unendedRule, log)
 			reg.add("FENCEGATE_RULES_FILE "+cfg.RulesFile, func() error { return reloadRules(cfg, gate, log) })
 		}
 		if err := restoreHolds(ctx, gate, cfg.Barrier == config.BarrierShared, log); err != nil {
@@ -456,14 +456,9 @@ func valkeyTLS(caFile string) (*tls.Config, error) {
 }
 
 // loadRules reads and parses the write gate's route rules from
-// FENCEGATE_RULES or FENCEGATE_RULES_FILE.
-func loadRules(cfg config.Config) ([]proxy.Rule, error) {
-	rules, _, err := loadRulesText(cfg)
-	return rules, err
-}
-
-// loadRulesText is loadRules, also returning the text it parsed.
-func loadRulesText(cfg config.Config) ([]proxy.Rule, string, error) {
+// FENCEGATE_RULES or FENCEGATE_RULES_FILE, and returns them with the text
+// it parsed.
+func loadRules(cfg config.Config) ([]proxy.Rule, string, error) {
 	text := cfg.Rules
 	if cfg.RulesFile != "" {
 		b, err := os.ReadFile(cfg.RulesFile)
@@ -491,18 +486,14 @@ func unendedLastRule(text string) int {
 }
 
 // warnUnendedRules logs at start-up, once, that the rules file's last rule
-// has no line end: it is taken as it is now, but every reload of the file
-// in that shape will be refused (reloadRules), which an operator would
-// otherwise learn only at the first SIGHUP.
-func warnUnendedRules(cfg config.Config, log *slog.Logger) {
-	if cfg.RulesFile == "" {
-		return
-	}
-	if b, err := os.ReadFile(cfg.RulesFile); err == nil {
-		if line := unendedLastRule(string(b)); line > 0 {
-			log.Warn("the rules file's last rule has no line end: it is in force, but a reload (SIGHUP) of the file in this shape will be refused; end every line with a newline",
-				"file", cfg.RulesFile, "line", line)
-		}
+// (at line, 0: none; configured.unendedRule) has no line end: it is taken
+// as it is now, but every reload of the file in that shape will be refused
+// (reloadRules), which an operator would otherwise learn only at the first
+// SIGHUP.
+func warnUnendedRules(file string, line int, log *slog.Logger) {
+	if line > 0 {
+		log.Warn("the rules file's last rule has no line end: it is in force, but a reload (SIGHUP) of the file in this shape will be refused; end every line with a newline",
+			"file", file, "line", line)
 	}
 }
 
@@ -523,7 +514,7 @@ func warnUnendedRules(cfg config.Config, log *slog.Logger) {
 //     being written, takes such a file as it is, with a warning
 //     (warnUnendedRules).
 func reloadRules(cfg config.Config, gate *proxy.Gate, log *slog.Logger) error {
-	rules, text, err := loadRulesText(cfg)
+	rules, text, err := loadRules(cfg)
 	if err != nil {
 		return err
 	}

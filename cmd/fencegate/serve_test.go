@@ -98,8 +98,12 @@ func TestStartWarnsOfAnUnendedRulesFile(t *testing.T) {
 		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		c, err := validate([]string{"FENCEGATE_RULES_FILE=" + file})
+		if err != nil {
+			t.Fatal(err)
+		}
 		var out bytes.Buffer
-		warnUnendedRules(config.Config{RulesFile: file}, slog.New(slog.NewTextHandler(&out, nil)))
+		warnUnendedRules(file, c.unendedRule, slog.New(slog.NewTextHandler(&out, nil)))
 		if got := strings.Contains(out.String(), "no line end"); got != warned {
 			t.Errorf("rules file %q: warned %v, want %v (log: %q)", text, got, warned, out.String())
 		}
