@@ -64,8 +64,9 @@ func admitRegisterTerminated(t *testing.T, c *pgtest.Cluster, mode string) {
 	}
 	// terminate starts a write at the mark, terminates its server process
 	// once it waits (wait: its wait_event_type or wait_event), calls then, and returns the write's
-	// outcome.
-	terminate := func(wait string, then func()) result {
+	// outcome, and false if the write ended without waiting (nothing
+	// terminated, then not called).
+	terminate := func(wait string, then func()) (result, bool) {
 		t.Helper()
 		done := make(chan result, 1)
 		go func() {
@@ -74,6 +75,11 @@ func admitRegisterTerminated(t *testing.T, c *pgtest.Cluster, mode string) {
 		}()
 		var pid int
 		for give := time.Now().Add(30 * time.Second); ; {
+			select {
+			case r := <-done:
+				return r, false
+			default:
+			}
 			if err := admin.pool.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
 				WHERE $1 IN (wait_event_type, wait_event) AND pid <> pg_backend_pid()`, wait).Scan(&pid); err != nil {
 				t.Fatal(err)
@@ -91,7 +97,7 @@ func admitRegisterTerminated(t *testing.T, c *pgtest.Cluster, mode string) {
 			t.Fatalf("pg_terminate_backend(%d): %v, %v", pid, ok, err)
 		}
 		then()
-		return <-done
+		return <-done, true
 	}
 
 	// Before the commit: the row is locked by a transaction of the test.
@@ -103,11 +109,14 @@ func admitRegisterTerminated(t *testing.T, c *pgtest.Cluster, mode string) {
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+schema+`.resources WHERE resource = $1 FOR UPDATE`, res); err != nil {
 		t.Fatal(err)
 	}
-	r := terminate("Lock", func() {
+	r, waited := terminate("Lock", func() {
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
 	})
+	if !waited {
+		t.Fatalf("a write at the mark went through a row the test holds locked: %+v", r)
+	}
 	if r.err != nil {
 		t.Fatalf("a write whose batch was rolled back by a terminated server process: %v, want it admitted on a new connection", r.err)
 	}
@@ -118,9 +127,27 @@ func admitRegisterTerminated(t *testing.T, c *pgtest.Cluster, mode string) {
 		t.Fatalf("a write terminated before its commit, tried again and removed: %d entries stay", n)
 	}
 
-	// After the commit: commits wait for a standby that never comes.
+	// After the commit: commits wait for a standby that never comes. The
+	// server's backends take the setting when they get to the reload
+	// pg_reload_conf signals, not at once: a write that commits before its
+	// backend has it does not wait, and is tried again once its entry is
+	// removed.
 	standby("fencegate_no_such_standby")
-	r = terminate("SyncRep", func() { standby("") })
+	for try := 1; ; try++ {
+		if r, waited = terminate("SyncRep", func() { standby("") }); waited {
+			break
+		}
+		if r.err != nil {
+			t.Fatalf("a write at the mark, before the commits waited for a standby: %v", r.err)
+		}
+		if err := s.Leave(ctx, r.e); err != nil {
+			t.Fatal(err)
+		}
+		if try == 50 {
+			t.Fatal("50 writes committed without waiting for the standby the server was told to wait for")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	n := barrierRows(t, admin, res)
 	if r.err == nil {
 		if err := s.Leave(ctx, r.e); err != nil {
