@@ -115,6 +115,9 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"lease", "acquire", "bad name", "--owner", "a"},       // invalid resource
 		{"lease", "acquire", "job:1", "--owner", "a", "--ttl", "1.5s"},
 		{"lease", "acquire", "job:1", "--owner", "a", "--ttl", "25h"},
+		{"lease", "acquire", "job:1", "--owner", "a", "--ttl", "0s"}, // not the server's default
+		{"lease", "renew", "job:1", "--owner", "a", "--token", "1", "--ttl", "0s"},
+		{"lease", "renew", "job:1", "--owner", "a", "--token", "1", "--ttl", "-1s"},
 		{"lease", "acquire", "job:1", "--owner", "a", "--wait", "-1s"},
 		{"lease", "acquire", "job:1", "--owner", "a", "--wait", "sometimes"},
 		{"lease", "acquire", "job:1", "--owner", "a", "--ttl", "soon"},

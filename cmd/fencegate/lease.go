@@ -464,9 +464,12 @@ func checkOwner(cmd *cobra.Command, owner string) error {
 	return nil
 }
 
-// ttlMember sets body's ttl_seconds from a --ttl flag, unless it is zero.
+// ttlMember sets body's ttl_seconds from the --ttl flag when it was given.
+// A given --ttl must be whole seconds from 1s to 24h, as the API's
+// ttl_seconds: --ttl 0s is a usage error, as it is for fencegate run, not
+// the server's default (leave --ttl out for that).
 func ttlMember(cmd *cobra.Command, body map[string]any, ttl time.Duration) error {
-	if ttl == 0 {
+	if !cmd.Flags().Changed("ttl") {
 		return nil
 	}
 	if err := fencing.ValidateTTL(ttl); err != nil {
