@@ -115,6 +115,18 @@ func TestOpenOptions(t *testing.T) {
 		{URL: "valkey://127.0.0.1:1", KeyPrefix: "bad{prefix}"},
 		{URL: "valkey://127.0.0.1:1", KeyPrefix: "glob*"},
 		{URL: "valkey://127.0.0.1:1", MaxCheckpointBytes: -1},
+		// A query parameter the store would ignore or misread is refused,
+		// before any connection (these would otherwise be unavailable).
+		{URL: "valkey://127.0.0.1:1?adr=127.0.0.1:2"},
+		{URL: "valkey://127.0.0.1:1?addr=node2"},
+		{URL: "valkey://127.0.0.1:1?addr=127.0.0.1:x"},
+		{URL: "valkey://127.0.0.1:1?addr=:2"},
+		{URL: "valkey://127.0.0.1:1?dial_timeout=1s"},
+		{URL: "valkey://127.0.0.1:1?db=2"},
+		{URL: "valkey://127.0.0.1:1?master_set=m"},
+		{URL: "valkey://127.0.0.1:1?skip_verify"},
+		{URL: "valkey://127.0.0.1:1?client_name=a&client_name=b"},
+		{URL: "valkey://127.0.0.1:1?addr=%ZZ"},
 	} {
 		if _, err := Open(context.Background(), o); err == nil || errors.Is(err, fencing.ErrUnavailable) {
 			t.Errorf("Open(%+v): %v, want a configuration error", o, err)
@@ -124,6 +136,19 @@ func TestOpenOptions(t *testing.T) {
 	_, err := Open(context.Background(), Options{URL: "valkey://u:s3cret@127.0.0.1:1", DialTimeout: 200 * time.Millisecond})
 	if err == nil || strings.Contains(err.Error(), "s3cret") {
 		t.Fatalf("Open with a password to a closed port: %v", err)
+	}
+}
+
+// TestURLQuery: a parameter the store URL takes opens the store (addr is
+// what the cluster tests' URLs use): client_name names the connections.
+func TestURLQuery(t *testing.T) {
+	srv := valkeytest.Start(t)
+	s := open(t, srv.URL()+"?client_name=fg-test", freshPrefix())
+	if _, err := s.Acquire(context.Background(), fencing.AcquireRequest{Resource: "r", Owner: "a", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if list := srv.MustDo("CLIENT", "LIST"); !strings.Contains(list, "name=fg-test") {
+		t.Fatalf("no connection named fg-test: %s", list)
 	}
 }
 

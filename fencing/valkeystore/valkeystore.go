@@ -91,6 +91,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -120,7 +121,9 @@ type Options struct {
 	// or valkeys://... for TLS (redis:// and rediss:// are accepted too).
 	// Several addresses (the host and addr= parameters) are seeds of a
 	// Valkey Cluster; a single address is probed and used as a cluster
-	// when it is one.
+	// when it is one. The query takes addr (host:port, repeatable),
+	// client_name and, on valkeys://, skip_verify; any other parameter
+	// is refused (see checkURLQuery), so a misspelt one is never ignored.
 	URL string
 	// KeyPrefix starts every key; default DefaultKeyPrefix. It may
 	// contain only A-Z a-z 0-9 . _ : -, so that it never forms a hash tag
@@ -290,6 +293,9 @@ func clientOption(opts Options) (valkey.ClientOption, error) {
 	if u.Host == "" {
 		return valkey.ClientOption{}, errors.New("valkeystore: the store URL has no host")
 	}
+	if err := checkURLQuery(u); err != nil {
+		return valkey.ClientOption{}, err
+	}
 	copt, err := valkey.ParseURL(opts.URL)
 	if err != nil {
 		// ParseURL's errors name only the scheme, db or a parameter.
@@ -315,6 +321,58 @@ func clientOption(opts Options) (valkey.ClientOption, error) {
 		copt.ClientName = "fencegate"
 	}
 	return copt, nil
+}
+
+// urlParams are the query parameters a store URL may carry: addr (more
+// seeds), client_name (the connections' CLIENT SETNAME) and skip_verify
+// (valkeys:// only). valkey-go's parser reads others (dial_timeout,
+// write_timeout, client_cache, max_retries, protocol, master_set, db) that
+// Open overrides, that the store does not support (Sentinel) or that the
+// URL's path already says (the database), and ignores every name it does
+// not know: a misspelt parameter would be dropped without a word.
+var urlParams = map[string]string{
+	"dial_timeout":  "set FENCEGATE_VALKEY_DIAL_TIMEOUT (Options.DialTimeout) instead",
+	"write_timeout": "set FENCEGATE_VALKEY_COMMAND_TIMEOUT (Options.CommandTimeout) instead",
+	"db":            "give the database as the URL's path instead, valkey://host:port/3",
+	"master_set":    "Valkey Sentinel is not supported",
+}
+
+// checkURLQuery refuses a store URL query that would be ignored or
+// misread: a parameter outside addr, client_name and (valkeys://)
+// skip_verify, one of the last two given twice, and an addr that is not
+// host:port (valkey-go would take "node2" for the URL's own host on port
+// 6379).
+func checkURLQuery(u *url.URL) error {
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return errors.New("valkeystore: the store URL's query is malformed")
+	}
+	for name, vals := range q {
+		switch name {
+		case "addr":
+			for _, a := range vals {
+				host, port, err := net.SplitHostPort(a)
+				if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+					return fmt.Errorf("valkeystore: store URL: addr=%q is not host:port", a)
+				}
+			}
+			continue
+		case "skip_verify":
+			if u.Scheme != "valkeys" && u.Scheme != "rediss" {
+				return errors.New("valkeystore: store URL: skip_verify applies to valkeys:// only")
+			}
+		case "client_name":
+		default:
+			if why, ok := urlParams[name]; ok {
+				return fmt.Errorf("valkeystore: store URL: parameter %q is not taken: %s", name, why)
+			}
+			return fmt.Errorf("valkeystore: store URL: unknown parameter %q (the query takes addr, client_name and, with valkeys://, skip_verify)", name)
+		}
+		if len(vals) > 1 {
+			return fmt.Errorf("valkeystore: store URL: parameter %q is given more than once", name)
+		}
+	}
+	return nil
 }
 
 // ValidateKeyPrefix checks a key prefix: 1 to 100 bytes of
