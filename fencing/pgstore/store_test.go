@@ -287,3 +287,70 @@ func TestClosedIsUnavailable(t *testing.T) {
 		t.Fatalf("Admit: %v", err)
 	}
 }
+
+// TestRestoreRecipe runs the statement docs/stores.md gives for a database
+// restored from an older backup (or a lossy failover), over a restore
+// simulated by copying the rows back: after it, no token issued before is
+// admitted (not one issued before the backup, nor ones issued and
+// superseded after it), the restored live lease is over, and the next
+// acquisition is admitted.
+func TestRestoreRecipe(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/stores.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(doc), "```sql\n  UPDATE fencegate.resources")
+	recipe, _, ok2 := strings.Cut(after, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/stores.md has no restore statement (```sql UPDATE fencegate.resources … ```)")
+	}
+	s := open(t, freshSchema())
+	recipe = "UPDATE " + s.schema + ".resources" + recipe
+	ctx := context.Background()
+	acquire := func(owner string) fencing.Token {
+		t.Helper()
+		l, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: "r", Owner: owner, TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Admit(ctx, fencing.AdmitRequest{Resource: "r", Token: l.Token}); err != nil {
+			t.Fatal(err)
+		}
+		return l.Token
+	}
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := s.pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	t1 := acquire("a")
+	exec(`CREATE TABLE ` + s.schema + `.backup AS SELECT * FROM ` + s.schema + `.resources`)
+	// The window lost by the restore is as long as the backup is old: longer
+	// than a second here, as it would be for any real backup.
+	time.Sleep(1100 * time.Millisecond)
+	if _, err := s.Release(ctx, fencing.ReleaseRequest{Resource: "r", Owner: "a", Token: t1}); err != nil {
+		t.Fatal(err)
+	}
+	t2 := acquire("b")
+	if _, err := s.Release(ctx, fencing.ReleaseRequest{Resource: "r", Owner: "b", Token: t2}); err != nil {
+		t.Fatal(err)
+	}
+	t3 := acquire("c")
+	exec(`DELETE FROM ` + s.schema + `.resources`)
+	exec(`INSERT INTO ` + s.schema + `.resources SELECT * FROM ` + s.schema + `.backup`)
+	exec(recipe)
+
+	for _, tok := range []fencing.Token{t1, t2, t3} {
+		var stale *fencing.StaleTokenError
+		if _, err := s.Admit(ctx, fencing.AdmitRequest{Resource: "r", Token: tok}); !errors.As(err, &stale) {
+			t.Errorf("Admit(%d) after the restore statement: %v, want stale-token", tok, err)
+		}
+	}
+	if _, err := s.Renew(ctx, fencing.RenewRequest{Resource: "r", Owner: "a", Token: t1, TTL: time.Minute}); !errors.Is(err, fencing.ErrLeaseLost) {
+		t.Errorf("renewing the lease restored live: %v, want lease-lost", err)
+	}
+	if t4 := acquire("d"); t4 <= t3 {
+		t.Errorf("the acquisition after the restore statement got %d, not above %d", t4, t3)
+	}
+}
