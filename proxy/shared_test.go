@@ -89,7 +89,7 @@ func valkeyKit(storeURL string, nodes []*valkeytest.Server) storeKit {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return strings.Count(out, "|"+gate+":") // members "<deadline ms>|<gate id>:<seq>"
+			return strings.Count(out, "|"+gate+":") // members "<deadline ms>|<gate id>:<instance>:<seq>"
 		}
 	}
 	return kit

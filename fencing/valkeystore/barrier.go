@@ -17,7 +17,7 @@ import (
 // The shared barrier (fencing.SharedBarrier) in Valkey. Per resource R:
 //
 //	P:{R}:bar     sorted set of the writes in flight through any gate
-//	              (score: token; member: "<deadline ms>|<gate id>:<seq>")
+//	              (score: token; member: "<deadline ms>|<gate id>:<instance>:<seq>")
 //	P:{R}:bar:ch  shard channel on which a leave is announced
 //
 // Both carry R's hash tag, so on a cluster the scripts, the SPUBLISH and
@@ -84,7 +84,11 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 	if req.RequireLive {
 		live = "1"
 	}
-	id := gate + ":" + strconv.FormatUint(entrySeq.Add(1), 10)
+	// The gate id only labels the entry (gates may be given one id): the
+	// store's random instance and the sequence number make it unique, as
+	// a sorted set's member must be (a second ZADD of one member would
+	// replace the first, and one Leave remove both).
+	id := gate + ":" + s.instance + ":" + strconv.FormatUint(entrySeq.Add(1), 10)
 	before, known := s.seen.resource(req.Resource)
 	top := s.seen.floor()
 	args := []string{req.Token.String(), live, "0", s.retention, id, strconv.FormatInt(hold.Milliseconds(), 10)}

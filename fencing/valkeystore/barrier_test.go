@@ -126,3 +126,44 @@ func TestWaitLowerFailsClosedWhenTheServerLosesTheBarrier(t *testing.T) {
 		t.Fatalf("b's write after the server lost the barrier: %v, want a refusal (ErrUnavailable)", err)
 	}
 }
+
+// TestEntriesOfGatesWithOneIDStayApart: gates given one FENCEGATE_GATE_ID
+// (a setting shared by every replica) each number their entries from one.
+// Two of their writes registered in the same millisecond, here with one
+// token, must still be two entries: as one member, the second would
+// replace the first, and the first gate's removal would take the entry of
+// a write still in flight through the second, letting a higher token
+// through ahead of it. Each round starts the numbering again, as two
+// processes started together would.
+func TestEntriesOfGatesWithOneIDStayApart(t *testing.T) {
+	srv := valkeytest.Start(t)
+	prefix := freshPrefix()
+	g1, g2 := open(t, srv.URL(), prefix), open(t, srv.URL(), prefix)
+	ctx := context.Background()
+	l, err := g1.Acquire(ctx, fencing.AcquireRequest{Resource: "job:1", Owner: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := fencing.AdmitRequest{Resource: "job:1", Token: l.Token}
+	for i := range 100 {
+		entrySeq.Store(0)
+		_, e1, _, err := g1.AdmitRegister(ctx, req, "gate", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entrySeq.Store(0)
+		_, e2, _, err := g2.AdmitRegister(ctx, req, "gate", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := srv.MustDo("ZCARD", prefix+":{job:1}:bar"); e1.ID == e2.ID || n != "2" {
+			t.Fatalf("round %d: two writes in flight through two gates named alike are entries %q and %q, %s in the store; want two", i, e1.ID, e2.ID, n)
+		}
+		if err := g1.Leave(ctx, e1); err != nil {
+			t.Fatal(err)
+		}
+		if err := g2.Leave(ctx, e2); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

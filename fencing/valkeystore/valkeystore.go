@@ -91,6 +91,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"strconv"
@@ -190,6 +191,10 @@ type Store struct {
 	waitTimeout  time.Duration // Options.WaitTimeout
 
 	seen *seenMarks // what the server answered: see seen.go
+	// instance is random, drawn at Open: it sets this store's shared-barrier
+	// entries apart from those of another gate given the same gate id
+	// (see AdmitRegister).
+	instance string
 
 	retention string        // Options.Retention in ms, as the scripts take it
 	slack     time.Duration // how stale a record's TTL may get before an admission rewrites it (keepSlack)
@@ -261,7 +266,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s := &Store{client: client, prefix: opts.KeyPrefix, maxState: opts.MaxCheckpointBytes, cmdTimeout: opts.CommandTimeout, log: opts.Logger,
 		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout, seen: newSeenMarks(),
 		markReaders: newMarkReaderOption(copt, client.Mode(), opts.WaitReplicas),
-		retention:   strconv.FormatInt(opts.Retention.Milliseconds(), 10), slack: keepSlack(opts.Retention)}
+		retention:   strconv.FormatInt(opts.Retention.Milliseconds(), 10), slack: keepSlack(opts.Retention),
+		instance: strconv.FormatUint(rand.Uint64(), 36)}
 	if err := s.Ping(ctx); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("valkeystore: ping: %w", err)

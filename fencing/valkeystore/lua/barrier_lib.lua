@@ -3,7 +3,9 @@
 --
 --   <prefix>:{R}:bar  sorted set: one member per write in flight through
 --                     any gate, score = its token, member =
---                     "<deadline ms>|<gate id>:<seq>". The key's own TTL
+--                     "<deadline ms>|<gate id>:<instance>:<seq>" (instance:
+--                     random per store, so gates given one id never share a
+--                     member). The key's own TTL
 --                     reaches at least the latest deadline, so entries a
 --                     crashed gate left vanish with it.
 --   <prefix>:{R}:bar:ch  the shard channel (SPUBLISH) on which a leave is
