@@ -420,7 +420,9 @@ func TestSharedBarrierLeaveRetriesPassStuckOnes(t *testing.T) {
 	until := time.Now().Add(time.Hour)
 	for i := range stuck {
 		id := fmt.Sprintf("stuck-%d", i)
+		sb.mu.Lock() // the leaver's retries read stuck from the first queued removal on
 		sb.stuck[id] = true
+		sb.mu.Unlock()
 		l.leave(fencing.BarrierEntry{Resource: "a", ID: id}, until)
 		waitFor(t, "the stuck removal queued", func() bool {
 			l.mu.Lock()
