@@ -225,12 +225,23 @@ func runHandoffs(t *testing.T, kit storeKit, shared bool, minWrites int) handoff
 						write(gates[1], resource, prev.Token, fmt.Sprintf("%s/%d/old/%d", resource, e, k))
 					}()
 				}
-				if _, err := leases.Release(ctx, fencing.ReleaseRequest{Resource: resource, Owner: prev.Owner, Token: prev.Token}); err != nil {
+				// The harness's own lease calls are tried again after a
+				// fault (a command past the store's timeout on a busy
+				// machine): both are safe to repeat (a release of a lease
+				// already ended answers released: false; an acquisition
+				// by the holder extends its lease, same token).
+				if err := retried(t, func() error {
+					_, err := leases.Release(ctx, fencing.ReleaseRequest{Resource: resource, Owner: prev.Owner, Token: prev.Token})
+					return err
+				}); err != nil {
 					t.Error(err)
 					return
 				}
-				next, err := leases.Acquire(ctx, fencing.AcquireRequest{Resource: resource, Owner: fmt.Sprintf("w%d", e), TTL: time.Minute})
-				if err != nil {
+				var next fencing.Lease
+				if err := retried(t, func() (err error) {
+					next, err = leases.Acquire(ctx, fencing.AcquireRequest{Resource: resource, Owner: fmt.Sprintf("w%d", e), TTL: time.Minute})
+					return err
+				}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -254,6 +265,19 @@ func runHandoffs(t *testing.T, kit storeKit, shared bool, minWrites int) handoff
 	defer up.mu.Unlock()
 	res.violations = up.violations
 	return res
+}
+
+// retried runs call until it succeeds, at most three times, logging each
+// fault, and returns the last error.
+func retried(t *testing.T, call func() error) error {
+	var err error
+	for range 3 {
+		if err = call(); err == nil || !(errors.Is(err, fencing.ErrUnavailable) || errors.Is(err, fencing.ErrAmbiguous)) {
+			return err
+		}
+		t.Logf("lease call tried again after: %v", err)
+	}
+	return err
 }
 
 // testDeadGate: a gate dies (its store client is closed: it can never
