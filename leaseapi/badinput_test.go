@@ -122,6 +122,16 @@ func TestBadInputChangesNothing(t *testing.T) {
 				t.Fatalf("%s changed the store:\nbefore %s\nafter  %s", c.name, before, after)
 			}
 		}
+		// Two Content-Type headers, even both JSON: Content-Type is a
+		// singleton field, and which one counts would depend on who reads it.
+		for _, types := range [][2]string{{"application/json", "text/plain"}, {"text/plain", "application/json"}, {"application/json", "application/json"}} {
+			name := "Content-Type " + types[0] + " and " + types[1]
+			a := e.req(http.MethodPost, "/v1/leases/job:2/acquire", types[0], `{"owner":"w9"}`, "Content-Type", types[1])
+			wantProblem(t, name, a, http.StatusUnsupportedMediaType, "unsupported-media-type")
+			if after := snapshot(); !bytes.Equal(before, after) {
+				t.Fatalf("%s changed the store:\nbefore %s\nafter  %s", name, before, after)
+			}
+		}
 		// The detail names the offending field.
 		for _, c := range []struct{ body, field string }{
 			{`{"owner":"w9","ttl_seconds":0}`, "ttl_seconds"},

@@ -153,9 +153,15 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = enc.Encode(v)
 }
 
-// checkContentType accepts application/json, with an optional utf-8
-// charset. A body without Content-Type is refused: see the package doc.
+// checkContentType accepts one Content-Type header, application/json, with
+// an optional utf-8 charset. A body without Content-Type is refused, and so
+// is one with two (Content-Type is a singleton field: which one counts would
+// depend on who reads it): see the package doc.
 func checkContentType(r *http.Request) error {
+	if len(r.Header.Values("Content-Type")) > 1 {
+		return problem.New(http.StatusUnsupportedMediaType, "unsupported-media-type",
+			"send one Content-Type header: application/json")
+	}
 	ct := r.Header.Get("Content-Type")
 	mt, params, err := mime.ParseMediaType(ct)
 	if ct == "" || err != nil || mt != "application/json" {

@@ -23,8 +23,9 @@
 // Request rules, stated once for every /v1 call:
 //
 //   - A request body must be sent with Content-Type application/json (a
-//     charset parameter, if any, must be utf-8). Anything else, including a
-//     missing Content-Type on a non-empty body, is 415
+//     charset parameter, if any, must be utf-8), in one header. Anything
+//     else, including a missing Content-Type on a non-empty body or two
+//     Content-Type headers, is 415
 //     "unsupported-media-type". Requiring the JSON type keeps browsers from
 //     posting to the API cross-site without a CORS preflight, which the API
 //     never grants. With curl, pass -H 'Content-Type: application/json'.
