@@ -332,5 +332,3 @@ func (relayBuffers) Put(b []byte) { relayBufferPool.Put(&b) }
 // unixHost is the URL host of requests to a unix: upstream (the request's
 // Host header is the client's; this only names the pool's key).
 const unixHost = "unix-socket"
-
-var _ net.Conn = problemConn{}

@@ -208,7 +208,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	if s.tls != nil {
 		l = tls.NewListener(l, s.tls)
 	} else {
-		l = cannedListener{l}
+		l = cannedListener(l)
 	}
 	err := s.hs.Serve(l)
 	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
@@ -220,7 +220,7 @@ func (s *Server) Serve(ln net.Listener) error {
 // serveHanded serves a connection the loops handed over on the general
 // engine.
 func (s *Server) serveHanded(c net.Conn) {
-	if !s.handoff.give(problemConn{c}) {
+	if !s.handoff.give(problemConn(c)) {
 		_ = c.Close()
 	}
 }

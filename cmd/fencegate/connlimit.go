@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/internal/canned"
 	"github.com/fencegate/fencegate/internal/connlimit"
 )
 
@@ -34,6 +35,7 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}
+	c = canned.Unwrap(c)
 	if lc, ok := c.(*connlimit.Conn); ok && lc.Overflow {
 		return context.WithValue(ctx, overflowKey{}, true)
 	}

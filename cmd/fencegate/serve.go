@@ -24,6 +24,7 @@ import (
 	"github.com/fencegate/fencegate/fencing/pgstore"
 	"github.com/fencegate/fencegate/fencing/storemetrics"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
+	"github.com/fencegate/fencegate/internal/canned"
 	"github.com/fencegate/fencegate/internal/certs"
 	"github.com/fencegate/fencegate/internal/connlimit"
 	"github.com/fencegate/fencegate/internal/logwriter"
@@ -276,10 +277,17 @@ func (l *listener) listen() error {
 		// HTTP/2 by ALPN (the Source offers h2 and http/1.1).
 		hs.TLSConfig = l.tls.TLSConfig()
 		l.ln = tls.NewListener(l.ln, hs.TLSConfig)
+	} else {
+		// A request net/http cannot read gets a problem answer, not its
+		// canned plain text (see internal/canned).
+		l.ln = canned.Listener{Listener: l.ln, Versions: apiVersions}
 	}
 	l.srv = hs
 	return nil
 }
+
+// apiVersions is the detail of the lease API's 505 answer.
+const apiVersions = "the lease API speaks HTTP/1.x (and HTTP/2 by TLS ALPN)"
 
 // logger is the listener's logger, or one that discards.
 func (l *listener) logger() *slog.Logger {
