@@ -125,6 +125,25 @@ func (h *rawH2) drain(d time.Duration) (closed bool, settings map[http2.SettingI
 	}
 }
 
+// serverSettings reads frames until the gate's first SETTINGS (not an
+// acknowledgement) and returns its values; the test fails if none comes
+// within d or the connection ends first.
+func (h *rawH2) serverSettings(t *testing.T, d time.Duration) map[http2.SettingID]uint32 {
+	t.Helper()
+	_ = h.c.SetReadDeadline(time.Now().Add(d))
+	for {
+		fr, err := h.f.ReadFrame()
+		if err != nil {
+			t.Fatalf("no SETTINGS from the gate: %v", err)
+		}
+		if sf, ok := fr.(*http2.SettingsFrame); ok && !sf.IsAck() {
+			settings := map[http2.SettingID]uint32{}
+			_ = sf.ForeachSetting(func(s http2.Setting) error { settings[s.ID] = s.Val; return nil })
+			return settings
+		}
+	}
+}
+
 // flood sends n rounds of frames, round i written by frame on a framer
 // (errors are the test's), many rounds to a write (and so to a TLS
 // record), as a flooding client sends them: the gate reads the same frames
@@ -265,7 +284,7 @@ func testHTTP2Abuse(t *testing.T, w h2way) {
 
 	t.Run("concurrent streams capped", func(t *testing.T) {
 		h := w.dialH2(t, addr)
-		_, settings := h.drain(200 * time.Millisecond)
+		settings := h.serverSettings(t, 10*time.Second)
 		if n, ok := settings[http2.SettingMaxConcurrentStreams]; !ok || n > DefaultMaxConcurrentStreams {
 			t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS %d (sent %v), want at most %d", n, ok, DefaultMaxConcurrentStreams)
 		}
