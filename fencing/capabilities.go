@@ -19,6 +19,9 @@ type Capabilities struct {
 	// Holds keeps a gate's barrier holds across a restart (the memory and
 	// file stores).
 	Holds HoldRecorder
+	// Keep lets the gate's local barrier keep the records of its writes in
+	// flight from the retention sweep (the memory and file stores).
+	Keep InFlightKeeper
 	// Shared is the store's shared barrier (the Valkey and PostgreSQL
 	// stores).
 	Shared SharedBarrier
@@ -46,6 +49,7 @@ func CapabilitiesOf(s Store) Capabilities {
 	c.Marks, _ = s.(MarkReaders)
 	c.Retain, _ = s.(Retainer)
 	c.Holds, _ = s.(HoldRecorder)
+	c.Keep, _ = s.(InFlightKeeper)
 	c.Shared, _ = s.(SharedBarrier)
 	return c
 }

@@ -143,6 +143,23 @@ type Retainer interface {
 	RetentionStats() RetentionStats
 }
 
+// InFlightKeeper is a Retainer whose retention sweep can be shown the
+// writes in flight through the gate in front of it (the memory and file
+// stores, which serve one gate and whose barrier is the gate's own, the
+// local barrier): DESIGN §12 keeps a record with a barrier entry, and only
+// the gate knows its local barrier's entries.
+type InFlightKeeper interface {
+	// KeepInFlight makes the retention sweep keep every record for which
+	// inFlight(resource) reports true when the sweep would remove it,
+	// whatever the record's age: the sweep asks after the point where an
+	// admission that starts later reads the removal, so a write registered
+	// in inFlight before its admission either keeps its record or is
+	// refused as one that came after the removal. inFlight must be safe
+	// for concurrent use, quick, and must not call the store. It replaces
+	// any earlier one; nil removes it.
+	KeepInFlight(inFlight func(resource string) bool)
+}
+
 // RetentionStats are a Retainer's counters since the store opened.
 type RetentionStats struct {
 	// Removed counts records removed by retention.

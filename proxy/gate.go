@@ -337,6 +337,11 @@ func New(opts Options) (*Gate, error) {
 	g.order = localOrder{b: g.barrier, store: opts.Store}
 	caps := fencing.CapabilitiesOf(opts.Store)
 	g.quick, g.batch = caps.Quick, caps.Batch
+	if caps.Keep != nil {
+		// The store's retention keeps the records of the writes this
+		// barrier has in flight or holds (DESIGN §12).
+		caps.Keep.KeepInFlight(g.barrier.InFlight)
+	}
 	if g.batch != nil {
 		g.marks = caps.Marks // a mark reader's unsettled requests go in a batch
 	}

@@ -374,6 +374,19 @@ func (b *Barrier) Registered(resource string, token fencing.Token) int {
 	return n
 }
 
+// InFlight reports whether resource has a write registered (in flight, or
+// held after an unknown outcome) or every resource is held (HoldAll): the
+// barrier has an entry for it. A store's retention sweep asks it
+// (fencing.InFlightKeeper) so that it never removes the record of a write
+// the upstream may still apply. Since a write registers before its
+// admission check, a write not yet registered when InFlight answers false
+// is admitted, if at all, after that answer.
+func (b *Barrier) InFlight(resource string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.res[resource] != nil || (!b.allUntil.IsZero() && time.Now().Before(b.allUntil))
+}
+
 // Size is the number of resources with writes in flight.
 func (b *Barrier) Size() int {
 	b.mu.Lock()

@@ -35,7 +35,8 @@
 // away is refused as stale. Options.CountFromOne counts from one instead.
 //
 // Retention: with Options.Retention, a background sweep removes records
-// with no live lease untouched for the retention. It finds them in read
+// with no live lease untouched for the retention, keeping those with a
+// write in flight through the gate (KeepInFlight). It finds them in read
 // transactions of Options.SweepBatch records and removes them in calls of
 // at most 256 records that ride in the group commits of the writes (see
 // sweep.go), re-checking each record there; admissions at the mark read
@@ -160,6 +161,14 @@ type Store struct {
 	sweeper   *retention.Loop
 	// sweepMu runs one sweep pass at a time.
 	sweepMu sync.Mutex
+	// inFlight reports the resources with writes in flight through the
+	// gate (KeepInFlight): the sweep keeps their records. Nil: none.
+	inFlight atomic.Pointer[func(resource string) bool]
+	// removing holds the resources of the sweep call running now, from
+	// before it asks inFlight until its commit has returned; nil between
+	// calls. An admission for one of them is decided in the group commit,
+	// after the call (see Admit).
+	removing atomic.Pointer[map[string]struct{}]
 	// closed is set by Close, before the database closes: admissions then
 	// read the file, which answers that it is closed.
 	closed atomic.Bool
@@ -640,6 +649,12 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	if a, ok := s.admitAtMark(ctx, req); ok {
 		return a, nil
 	}
+	if s.beingRemoved(req.Resource) {
+		// A read transaction begun now could still see the record the
+		// running sweep call removes after it asked inFlight, and admit
+		// a write the sweep did not see: decided after the call instead.
+		return s.admitWrite(ctx, req)
+	}
 	var (
 		a     fencing.Admission
 		touch bool
@@ -660,7 +675,20 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	if err != nil || !(a.Raised || touch) {
 		return a, err
 	}
-	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Admission, bool, error) {
+	return s.admitWrite(ctx, req)
+}
+
+// admitWrite decides req in a call of a group commit, and writes the
+// record when the admission raises its mark or its touch is stale.
+func (s *Store) admitWrite(ctx context.Context, req fencing.AdmitRequest) (fencing.Admission, error) {
+	return update(s, ctx, req.Resource, 0, func(tx *bolt.Tx, r *record.Record, now time.Time) (fencing.Admission, bool, error) {
+		if tx.Bucket(bucketRecords).Get([]byte(req.Resource)) == nil {
+			// Removed (by the sweep) since a read found it, or being
+			// removed when Admit looked: answered as the read path
+			// answers a resource with no record, not from the empty
+			// record the call lifted to the floor.
+			r = &record.Record{}
+		}
 		a, err := s.admit(r, req, now)
 		if err != nil {
 			return a, false, err

@@ -35,6 +35,35 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 	return retention.Run(ctx, s.sweep, &s.stats)
 }
 
+// KeepInFlight implements fencing.InFlightKeeper: the sweep keeps every
+// record inFlight reports, whatever its age. It asks inFlight in the
+// transaction that would remove the record, after dropping the record's
+// mark-cache entry and with the resource in s.removing (Admit then
+// decides in the group commit, after the removal's call), so a write
+// registered before its admission either is seen by inFlight, and keeps its
+// record, or reads the removal and is refused: no write is admitted on a
+// record the sweep then removes. It costs the admissions nothing: only
+// the sweep and the admissions that miss the mark cache during a removal
+// call look.
+func (s *Store) KeepInFlight(inFlight func(resource string) bool) {
+	if inFlight == nil {
+		s.inFlight.Store(nil)
+		return
+	}
+	s.inFlight.Store(&inFlight)
+}
+
+// beingRemoved reports whether the running sweep call may remove
+// resource's record (s.removing).
+func (s *Store) beingRemoved(resource string) bool {
+	m := s.removing.Load()
+	if m == nil {
+		return false
+	}
+	_, ok := (*m)[resource]
+	return ok
+}
+
 // maxSweepRemovals bounds the records one sweep call removes, and so what
 // it adds to the group commit that carries it (its deletions and the pages
 // they dirty).
@@ -42,7 +71,8 @@ const maxSweepRemovals = 256
 
 // sweep walks the records in key order, s.batch records per read
 // transaction, and removes the idle ones (record.Record.Idle at the
-// store's clock) with their checkpoint state, in calls of at most
+// store's clock) with no write in flight (KeepInFlight) with their
+// checkpoint state, in calls of at most
 // maxSweepRemovals records run by the group committer (group.go): each
 // call queues behind the writes waiting before it and shares their
 // transaction and flush, so a sweep over many records holds no write for
@@ -126,6 +156,18 @@ func (s *Store) sweepScan(from []byte) (idle [][]byte, next []byte, err error) {
 // are left alone.
 func (s *Store) sweepRemove(ctx context.Context, keys [][]byte) (int, error) {
 	removed := 0
+	var inFlight func(string) bool
+	if f := s.inFlight.Load(); f != nil {
+		inFlight = *f
+		names := make(map[string]struct{}, len(keys))
+		for _, k := range keys {
+			names[string(k)] = struct{}{}
+		}
+		// Published before the call asks inFlight, withdrawn once its
+		// commit has returned (see KeepInFlight).
+		s.removing.Store(&names)
+		defer s.removing.Store(nil)
+	}
 	c := &call{sweep: func(tx *bolt.Tx, now time.Time) (bool, error) {
 		removed = 0 // run again after a neighbour's failure: count afresh
 		recs, states := tx.Bucket(bucketRecords), tx.Bucket(bucketStates)
@@ -143,6 +185,15 @@ func (s *Store) sweepRemove(ctx context.Context, keys [][]byte) (int, error) {
 			if !r.Idle(now, s.retention) {
 				continue // written to since the scan
 			}
+			// Before the commit, and before inFlight is asked: no
+			// admission is answered from the removed record once it is
+			// gone. An idle record's entry answers none anyway (its
+			// touch is stale), so dropping it for a record kept costs
+			// nothing.
+			s.marks.forget(string(key))
+			if inFlight != nil && inFlight(string(key)) {
+				continue // a write in flight through the gate
+			}
 			top = max(top, r.Issued)
 			if err := recs.Delete(key); err != nil {
 				return false, err
@@ -150,9 +201,6 @@ func (s *Store) sweepRemove(ctx context.Context, keys [][]byte) (int, error) {
 			if err := states.Delete(key); err != nil {
 				return false, err
 			}
-			// Before the commit: no admission is answered from the
-			// removed record once it is gone (marks.forget).
-			s.marks.forget(string(key))
 			removed++
 		}
 		if removed == 0 {

@@ -44,6 +44,9 @@ type Store struct {
 	removedTop fencing.Token
 	closed     bool
 	gate       gateHolds
+	// inFlight reports the resources with writes in flight through the
+	// gate (KeepInFlight): the sweep keeps their records. Nil: none.
+	inFlight func(resource string) bool
 }
 
 var (
@@ -61,8 +64,8 @@ type Options struct {
 	// ClockTokens issues tokens on the clock (see the package doc), as
 	// FENCEGATE_STORE=memory: does; false counts from one.
 	ClockTokens bool
-	// Retention removes a record with no live lease untouched for this
-	// long (FENCEGATE_RETENTION); 0 keeps every record. A background sweep
+	// Retention removes a record with no live lease and no write in
+	// flight (KeepInFlight) untouched for this long (FENCEGATE_RETENTION); 0 keeps every record. A background sweep
 	// runs every SweepInterval (0: retention.Interval(Retention)) until
 	// Close; Sweep runs one pass now.
 	Retention     time.Duration
@@ -304,6 +307,17 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 	return retention.Run(ctx, s.sweep, &s.stats)
 }
 
+// KeepInFlight implements fencing.InFlightKeeper: the sweep keeps every
+// record inFlight reports, whatever its age. It asks under the store's
+// lock, in the same hold as the removal, so a write registered before its
+// admission either is seen and keeps its record, or is admitted after the
+// removal (and refused).
+func (s *Store) KeepInFlight(inFlight func(resource string) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inFlight = inFlight
+}
+
 // sweep removes the records idle at the store's clock, examining at most
 // s.batch of them per hold of the mutex: between batches it lets go, so
 // operations interleave with a sweep of any size. Ranging over the map
@@ -319,7 +333,7 @@ func (s *Store) sweep(ctx context.Context) (int, error) {
 	}
 	removed, seen := 0, 0
 	for name, r := range s.records {
-		if now := s.clock.Now(); r.Idle(now, s.retention) {
+		if now := s.clock.Now(); r.Idle(now, s.retention) && (s.inFlight == nil || !s.inFlight(name)) {
 			s.removedTop = max(s.removedTop, r.Issued)
 			delete(s.records, name)
 			delete(s.states, name)

@@ -17,6 +17,7 @@ func has(c fencing.Capabilities) map[string]bool {
 	return map[string]bool{
 		"quick": c.Quick != nil, "batch": c.Batch != nil, "marks": c.Marks != nil,
 		"retain": c.Retain != nil, "holds": c.Holds != nil, "shared": c.Shared != nil,
+		"keep": c.Keep != nil,
 	}
 }
 
@@ -38,8 +39,8 @@ func TestCapabilitiesThroughTheDecorator(t *testing.T) {
 		store fencing.Store
 		want  []string
 	}{
-		{"memory", (*memstore.Store)(nil), []string{"quick", "retain", "holds"}},
-		{"file", file, []string{"quick", "retain", "holds"}},
+		{"memory", (*memstore.Store)(nil), []string{"quick", "retain", "holds", "keep"}},
+		{"file", file, []string{"quick", "retain", "holds", "keep"}},
 		{"valkey", (*valkeystore.Store)(nil), []string{"batch", "marks", "shared"}},
 		{"postgres", (*pgstore.Store)(nil), []string{"retain", "shared"}},
 		{"none", struct{ fencing.Store }{(*memstore.Store)(nil)}, nil},
