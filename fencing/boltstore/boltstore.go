@@ -475,10 +475,10 @@ func (s *Store) view(ctx context.Context, fn func(tx *bolt.Tx) error) error {
 
 // tokenClock is the clock reading a new lease's token is at least (see
 // record.Record.AcquireAt).
-func (s *Store) tokenClock(now time.Time) fencing.Token {
+func (s *Store) tokenClock() fencing.Token {
 	var c fencing.Token
 	if s.tokens != nil {
-		c = s.tokens.Read(now)
+		c = s.tokens.Read(s.clock) // read now, not before: see retention.Clock.Read
 	}
 	if sw := fencing.Token(s.swept.Load()); sw > 0 {
 		c = max(c, sw+1)
@@ -490,7 +490,7 @@ func (s *Store) tokenClock(now time.Time) fencing.Token {
 // of the resource (record.Absent then answers).
 func (s *Store) admit(r *record.Record, req fencing.AdmitRequest, now time.Time) (fencing.Admission, error) {
 	if !r.Exists() {
-		return fencing.Admission{}, record.Absent(req, s.tokenClock(now))
+		return fencing.Admission{}, record.Absent(req, s.tokenClock())
 	}
 	return r.Admit(req, now)
 }
@@ -501,7 +501,7 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 		return fencing.Lease{}, err
 	}
 	return update(s, ctx, req.Resource, 0, func(_ *bolt.Tx, r *record.Record, now time.Time) (fencing.Lease, bool, error) {
-		l, err := r.AcquireAt(req, now, s.tokenClock(now))
+		l, err := r.AcquireAt(req, now, s.tokenClock())
 		return l, err == nil, err
 	})
 }

@@ -103,10 +103,10 @@ func New(opts Options) *Store {
 
 // tokenClock is the clock reading a new lease's token is at least (see
 // record.Record.AcquireAt); the caller holds the mutex.
-func (s *Store) tokenClock(now time.Time) fencing.Token {
+func (s *Store) tokenClock() fencing.Token {
 	var c fencing.Token
 	if s.tokens != nil {
-		c = s.tokens.Read(now)
+		c = s.tokens.Read(s.clock) // read now, not before: see retention.Clock.Read
 	}
 	if s.removedTop > 0 {
 		c = max(c, s.removedTop+1)
@@ -166,7 +166,7 @@ func (s *Store) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencin
 	}
 	return apply(s, ctx, req.Resource, func(r *record.Record) (fencing.Lease, error) {
 		now := s.clock.Now()
-		return r.AcquireAt(req, now, s.tokenClock(now))
+		return r.AcquireAt(req, now, s.tokenClock())
 	})
 }
 
@@ -262,7 +262,7 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	return apply(s, ctx, req.Resource, func(r *record.Record) (fencing.Admission, error) {
 		now := s.clock.Now()
 		if !r.Exists() {
-			return fencing.Admission{}, record.Absent(req, s.tokenClock(now))
+			return fencing.Admission{}, record.Absent(req, s.tokenClock())
 		}
 		a, err := r.Admit(req, now)
 		if err == nil && s.retention > 0 {

@@ -64,20 +64,26 @@ type Clock struct {
 // counted).
 func NewClock(stats *Stats) *Clock { return &Clock{stats: stats} }
 
-// Read returns max(t in µs, the latest reading), and raises the latest.
-func (c *Clock) Read(t time.Time) fencing.Token {
-	us := max(t.UnixMicro(), 0)
+// Read reads host and returns max(its reading in µs, the latest reading),
+// raising the latest. It reads host itself, after loading the latest: a
+// reading behind a latest loaded before it is a real step back of the
+// clock (or a Raise above it) and is counted; a reading behind one that
+// a concurrent caller took later and stored first is not, since the
+// clock did not step (it is the order of two callers, not of the clock).
+func (c *Clock) Read(host fencing.Clock) fencing.Token {
+	last := c.last.Load()
+	us := max(host.Now().UnixMicro(), 0)
+	if us < last && c.stats != nil {
+		c.stats.behind.Add(1)
+	}
 	for {
-		last := c.last.Load()
 		if us <= last {
-			if us < last && c.stats != nil {
-				c.stats.behind.Add(1)
-			}
 			return fencing.Token(last)
 		}
 		if c.last.CompareAndSwap(last, us) {
 			return fencing.Token(us)
 		}
+		last = c.last.Load()
 	}
 }
 
