@@ -47,7 +47,7 @@ func newTLSHostile(t *testing.T) tlsHostile {
 // env serves the hostile gate over TLS; its clients offer protos by ALPN.
 func (h tlsHostile) env(t *testing.T, header bool, protos ...string) *hostileEnv {
 	t.Helper()
-	e := newHostileEnvOn(t, header, hostileWay{server: ServerOptions{HeaderTimeout: time.Second, TLS: h.server, NoTLSLoops: h.noLoops}})
+	e := newHostileEnvOn(t, header, hostileWay{server: ServerOptions{HeaderTimeout: 5 * time.Second, TLS: h.server, NoTLSLoops: h.noLoops}})
 	cfg := h.client.Clone()
 	cfg.NextProtos = protos
 	e.dial = func() (net.Conn, error) {
