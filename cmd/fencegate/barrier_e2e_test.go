@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -126,7 +127,7 @@ func TestStalledBodyReleasesTheBarrier(t *testing.T) {
 // TestBarrierHoldsSurviveRestart: a write cut off at shutdown keeps its
 // resource held after a restart, for the grace, and after a crash (SIGKILL)
 // every resource is held for the grace: a higher token is not forwarded
-// before the hold ends.
+// before the hold ends, even with a failed start in between.
 func TestBarrierHoldsSurviveRestart(t *testing.T) {
 	const grace = 3 * time.Second
 	for _, crash := range []bool{false, true} {
@@ -165,6 +166,11 @@ func TestBarrierHoldsSurviveRestart(t *testing.T) {
 			} else if err := p.stop(); err != nil {
 				t.Fatalf("exit: %v\n%s", err, p.logs)
 			}
+			// A start that fails before serving (the gate's port in use)
+			// leaves the record as it was: it does not replace the
+			// crash's hold on every resource, nor the holds of the
+			// clean stop, with a clean stop of its own.
+			failStartOnBusyGatePort(t, dir, env)
 
 			q := start(t, dir, env, "api", "gate")
 			want := "barrier holds restored"
@@ -185,5 +191,50 @@ func TestBarrierHoldsSurviveRestart(t *testing.T) {
 				t.Fatalf("exit: %v", err)
 			}
 		})
+	}
+}
+
+// failStartOnBusyGatePort runs serve in dir with env (its store must be
+// the file store in dir: fg runs the binary elsewhere) and the gate's port
+// taken by a listener of the test, and checks that it fails for that.
+func failStartOnBusyGatePort(t *testing.T, dir string, env []string) {
+	t.Helper()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	env = append([]string{"FENCEGATE_API_ADDR=127.0.0.1:0", "FENCEGATE_PROXY_ADDR=" + busy.Addr().String(),
+		"FENCEGATE_STORE=file:" + filepath.Join(dir, "fencegate.db")}, env...)
+	r := fg(t, env, "", "serve")
+	if r.code != exitFailure || !strings.Contains(r.stderr, "gate listener") || !strings.Contains(r.stderr, "address already in use") {
+		t.Fatalf("serve with the gate's port in use: exit %d, want %d naming the gate's address in use\n%s", r.code, exitFailure, r.stderr)
+	}
+}
+
+// TestFailedStartDoesNotHold: a start that fails before serving (the
+// gate's port in use) after it opened the file store forwarded nothing,
+// so the next start holds no resource: a valid holder's fenced write goes
+// through at once. Were the failed start taken for a crash, every resource
+// would be held for FENCEGATE_TIMEOUT_GRACE (30 s, the default, kept): the
+// short barrier timeout makes that write answer 503 barrier-timeout after
+// 1 s rather than wait out the hold.
+func TestFailedStartDoesNotHold(t *testing.T) {
+	up, upSrv := newArrivals(t)
+	dir := t.TempDir()
+	env := []string{"FENCEGATE_UPSTREAM=" + upSrv.URL, "FENCEGATE_BARRIER_TIMEOUT=1s"}
+	failStartOnBusyGatePort(t, dir, env)
+
+	p := start(t, dir, env, "api", "gate")
+	if strings.Contains(p.logs.String(), "did not record a clean stop") {
+		t.Errorf("the start after a failed one logged an unclean stop:\n%s", p.logs)
+	}
+	tok := acquireToken(t, p, "job:1", "worker", 60)
+	st, body, _ := call(t, "PUT", p.url("gate", "/jobs/1"), map[string]string{"Fencing-Token": tok, "Fencing-Resource": "job:1"}, `{"by":"worker"}`)
+	if st != 200 || up.first(tok).IsZero() {
+		t.Fatalf("the holder's write after a failed start: %d %v, want 200 forwarded", st, body)
+	}
+	if err := p.stop(); err != nil {
+		t.Fatalf("exit: %v\n%s", err, p.logs)
 	}
 }

@@ -137,9 +137,6 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 			warnUnendedRules(cfg.RulesFile, valid.unendedRule, log)
 			reg.add("FENCEGATE_RULES_FILE "+cfg.RulesFile, func() error { return reloadRules(cfg, gate, log) })
 		}
-		if err := restoreHolds(ctx, gate, cfg.Barrier == config.BarrierShared, log); err != nil {
-			return err
-		}
 		gateTLS, err := listenerTLS(ctx, "PROXY_TLS", cfg.ProxyTLSCert, cfg.ProxyTLSKey, cfg.ProxyTLSClientCA, cfg.TLSWatch, reg, log)
 		if err != nil {
 			return err
@@ -154,6 +151,23 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 			}
 			return err
 		}
+	}
+	// The hold record is read, and this run recorded as started, only once
+	// every listener is open, before any serves: a start that fails before
+	// (a port in use) forwarded nothing and leaves the record as the
+	// previous run left it, so the next start does not hold every resource
+	// for a run that never accepted a connection, and still holds them
+	// after a run that did and crashed. "listening" is logged after it, so
+	// that line still means the holds are in force.
+	if gate != nil {
+		if err := restoreHolds(ctx, gate, cfg.Barrier == config.BarrierShared, log); err != nil {
+			for _, s := range servers {
+				s.close()
+			}
+			return err
+		}
+	}
+	for _, s := range servers {
 		log.Info("listening", "listener", s.name, "addr", s.ln.Addr().String(), "tls", s.tls != nil)
 	}
 	defer reg.run(ctx, hup)()
