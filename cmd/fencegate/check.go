@@ -60,7 +60,7 @@ func validate(environ []string) (configured, error) {
 			continue
 		}
 		if _, err := certs.New(certs.Files{CertFile: l.cert, KeyFile: l.key, ClientCAFile: l.ca}); err != nil {
-			return invalid(fmt.Errorf("%s%s_CERT: %w", config.Prefix, l.name, err))
+			return invalid(tlsFilesError(l.name, err))
 		}
 	}
 	if c.access, err = loadAccess(cfg, nil); err != nil {

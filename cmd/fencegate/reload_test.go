@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/fencegate/fencegate/internal/certs/certstest"
 )
 
 func TestReloadsRunsEveryItemAndNamesFailures(t *testing.T) {
@@ -41,5 +43,36 @@ func TestReloadsRunOnEachSignal(t *testing.T) {
 	for range 2 {
 		ch <- syscall.SIGHUP
 		<-done // a reload per signal; the test hangs (and times out) otherwise
+	}
+}
+
+// TestTLSReloadNamesTheVariableAtFault: a SIGHUP reload of a listener's
+// TLS files that do not load is logged with the variable that names the
+// file at fault: _CLIENT_CA for a client CA bundle with no certificate,
+// _CERT for a pair that does not match.
+func TestTLSReloadNamesTheVariableAtFault(t *testing.T) {
+	set := certstest.New(t)
+	var logs bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&logs, nil))
+	r := &reloads{log: log}
+	if _, err := listenerTLS(context.Background(), "PROXY_TLS", set.ServerCert, set.ServerKey, set.CAFile, 0, r, log); err != nil {
+		t.Fatal(err)
+	}
+	certstest.WriteFile(t, set.CAFile, []byte("not a certificate\n"))
+	if failed := r.reload(context.Background()); failed != 1 {
+		t.Fatalf("reload with a bad client CA bundle: %d failed, want 1", failed)
+	}
+	want := `"error":"FENCEGATE_PROXY_TLS_CLIENT_CA: CA bundle ` + set.CAFile + ` holds no PEM certificate"`
+	if out := logs.String(); !strings.Contains(out, want) {
+		t.Errorf("log lacks %s\n%s", want, out)
+	}
+	set.CA.Write(t, set.Dir, "ca")
+	certstest.WriteFile(t, set.ServerKey, set.Client.KeyPEM)
+	logs.Reset()
+	if failed := r.reload(context.Background()); failed != 1 {
+		t.Fatalf("reload with a mismatched key: %d failed, want 1", failed)
+	}
+	if want := `"error":"FENCEGATE_PROXY_TLS_CERT: certificate ` + set.ServerCert; !strings.Contains(logs.String(), want) {
+		t.Errorf("log lacks %s\n%s", want, logs.String())
 	}
 }

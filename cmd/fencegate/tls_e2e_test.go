@@ -172,33 +172,44 @@ func TestSIGHUPWithoutTLSDoesNotStop(t *testing.T) {
 	}
 }
 
-// TestTLSStartupErrors: a pair that does not load, or half a pair, stops
-// start-up with an error naming the variables.
+// TestTLSStartupErrors: a pair that does not load, half a pair, or a client
+// CA bundle that does not load stops start-up with an error naming the
+// variables at fault, and check says the same.
 func TestTLSStartupErrors(t *testing.T) {
 	set := certstest.New(t)
+	gate := []string{"FENCEGATE_UPSTREAM=http://127.0.0.1:1", "FENCEGATE_PROXY_ADDR=127.0.0.1:0"}
 	for _, tc := range []struct {
-		env  []string
-		want []string
+		env     []string
+		want    []string
+		notWant string
 	}{
-		{[]string{"FENCEGATE_API_TLS_CERT=" + set.ServerCert}, []string{"FENCEGATE_API_TLS_CERT", "FENCEGATE_API_TLS_KEY"}},
-		{[]string{"FENCEGATE_API_TLS_KEY=" + set.ServerKey}, []string{"FENCEGATE_API_TLS_CERT", "FENCEGATE_API_TLS_KEY"}},
-		{[]string{"FENCEGATE_API_TLS_CERT=" + set.ServerCert, "FENCEGATE_API_TLS_KEY=" + set.ClientKey}, []string{"FENCEGATE_API_TLS_CERT", set.ServerCert}},
-		{[]string{"FENCEGATE_API_TLS_CERT=" + set.ServerCert, "FENCEGATE_API_TLS_KEY=" + set.ServerKey, "FENCEGATE_API_TLS_CLIENT_CA=" + set.ServerKey}, []string{set.ServerKey}},
-		{[]string{"FENCEGATE_PROXY_TLS_CERT=" + set.ServerCert}, []string{"FENCEGATE_PROXY_TLS_CERT", "FENCEGATE_PROXY_TLS_KEY"}},
+		{[]string{"FENCEGATE_API_TLS_CERT=" + set.ServerCert}, []string{"FENCEGATE_API_TLS_CERT", "FENCEGATE_API_TLS_KEY"}, ""},
+		{[]string{"FENCEGATE_API_TLS_KEY=" + set.ServerKey}, []string{"FENCEGATE_API_TLS_CERT", "FENCEGATE_API_TLS_KEY"}, ""},
+		{[]string{"FENCEGATE_API_TLS_CERT=" + set.ServerCert, "FENCEGATE_API_TLS_KEY=" + set.ClientKey}, []string{"FENCEGATE_API_TLS_CERT: ", set.ServerCert}, ""},
+		{[]string{"FENCEGATE_API_TLS_CERT=" + set.ServerCert, "FENCEGATE_API_TLS_KEY=" + set.ServerKey, "FENCEGATE_API_TLS_CLIENT_CA=" + set.ServerKey},
+			[]string{"FENCEGATE_API_TLS_CLIENT_CA: CA bundle " + set.ServerKey + " holds no PEM certificate"}, "FENCEGATE_API_TLS_CERT"},
+		{append([]string{"FENCEGATE_PROXY_TLS_CERT=" + set.ServerCert, "FENCEGATE_PROXY_TLS_KEY=" + set.ServerKey, "FENCEGATE_PROXY_TLS_CLIENT_CA=" + set.ServerKey}, gate...),
+			[]string{"FENCEGATE_PROXY_TLS_CLIENT_CA: CA bundle " + set.ServerKey + " holds no PEM certificate"}, "FENCEGATE_PROXY_TLS_CERT"},
+		{[]string{"FENCEGATE_PROXY_TLS_CERT=" + set.ServerCert}, []string{"FENCEGATE_PROXY_TLS_CERT", "FENCEGATE_PROXY_TLS_KEY"}, ""},
 	} {
 		r := fg(t, append([]string{"FENCEGATE_STORE=memory:", "FENCEGATE_API_ADDR=127.0.0.1:0"}, tc.env...), "", "serve")
+		c := fg(t, append([]string{"FENCEGATE_STORE=memory:"}, tc.env...), "", "check")
 		if r.code == 0 {
 			t.Errorf("%v: started", tc.env)
 			continue
 		}
-		for _, w := range tc.want {
-			if !strings.Contains(r.stderr, w) {
-				t.Errorf("%v: error %q does not name %q", tc.env, r.stderr, w)
-			}
+		if c.code != 2 {
+			t.Errorf("%v: check exited %d, want 2 (%s)", tc.env, c.code, c.stdout)
 		}
-		r = fg(t, append([]string{"FENCEGATE_STORE=memory:"}, tc.env...), "", "check")
-		if r.code != 2 {
-			t.Errorf("%v: check exited %d, want 2 (%s)", tc.env, r.code, r.stdout)
+		for cmd, out := range map[string]string{"serve": r.stderr, "check": c.stdout + c.stderr} {
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("%s %v: error %q does not name %q", cmd, tc.env, out, w)
+				}
+			}
+			if tc.notWant != "" && strings.Contains(out, tc.notWant) {
+				t.Errorf("%s %v: error %q names %q, not at fault", cmd, tc.env, out, tc.notWant)
+			}
 		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -22,18 +23,33 @@ func listenerTLS(ctx context.Context, name, cert, key, clientCA string, watch ti
 	}
 	src, err := certs.New(certs.Files{CertFile: cert, KeyFile: key, ClientCAFile: clientCA})
 	if err != nil {
-		return nil, fmt.Errorf("%s%s_CERT: %w", config.Prefix, name, err)
+		return nil, tlsFilesError(name, err)
 	}
 	what := config.Prefix + name + "_CERT " + cert
-	reg.add(what, src.Reload)
+	reg.add(what, func() error { return tlsFilesError(name, src.Reload()) })
 	if watch > 0 {
 		go src.Watch(ctx, watch, func(err error) {
 			if err != nil {
-				log.Error("TLS files changed on disk but do not load: the certificate in force stays", "what", what, "error", err.Error())
+				log.Error("TLS files changed on disk but do not load: the certificate in force stays", "what", what, "error", tlsFilesError(name, err).Error())
 				return
 			}
 			log.Info("TLS files changed on disk: reloaded", "what", what)
 		})
 	}
 	return src, nil
+}
+
+// tlsFilesError labels an error of a listener's TLS files (certs.New,
+// Reload) with the variable that names the file at fault:
+// FENCEGATE_<name>_CLIENT_CA for the client CA bundle, else
+// FENCEGATE_<name>_CERT (the certificate and key pair, whose error names
+// both files). nil stays nil.
+func tlsFilesError(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.As(err, new(*certs.ClientCAError)) {
+		return fmt.Errorf("%s%s_CLIENT_CA: %w", config.Prefix, name, err)
+	}
+	return fmt.Errorf("%s%s_CERT: %w", config.Prefix, name, err)
 }

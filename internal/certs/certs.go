@@ -164,11 +164,21 @@ func load(files Files) (*loaded, error) {
 	l := &loaded{cert: &cert, stamp: st}
 	if files.ClientCAFile != "" {
 		if l.clientCAs, err = LoadPool(files.ClientCAFile); err != nil {
-			return nil, err
+			return nil, &ClientCAError{Err: err}
 		}
 	}
 	return l, nil
 }
+
+// ClientCAError is the error of New and Reload when Files.ClientCAFile
+// does not load (the pair did), found with errors.As: a caller can name
+// the setting that gave that file rather than the certificate's.
+type ClientCAError struct {
+	Err error // names the file
+}
+
+func (e *ClientCAError) Error() string { return e.Err.Error() }
+func (e *ClientCAError) Unwrap() error { return e.Err }
 
 // LoadPool reads a PEM bundle of CA certificates. A file without one
 // certificate is an error naming it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"io"
 	"os"
 	"strings"
@@ -171,11 +172,15 @@ func TestNewRefusesBadFiles(t *testing.T) {
 	if _, err := certs.New(certs.Files{CertFile: set.ServerCert}); err == nil {
 		t.Error("New without a key file succeeded")
 	}
-	if _, err := certs.New(certs.Files{CertFile: set.ServerCert, KeyFile: set.ClientKey}); err == nil {
+	_, err := certs.New(certs.Files{CertFile: set.ServerCert, KeyFile: set.ClientKey, ClientCAFile: set.CAFile})
+	if err == nil {
 		t.Error("New with a mismatched key succeeded")
+	} else if errors.As(err, new(*certs.ClientCAError)) {
+		t.Errorf("New with a mismatched key blames the client CA bundle: %v", err)
 	}
-	if _, err := certs.New(certs.Files{CertFile: set.ServerCert, KeyFile: set.ServerKey, ClientCAFile: set.ServerKey}); err == nil || !strings.Contains(err.Error(), set.ServerKey) {
-		t.Errorf("New with a client CA bundle holding no certificate: %v", err)
+	_, err = certs.New(certs.Files{CertFile: set.ServerCert, KeyFile: set.ServerKey, ClientCAFile: set.ServerKey})
+	if err == nil || !strings.Contains(err.Error(), set.ServerKey) || !errors.As(err, new(*certs.ClientCAError)) {
+		t.Errorf("New with a client CA bundle holding no certificate: %v, want a ClientCAError naming the file", err)
 	}
 }
 
