@@ -398,6 +398,17 @@ func TestAccessCertificateClientAndReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.p.waitLog(`"msg":"reload refused: the configuration in force stays","what":"FENCEGATE_ACCESS_FILE `+s.file, 1)
+	// An unknown key: the log names it and its client.
+	if err := os.WriteFile(s.file, []byte(accessFileWithUnknownKey), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	s.p.waitLog(`"msg":"reload refused: the configuration in force stays","what":"FENCEGATE_ACCESS_FILE `+s.file, 2)
+	if want := `"error":"` + s.file + `: clients[1] (pool-b): unknown key \"bogus\"`; !strings.Contains(s.p.logs.String(), want) {
+		t.Errorf("the refused reload's log line lacks %s\n%s", want, s.p.logs)
+	}
 	if r := fg(t, tokEnv, "", "lease", "status", "job:a:1"); r.code != 0 {
 		t.Fatalf("after a refused reload, pool-a: exit %d %s", r.code, r.stderr)
 	}
@@ -488,4 +499,20 @@ func TestAccessCommands(t *testing.T) {
 	if r.code == 0 || !strings.Contains(r.stderr, bad) {
 		t.Fatalf("serve with a bad file: %d %s", r.code, r.stderr)
 	}
+	// An unknown key: named, with its client, in the YAML's terms (the
+	// file is read by way of JSON, which the error does not mention).
+	unknown := filepath.Join(dir, "unknown.yaml")
+	os.WriteFile(unknown, []byte(accessFileWithUnknownKey), 0o600)
+	for _, cmd := range []string{"check", "serve"} {
+		r = fg(t, []string{"FENCEGATE_STORE=memory:", "FENCEGATE_API_ADDR=127.0.0.1:0", "FENCEGATE_ACCESS_FILE=" + unknown}, "", cmd)
+		if r.code != 2 || !strings.Contains(r.stderr, "FENCEGATE_ACCESS_FILE: "+unknown+`: clients[1] (pool-b): unknown key "bogus"`) ||
+			strings.Contains(strings.ToLower(r.stderr), "json") {
+			t.Errorf("%s of a file with an unknown key: exit %d %s", cmd, r.code, r.stderr)
+		}
+	}
 }
+
+// accessFileWithUnknownKey is an access file whose second client has a
+// key the file does not know.
+var accessFileWithUnknownKey = "clients:\n  - name: pool-a\n    token_sha256: " + access.HashToken("x") + "\n    allow: [{prefix: \"job:\", ops: [read]}]\n" +
+	"  - name: pool-b\n    cert_dns: pool-b.test\n    bogus: true\n    allow: [{prefix: \"job:\", ops: [read]}]\n"

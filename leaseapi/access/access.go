@@ -29,11 +29,13 @@ import (
 	"crypto/subtle"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -225,45 +227,65 @@ func HashToken(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// fileDoc is the YAML document.
-type fileDoc struct {
-	Clients []clientDoc `json:"clients"`
-}
-
+// clientDoc is one entry of the file's clients: list.
 type clientDoc struct {
-	Name        string          `json:"name"`
-	TokenSHA256 string          `json:"token_sha256"`
-	CertURI     string          `json:"cert_uri"`
-	CertDNS     string          `json:"cert_dns"`
-	Allow       []permissionDoc `json:"allow"`
-	BindOwner   bool            `json:"bind_owner"`
+	Name        string
+	TokenSHA256 string
+	CertURI     string
+	CertDNS     string
+	Allow       []permissionDoc
+	BindOwner   bool
 }
 
+// permissionDoc is one entry of a client's allow: list.
 type permissionDoc struct {
-	Prefix *string `json:"prefix"`
-	Ops    []Op    `json:"ops"`
+	Prefix *string
+	Ops    []Op
 }
 
-// Parse reads a policy from YAML. Unknown keys, a client without a name
-// or credential, a repeated name or credential, a malformed hash, prefix or
-// operation are errors naming the client (by its position and name).
+// Parse reads a policy from YAML. Unknown keys, values of the wrong kind,
+// a client without a name or credential, a repeated name or credential, a
+// malformed hash, prefix or operation are errors naming the client (by its
+// position in clients:, and its name when it has one) and the key at
+// fault, in the file's terms.
 func Parse(data []byte) (*Policy, error) {
-	var doc fileDoc
-	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
-		return nil, fmt.Errorf("not a valid access file: %w", err)
+	// sigs.k8s.io/yaml turns the YAML into JSON (strictly: a key repeated
+	// in a mapping is an error); the JSON is then read here key by key,
+	// rather than into structs by encoding/json, whose errors speak of
+	// JSON and Go ("json: unknown field", "Go struct field") and name no
+	// client.
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fmt.Errorf("not a valid access file: %s", yamlError(err))
 	}
-	if len(bytes.TrimSpace(data)) == 0 || doc.Clients == nil {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(js, &top); err != nil {
+		return nil, fmt.Errorf("not a valid access file: want a mapping with a clients: list at the top, not %s", kind(js))
+	}
+	if extra := unknownKeys(top, fileKeys); extra != "" {
+		return nil, fmt.Errorf("not a valid access file: %s at the top (the only top-level key is clients)", extra)
+	}
+	rawClients, ok := top["clients"]
+	if len(bytes.TrimSpace(data)) == 0 || !ok || isNull(rawClients) {
 		return nil, errors.New("no clients: the file must have a clients: list (an empty list [] lets no one in)")
+	}
+	var entries []json.RawMessage
+	if err := json.Unmarshal(rawClients, &entries); err != nil {
+		return nil, fmt.Errorf("clients: want a list of clients, not %s", kind(rawClients))
 	}
 	p := &Policy{byURI: map[string]*Client{}, byDNS: map[string]*Client{}}
 	names := map[string]bool{}
 	tokens := map[[sha256.Size]byte]string{}
 	var errs []error
-	for i, cd := range doc.Clients {
-		c, err := parseClient(cd)
+	for i, raw := range entries {
+		cd, err := decodeClient(raw)
 		where := fmt.Sprintf("clients[%d]", i)
 		if cd.Name != "" {
 			where += fmt.Sprintf(" (%s)", cd.Name)
+		}
+		var c *Client
+		if err == nil {
+			c, err = parseClient(cd)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", where, err))
@@ -297,6 +319,139 @@ func Parse(data []byte) (*Policy, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// The keys of the file, of a client and of a permission, in the order
+// docs/access.md gives them.
+var (
+	fileKeys       = []string{"clients"}
+	clientKeys     = []string{"name", "token_sha256", "cert_uri", "cert_dns", "allow", "bind_owner"}
+	permissionKeys = []string{"prefix", "ops"}
+)
+
+// decodeClient reads one entry of clients:. Its name is set in the result
+// as soon as it is read, even when the entry is refused, so that the error
+// can name the client.
+func decodeClient(raw json.RawMessage) (clientDoc, error) {
+	var cd clientDoc
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+		return cd, fmt.Errorf("want a mapping with the keys %s, not %s", strings.Join(clientKeys, ", "), kind(raw))
+	}
+	nameErr := decodeValue(m, "name", &cd.Name, "a string")
+	if extra := unknownKeys(m, clientKeys); extra != "" {
+		return cd, fmt.Errorf("%s (a client's keys are %s)", extra, strings.Join(clientKeys, ", "))
+	}
+	if nameErr != nil {
+		return cd, nameErr
+	}
+	for _, f := range []struct {
+		key  string
+		into any
+		want string
+	}{
+		{"token_sha256", &cd.TokenSHA256, "a string"},
+		{"cert_uri", &cd.CertURI, "a string"},
+		{"cert_dns", &cd.CertDNS, "a string"},
+		{"bind_owner", &cd.BindOwner, "true or false"},
+	} {
+		if err := decodeValue(m, f.key, f.into, f.want); err != nil {
+			return cd, err
+		}
+	}
+	var allow []json.RawMessage
+	if err := decodeValue(m, "allow", &allow, "a list of permissions ({prefix: ..., ops: [...]})"); err != nil {
+		return cd, err
+	}
+	for j, raw := range allow {
+		var pm map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &pm); err != nil || pm == nil {
+			return cd, fmt.Errorf("allow[%d]: want a mapping with the keys %s, not %s", j, strings.Join(permissionKeys, ", "), kind(raw))
+		}
+		if extra := unknownKeys(pm, permissionKeys); extra != "" {
+			return cd, fmt.Errorf("allow[%d]: %s (a permission's keys are %s)", j, extra, strings.Join(permissionKeys, ", "))
+		}
+		var pd permissionDoc
+		if err := decodeValue(pm, "prefix", &pd.Prefix, "a string"); err != nil {
+			return cd, fmt.Errorf("allow[%d]: %w", j, err)
+		}
+		var ops []json.RawMessage
+		if err := decodeValue(pm, "ops", &ops, "a list of operations"); err != nil {
+			return cd, fmt.Errorf("allow[%d]: %w", j, err)
+		}
+		for k, raw := range ops {
+			var op Op
+			if err := json.Unmarshal(raw, &op); err != nil {
+				return cd, fmt.Errorf("allow[%d]: ops[%d]: want one of acquire, renew, release, checkpoint, read, not %s", j, k, kind(raw))
+			}
+			pd.Ops = append(pd.Ops, op)
+		}
+		cd.Allow = append(cd.Allow, pd)
+	}
+	return cd, nil
+}
+
+// decodeValue reads m[key], if present, into into; a value of another
+// kind is an error naming key and saying what it wants.
+func decodeValue(m map[string]json.RawMessage, key string, into any, want string) error {
+	raw, ok := m[key]
+	if !ok {
+		return nil
+	}
+	if err := json.Unmarshal(raw, into); err != nil {
+		return fmt.Errorf("%s: want %s, not %s", key, want, kind(raw))
+	}
+	return nil
+}
+
+// unknownKeys names the keys of m not in known, sorted ("unknown key
+// \"bogus\""), or is "" when there are none.
+func unknownKeys(m map[string]json.RawMessage, known []string) string {
+	var extra []string
+	for k := range m {
+		if !slices.Contains(known, k) {
+			extra = append(extra, strconv.Quote(k))
+		}
+	}
+	switch len(extra) {
+	case 0:
+		return ""
+	case 1:
+		return "unknown key " + extra[0]
+	}
+	slices.Sort(extra)
+	return "unknown keys " + strings.Join(extra, ", ")
+}
+
+// kind says, in YAML's terms, what kind of value the JSON raw is.
+func kind(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '{':
+		return "a mapping"
+	case '[':
+		return "a list"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "an empty value"
+	}
+	return "a number"
+}
+
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+// yamlError is a YAML syntax error of sigs.k8s.io/yaml without its
+// mention of JSON, on one line.
+func yamlError(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "error converting YAML to JSON: ")
+	msg = strings.Replace(msg, "unmarshal errors:", "", 1)
+	return strings.Join(strings.Fields(strings.ReplaceAll(msg, ":\n", ": ")), " ")
 }
 
 func parseClient(cd clientDoc) (*Client, error) {

@@ -185,13 +185,41 @@ func TestParseRefusesMistakes(t *testing.T) {
 	} {
 		if _, err := access.Parse([]byte(doc)); err == nil {
 			t.Errorf("%s: accepted", name)
-		} else if strings.Contains(err.Error(), "t\n") {
-			t.Errorf("%s: %v", name, err)
+		} else if strings.Contains(err.Error(), "t\n") || strings.Contains(strings.ToLower(err.Error()), "json") {
+			t.Errorf("%s: %v (a YAML file's error speaks of YAML, on one line)", name, err)
 		}
 	}
 	// An empty list is a valid policy that lets no one in.
 	if p, err := access.Parse([]byte("clients: []\n")); err != nil || len(p.Clients()) != 0 {
 		t.Errorf("clients: []: %v %v", p, err)
+	}
+}
+
+// TestParseErrorsNameTheKeyAndClient: a key or value the file does not
+// allow is reported in the YAML's terms: which key, under which client (by
+// position, and name when it has one) and permission.
+func TestParseErrorsNameTheKeyAndClient(t *testing.T) {
+	h := access.HashToken("t")
+	good := "  - name: a\n    token_sha256: " + h + "\n    allow: [{prefix: '', ops: [read]}]\n"
+	for doc, want := range map[string]string{
+		"clients:\n" + good + "  - name: b\n    cert_dns: x\n    allow: [{prefix: '', ops: [read]}]\n    bogus: true\n": `clients[1] (b): unknown key "bogus" (a client's keys are name, token_sha256, cert_uri, cert_dns, allow, bind_owner)`,
+		"clients:\n  - cert_dns: x\n    allow: [{prefix: '', ops: [read]}]\n    zz: 1\n    bogus: 2\n":                  `clients[0]: unknown keys "bogus", "zz"`,
+		"clients:\n  - name: a\n    cert_dns: x\n    allow: [{prefix: '', ops: [read], opz: [read]}]\n":                 `clients[0] (a): allow[0]: unknown key "opz" (a permission's keys are prefix, ops)`,
+		"client:\n" + good: `unknown key "client" at the top (the only top-level key is clients)`,
+		"clients:\n" + good + "    bind_owner: maybe\n":                                       `clients[0] (a): bind_owner: want true or false, not a string`,
+		"clients:\n  - name: a\n    cert_dns: x\n    allow: [{prefix: '', ops: read}]\n":      `clients[0] (a): allow[0]: ops: want a list of operations, not a string`,
+		"clients:\n  - name: a\n    cert_dns: x\n    allow: [{prefix: '', ops: [read, 5]}]\n": `clients[0] (a): allow[0]: ops[1]: want one of acquire, renew, release, checkpoint, read, not a number`,
+		"clients:\n  - name: a\n    cert_dns: x\n    allow: {prefix: '', ops: [read]}\n":      `clients[0] (a): allow: want a list of permissions`,
+		"clients:\n  - name: [a]\n":            `clients[0]: name: want a string, not a list`,
+		"clients:\n  - a\n":                    `clients[0]: want a mapping with the keys name, token_sha256`,
+		"clients: a\n":                         `clients: want a list of clients, not a string`,
+		"- a\n":                                `want a mapping with a clients: list at the top, not a list`,
+		"clients:\n  - name: a\n    name: b\n": `yaml: line 3: key "name" already set in map`,
+	} {
+		_, err := access.Parse([]byte(doc))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want %q", doc, err, want)
+		}
 	}
 }
 
