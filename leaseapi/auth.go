@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -95,27 +96,40 @@ func setClient(r *http.Request, c *access.Client) {
 // told 401 only within the allowance), and a right credential still finds
 // the address spent (a guess's rightness is not told by a 429 either).
 // A client known by its verified certificate is never held back.
+//
+// Nor is a connection that a bearer token already authenticated on (see
+// ConnContext), for requests with that same token while it is still
+// valid: a guesser sharing the address cannot end the leases of the
+// clients already connected. Any other request from a spent address is
+// 429 as above (its credentials are looked at only on such a connection,
+// and a wrong one is told nothing and counted as nothing, as any request
+// of a spent address), and a connection that never authenticated is
+// closed with its 429, so a client's pool keeps the connection it
+// authenticated on rather than a refused one.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	if !s.authOn && s.access == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		addr := limitKey(r)
+		conn, _ := r.Context().Value(connKey{}).(*connAuth)
 		// A verified client certificate, without a header to take its
 		// place, is not held back by its address's failures: it cannot
 		// be guessed, and holding it back would let a guesser sharing
 		// the address lock its clients out. One naming no client still
 		// counts as a failure.
 		byCert := s.access != nil && r.Header.Values("Authorization") == nil && r.TLS != nil && len(r.TLS.VerifiedChains) > 0
-		if wait, blocked := s.limiter.Blocked(addr); blocked && !byCert {
-			s.tooMany(w, r, wait)
+		wait, spent := s.limiter.Blocked(addr)
+		spent = spent && !byCert
+		if spent && (conn.token() == nil || len(r.Header.Values("Authorization")) != 1) {
+			s.tooMany(w, r, wait, conn)
 			return
 		}
 		if len(r.Header.Values("Authorization")) > 1 {
 			// Which one counts would depend on who reads the request: a
 			// proxy in front may judge the last where this judges the first.
 			if wait, blocked := s.limiter.Fail(addr); blocked {
-				s.tooMany(w, r, wait)
+				s.tooMany(w, r, wait, conn)
 				return
 			}
 			s.refuse(w, r, &problem.Error{Status: http.StatusBadRequest, Code: "invalid-request",
@@ -125,13 +139,17 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		header, sent := r.Header.Get("Authorization"), len(r.Header.Values("Authorization")) > 0
 		tok, hasTok := bearer(header)
+		var sum [sha256.Size]byte
+		if hasTok {
+			sum = sha256.Sum256([]byte(tok))
+		}
 		ok := false
 		var c *access.Client
 		switch {
 		case s.access != nil:
 			p := s.access.Policy()
 			if hasTok {
-				c, ok = p.ByToken(tok)
+				c, ok = p.ByTokenSum(sum)
 			} else if !sent && r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
 				// A header that is there but holds no bearer token (an
 				// empty variable, another scheme) is refused, not passed
@@ -140,12 +158,18 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				c, ok = p.ByCertificate(r.TLS.VerifiedChains[0][0])
 			}
 		case hasTok:
-			sum := sha256.Sum256([]byte(tok))
 			ok = subtle.ConstantTimeCompare(sum[:], s.authSum[:]) == 1
 		}
-		if !ok {
+		if spent {
+			// The address is spent, and this connection authenticated
+			// before: served only with that same token, still valid.
+			if !ok || !hasTok || !conn.holds(sum) {
+				s.tooMany(w, r, wait, conn)
+				return
+			}
+		} else if !ok {
 			if wait, blocked := s.limiter.Fail(addr); blocked {
-				s.tooMany(w, r, wait)
+				s.tooMany(w, r, wait, conn)
 				return
 			}
 			detail, www := "this API requires an Authorization: Bearer <token> header", `Bearer realm="fencegate"`
@@ -157,11 +181,12 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			s.refuse(w, r, &problem.Error{Status: http.StatusUnauthorized, Code: "unauthorized", Detail: detail,
 				Headers: http.Header{"Www-Authenticate": {www}}})
 			return
-		}
-		if wait, blocked := s.limiter.Blocked(addr); blocked && !byCert {
+		} else if wait, blocked := s.limiter.Blocked(addr); blocked && !byCert && !(hasTok && conn.holds(sum)) {
 			// Failures that raced with this call spent the address.
-			s.tooMany(w, r, wait)
+			s.tooMany(w, r, wait, conn)
 			return
+		} else if hasTok {
+			conn.pin(sum)
 		}
 		if c != nil {
 			setClient(r, c)
@@ -170,13 +195,69 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	})
 }
 
+// connKey is the context key of a connection's *connAuth (ConnContext).
+type connKey struct{}
+
+// connAuth is what the lease API remembers of one connection: the SHA-256
+// of the first bearer token a request on it authenticated with, nil until
+// one did. It lives in the connection's context, so it lasts as long as
+// the connection; HTTP/2 streams share their connection's.
+type connAuth struct {
+	sum atomic.Pointer[[sha256.Size]byte]
+}
+
+// ConnContext returns ctx carrying a record of the connection c for the
+// Server's authentication: a connection on which a bearer token
+// authenticated keeps being served for requests with that same token
+// while its client address is locked out by failed authentications (429),
+// so that another process on the same address (every worker of a sidecar
+// connects from 127.0.0.1) cannot, by sending bad tokens, stop the
+// clients already connected from renewing their leases. Set it as the
+// http.Server's ConnContext, or call it from one; without it, the
+// lock-out holds back every token client of the address.
+func ConnContext(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, &connAuth{})
+}
+
+// token is the hash of the token that authenticated on the connection, or
+// nil (none yet, or no record of the connection: a nil *connAuth).
+func (a *connAuth) token() *[sha256.Size]byte {
+	if a == nil {
+		return nil
+	}
+	return a.sum.Load()
+}
+
+// holds says, in constant time, whether sum is the hash of the token that
+// authenticated on the connection.
+func (a *connAuth) holds(sum [sha256.Size]byte) bool {
+	t := a.token()
+	return t != nil && subtle.ConstantTimeCompare(t[:], sum[:]) == 1
+}
+
+// pin records sum as the connection's token, unless one is recorded: a
+// connection is the first client's that authenticated on it. After the
+// first request, it costs an atomic load.
+func (a *connAuth) pin(sum [sha256.Size]byte) {
+	if a != nil && a.sum.Load() == nil {
+		a.sum.CompareAndSwap(nil, &sum)
+	}
+}
+
 // tooMany answers 429 too-many-requests to an address whose failed
-// authentications are spent, with the wait in Retry-After.
-func (s *Server) tooMany(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+// authentications are spent, with the wait in Retry-After. A connection
+// that no token authenticated on is closed after the answer: it has
+// nothing to wait for that a new one would not have, and closing it keeps
+// a client's pool to the connection its token is remembered on.
+func (s *Server) tooMany(w http.ResponseWriter, r *http.Request, wait time.Duration, conn *connAuth) {
 	secs := int((wait + time.Second - 1) / time.Second)
+	h := http.Header{"Retry-After": {strconv.Itoa(secs)}}
+	if conn.token() == nil {
+		h.Set("Connection", "close")
+	}
 	s.refuse(w, r, &problem.Error{Status: http.StatusTooManyRequests, Code: "too-many-requests",
 		Detail:  "too many failed authentications from this address; retry later",
-		Headers: http.Header{"Retry-After": {strconv.Itoa(secs)}}})
+		Headers: h})
 }
 
 // remoteHost is the client's address without its port.

@@ -9,6 +9,7 @@ import (
 	"github.com/fencegate/fencegate/fencing/problem"
 	"github.com/fencegate/fencegate/internal/canned"
 	"github.com/fencegate/fencegate/internal/connlimit"
+	"github.com/fencegate/fencegate/leaseapi"
 )
 
 // healthReserve is how many connections the lease API accepts beyond its cap.
@@ -29,9 +30,11 @@ func newConnLimit(ln net.Listener, max, reserve, perClient int) *connlimit.Liste
 
 type overflowKey struct{}
 
-// connContext marks the requests of an overflow connection; it is the
-// listener's http.Server.ConnContext.
+// connContext marks the requests of an overflow connection, and gives
+// every connection the record the lease API's authentication keeps of it
+// (leaseapi.ConnContext); it is the listener's http.Server.ConnContext.
 func connContext(ctx context.Context, c net.Conn) context.Context {
+	ctx = leaseapi.ConnContext(ctx, c)
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}

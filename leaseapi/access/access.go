@@ -167,7 +167,13 @@ func (p *Policy) Clients() []*Client { return slices.Clone(p.clients) }
 // client's hash is compared, in constant time, whatever matches: the time
 // taken depends on the token's length and the number of clients only.
 func (p *Policy) ByToken(token string) (*Client, bool) {
-	sum := sha256.Sum256([]byte(token))
+	return p.ByTokenSum(sha256.Sum256([]byte(token)))
+}
+
+// ByTokenSum is ByToken for the SHA-256 of the token, for a caller that
+// keeps the hash (as the lease API does for the connection a token
+// authenticated on).
+func (p *Policy) ByTokenSum(sum [sha256.Size]byte) (*Client, bool) {
 	var found *Client
 	for _, c := range p.clients {
 		eq := subtle.ConstantTimeCompare(sum[:], c.tokenSum[:]) & boolInt(c.hasToken)

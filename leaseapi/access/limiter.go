@@ -9,7 +9,8 @@ import (
 // takes one of Burst tokens, which come back one per Every. An address
 // with no token left is refused (429) before its credentials are even
 // looked at, so guessing runs at most at one try per Every once the burst
-// is spent. It is safe for concurrent use and keeps at most maxAddrs
+// is spent. (The lease API spares connections a token already
+// authenticated on, for that token; see leaseapi.ConnContext.) It is safe for concurrent use and keeps at most maxAddrs
 // addresses (the fullest are forgotten first).
 type Limiter struct {
 	burst float64
