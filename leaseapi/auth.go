@@ -240,7 +240,9 @@ func (a *connAuth) holds(sum [sha256.Size]byte) bool {
 // first request, it costs an atomic load.
 func (a *connAuth) pin(sum [sha256.Size]byte) {
 	if a != nil && a.sum.Load() == nil {
-		a.sum.CompareAndSwap(nil, &sum)
+		p := new([sha256.Size]byte) // only here: sum itself stays off the heap
+		*p = sum
+		a.sum.CompareAndSwap(nil, p)
 	}
 }
 
