@@ -589,6 +589,12 @@ func TestExampleREADMEs(t *testing.T) {
 				t.Fatalf("examples/%s/README.md has %d shell blocks, want %d", tc.dir, len(blocks), tc.blocks)
 			}
 			text := runREADMEScript(t, strings.Join(blocks, "\n"))
+			// A newcomer sees no error the README does not show: a log
+			// file waited for before the background worker created it
+			// used to print "grep: a.log: No such file or directory".
+			if strings.Contains(text, "No such file or directory") {
+				t.Errorf("examples/%s/README.md's commands print an error:\n%s", tc.dir, text)
+			}
 			for _, want := range tc.want {
 				if !strings.Contains(text, want) {
 					t.Errorf("examples/%s/README.md's output lacks %s:\n%s", tc.dir, want, text)
