@@ -604,6 +604,87 @@ func TestExampleREADMEs(t *testing.T) {
 	}
 }
 
+// TestDocsWalkthroughs runs the walkthroughs of docs/ as written, each in
+// a fresh directory (runREADMEScript): gate.md's zombie worker with curl
+// and workers.md's examples (each starts its own service and gate),
+// lease-api.md's leases with curl and workers.md's command-line block, after
+// the fencegate each asks to have running (here in the background, its
+// output in a file, ended with the script's process group at cleanup).
+func TestDocsWalkthroughs(t *testing.T) {
+	needTools(t, "bash", "curl", "python3", "go")
+	// serve is what a page asks to have running first: lease-api.md's
+	// `go run ./cmd/fencegate`, workers.md's fencegate on the PATH.
+	const goRun = "go run ./cmd/fencegate >fencegate.log 2>&1 &\n" +
+		"for i in $(seq 600); do curl -s http://127.0.0.1:7070/v1/leases && break; sleep 0.2; done >/dev/null\n"
+	const onPath = "go build -o fencegate ./cmd/fencegate && export PATH=\"$PWD:$PATH\"\n" +
+		"fencegate serve >fencegate.log 2>&1 &\n" +
+		"for i in $(seq 100); do fencegate health && break; sleep 0.2; done >/dev/null 2>&1\n"
+	for _, tc := range []struct {
+		name, page, heading string
+		block, blocks       int // the block run, of how many in the section
+		before              string
+		want                []string
+	}{
+		{"gate zombie", "gate.md", "## The zombie worker, with curl", 0, 1, "", []string{
+			`"body":{"step":1,"by":"a"}`,          // worker-a's write, forwarded
+			`"code":"stale-token"`,                // the zombie's write, refused
+			`"body":{"step":1,"by":"b"}`,          // worker-b's write stays
+			`"code":"token-not-issued"`,           // the forged token, refused
+			`"body":{"step":2,"by":"b"},"fencing`, // and worker-b is not locked out
+		}},
+		{"lease-api walkthrough", "lease-api.md", "## Walkthrough: leases with curl", 0, 1, goRun, []string{
+			`"owner":"worker-a","token":`,                        // worker-a's lease
+			`"code":"lease-held"`,                                // worker-b refused
+			`"holder":"worker-a"`,                                // and told who holds it
+			`{"released":true}`,                                  // worker-a's release
+			`"owner":"worker-b","token":`,                        // worker-b takes over
+			`{"state":{"done":17}`,                               // and reads the checkpoint
+			`"ended":"released","finished":false`,                // and how worker-a left
+			`{"leases":[{"resource":"job:42","owner":"worker-b"`, // the live leases
+		}},
+		{"workers CLI", "workers.md", "## Command line", 0, 3, onPath, []string{
+			`{"resource":"job:42","owner":"worker-a","token":`, // acquire, again by its holder
+			`"ttl_seconds":60`,                // renew --ttl 60s
+			`{"state":{"done":18}`,            // the last checkpoint, from stdin
+			`{"leases":[{"resource":"job:42"`, // list
+			`{"released":true}`,               // the releases
+		}},
+		{"workers examples", "workers.md", "## Examples", 0, 1, "", []string{
+			`done after step 5`,          // the shell worker finished
+			`"event": "done"`,            // the Python worker finished
+			`"event":"done"`,             // the Go worker finished
+			`"path":"/jobs/44","body":{`, // the upstream holds their writes
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			section, ok := mdblock.Section(readDoc(t, tc.page), tc.heading)
+			if !ok {
+				t.Fatalf("docs/%s has no section %q", tc.page, tc.heading)
+			}
+			blocks := mdblock.Shell(section)
+			if len(blocks) != tc.blocks {
+				t.Fatalf("docs/%s's %q has %d shell blocks, want %d", tc.page, tc.heading, len(blocks), tc.blocks)
+			}
+			text := runREADMEScript(t, tc.before+blocks[tc.block])
+			for _, want := range tc.want {
+				if !strings.Contains(text, want) {
+					t.Errorf("docs/%s's %q: the output lacks %s:\n%s", tc.page, tc.heading, want, text)
+				}
+			}
+		})
+	}
+}
+
+func readDoc(t *testing.T, page string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "docs", page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 func needTools(t *testing.T, tools ...string) {
 	t.Helper()
 	for _, tool := range tools {
@@ -617,8 +698,10 @@ func needTools(t *testing.T, tools ...string) {
 // a fresh clone: in one bash with -e, from a copy of the checkout made of
 // links to its files (so what the script builds and writes lands in a
 // temporary directory). Only the addresses change, to free ports: the
-// service's and the gate's in the text, the lease API's through
-// FENCEGATE_API_ADDR and FENCEGATE_API_URL; GOFLAGS gains -trimpath. The script runs in its own
+// service's, the gate's and the lease API's in the text; for the defaults
+// the text relies on, the lease API's also through FENCEGATE_API_ADDR and
+// FENCEGATE_API_URL, the gate's through FENCEGATE_PROXY_ADDR and GATE_URL
+// (the workers' default gate); GOFLAGS gains -trimpath. The script runs in its own
 // process group, killed at cleanup (it starts servers in the background,
 // which a failing line would leave running), and for at most four minutes.
 // It returns the script's output; a command that fails fails the test.
@@ -627,6 +710,7 @@ func runREADMEScript(t *testing.T, script string) string {
 	up, gate, api := freeAddr(t), freeAddr(t), freeAddr(t)
 	script = strings.ReplaceAll(script, "127.0.0.1:9000", up)
 	script = strings.ReplaceAll(script, "127.0.0.1:8080", gate)
+	script = strings.ReplaceAll(script, "127.0.0.1:7070", api)
 	if regexp.MustCompile(`127\.0\.0\.1:(7070|8080|9000)\b`).MatchString(script) {
 		t.Fatalf("a default port is left in the script:\n%s", script)
 	}
