@@ -479,19 +479,20 @@ func valkeyTLS(caFile string) (*tls.Config, error) {
 
 // loadRules reads and parses the write gate's route rules from
 // FENCEGATE_RULES or FENCEGATE_RULES_FILE, and returns them with the text
-// it parsed.
+// it parsed. An error names the variable the rules came from, and the
+// file for FENCEGATE_RULES_FILE.
 func loadRules(cfg config.Config) ([]proxy.Rule, string, error) {
-	text := cfg.Rules
+	text, from := cfg.Rules, "FENCEGATE_RULES"
 	if cfg.RulesFile != "" {
 		b, err := os.ReadFile(cfg.RulesFile)
 		if err != nil {
 			return nil, "", fmt.Errorf("FENCEGATE_RULES_FILE: %w", err)
 		}
-		text = string(b)
+		text, from = string(b), "FENCEGATE_RULES_FILE "+cfg.RulesFile
 	}
 	rules, err := proxy.ParseRules(text)
 	if err != nil {
-		return nil, "", fmt.Errorf("FENCEGATE_RULES: %w", err)
+		return nil, "", fmt.Errorf("%s: %w", from, err)
 	}
 	return rules, text, nil
 }

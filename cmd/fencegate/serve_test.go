@@ -109,3 +109,34 @@ func TestStartWarnsOfAnUnendedRulesFile(t *testing.T) {
 		}
 	}
 }
+
+// TestRulesErrorsNameTheirVariable: a rule that does not parse is reported
+// under the variable it came from: FENCEGATE_RULES for rules given inline,
+// FENCEGATE_RULES_FILE and the file's path for a file, at start-up
+// ('fencegate check', serve) and on a reload (SIGHUP) alike, so the
+// operator is not sent to a variable that is not set.
+func TestRulesErrorsNameTheirVariable(t *testing.T) {
+	const bad = "PUT /jobs/{id} fence job/{id}\n"
+	file := filepath.Join(t.TempDir(), "rules")
+	if err := os.WriteFile(file, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := validate([]string{"FENCEGATE_RULES=" + bad})
+	if err == nil || !strings.Contains(err.Error(), "FENCEGATE_RULES: rules: line 1") {
+		t.Errorf("inline rules: %v, want an error naming FENCEGATE_RULES and the line", err)
+	}
+	_, err = validate([]string{"FENCEGATE_RULES_FILE=" + file})
+	if err == nil || !strings.Contains(err.Error(), "FENCEGATE_RULES_FILE "+file+": rules: line 1") {
+		t.Errorf("rules file at start: %v, want an error naming FENCEGATE_RULES_FILE, the file and the line", err)
+	}
+
+	u, _ := url.Parse("http://127.0.0.1:1")
+	gate, err := proxy.New(proxy.Options{Upstream: u, Store: memstore.New(memstore.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = reloadRules(config.Config{RulesFile: file}, gate, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "FENCEGATE_RULES_FILE "+file+": rules: line 1") {
+		t.Errorf("rules file on reload: %v, want an error naming FENCEGATE_RULES_FILE, the file and the line", err)
+	}
+}
