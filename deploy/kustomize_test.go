@@ -14,7 +14,11 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/api/resmap"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -96,8 +100,9 @@ func TestKubernetesOverlays(t *testing.T) {
 	for _, overlay := range []string{"single", "replicated"} {
 		t.Run(overlay, func(t *testing.T) {
 			dir := "kubernetes/overlays/" + overlay
-			deps, secrets, cms, svcs, pols := k8sObjects(t, dir, render(t, dir))
+			deps, secrets, cms, svcs, pols, pdbs := k8sObjects(t, dir, render(t, dir))
 			checkSidecarDeployment(t, dir, deps, secrets, cms, svcs)
+			checkDisruptionBudgets(t, dir, deps, pdbs)
 			var jobsPodLabels map[string]string
 			for _, d := range deps {
 				if d.Name == "jobs" {
@@ -117,9 +122,66 @@ func TestKubernetesOverlays(t *testing.T) {
 		})
 	}
 	// The base alone is one replica, whatever the overlays do.
-	deps, _, _, _, _ := k8sObjects(t, "kubernetes/base", render(t, "kubernetes/base"))
+	deps, _, _, _, _, pdbs := k8sObjects(t, "kubernetes/base", render(t, "kubernetes/base"))
 	if len(deps) != 1 || deps[0].Spec.Replicas == nil || *deps[0].Spec.Replicas != 1 {
 		t.Errorf("the base must run one replica (the local barrier orders one gate's writes only)")
+	}
+	checkDisruptionBudgets(t, "kubernetes/base", deps, pdbs)
+}
+
+// checkDisruptionBudgets: a Deployment of several replicas has a
+// PodDisruptionBudget that selects its pods and lets voluntary disruptions
+// (a node drain, a cluster upgrade) take at least one of them but never all
+// at once, so the Service keeps a gate that admits writes; one of a single
+// replica has none that forbids every eviction, which would block node
+// drains for good.
+func checkDisruptionBudgets(t *testing.T, where string, deps []appsv1.Deployment, pdbs []policyv1.PodDisruptionBudget) {
+	t.Helper()
+	for _, d := range deps {
+		replicas := 1
+		if d.Spec.Replicas != nil {
+			replicas = int(*d.Spec.Replicas)
+		}
+		var budgets []policyv1.PodDisruptionBudget
+		for _, p := range pdbs {
+			sel, err := metav1.LabelSelectorAsSelector(p.Spec.Selector)
+			if err != nil {
+				t.Fatalf("%s: PodDisruptionBudget %s: %v", where, p.Name, err)
+			}
+			if p.Namespace == d.Namespace && !sel.Empty() && sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+				budgets = append(budgets, p)
+			}
+		}
+		if replicas > 1 && len(budgets) == 0 {
+			t.Errorf("%s: Deployment %s runs %d replicas without a PodDisruptionBudget: a node drain may evict them all at once", where, d.Name, replicas)
+		}
+		for _, p := range budgets {
+			// How many pods evictions may take at once under p.
+			var disruptable int
+			switch {
+			case p.Spec.MaxUnavailable != nil && p.Spec.MinAvailable == nil:
+				n, err := intstr.GetScaledValueFromIntOrPercent(p.Spec.MaxUnavailable, replicas, true)
+				if err != nil {
+					t.Fatalf("%s: PodDisruptionBudget %s: %v", where, p.Name, err)
+				}
+				disruptable = n
+			case p.Spec.MinAvailable != nil && p.Spec.MaxUnavailable == nil:
+				n, err := intstr.GetScaledValueFromIntOrPercent(p.Spec.MinAvailable, replicas, true)
+				if err != nil {
+					t.Fatalf("%s: PodDisruptionBudget %s: %v", where, p.Name, err)
+				}
+				disruptable = replicas - n
+			default:
+				t.Errorf("%s: PodDisruptionBudget %s sets neither or both of minAvailable and maxUnavailable", where, p.Name)
+				continue
+			}
+			if disruptable < 1 {
+				t.Errorf("%s: PodDisruptionBudget %s lets no pod of Deployment %s (%d replicas) be evicted: node drains would block", where, p.Name, d.Name, replicas)
+			}
+			if disruptable > replicas-1 && replicas > 1 {
+				t.Errorf("%s: PodDisruptionBudget %s lets all %d pods of Deployment %s be evicted at once", where, p.Name, replicas, d.Name)
+			}
+		}
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fencegate/fencegate/config"
@@ -131,7 +132,7 @@ func TestDockerCompose(t *testing.T) {
 // kind must be one of the typed objects below, and an unknown or
 // misspelt field anywhere is an error, as kubectl's strict validation
 // would report.
-func k8sObjects(t *testing.T, file string, b []byte) (deps []appsv1.Deployment, secrets []corev1.Secret, cms []corev1.ConfigMap, svcs []corev1.Service, pols []networkingv1.NetworkPolicy) {
+func k8sObjects(t *testing.T, file string, b []byte) (deps []appsv1.Deployment, secrets []corev1.Secret, cms []corev1.ConfigMap, svcs []corev1.Service, pols []networkingv1.NetworkPolicy, pdbs []policyv1.PodDisruptionBudget) {
 	t.Helper()
 	for i, doc := range bytes.Split(b, []byte("\n---\n")) {
 		var meta struct{ APIVersion, Kind string }
@@ -155,6 +156,9 @@ func k8sObjects(t *testing.T, file string, b []byte) (deps []appsv1.Deployment, 
 		case "networking.k8s.io/v1 NetworkPolicy":
 			pols = append(pols, networkingv1.NetworkPolicy{})
 			target = &pols[len(pols)-1]
+		case "policy/v1 PodDisruptionBudget":
+			pdbs = append(pdbs, policyv1.PodDisruptionBudget{})
+			target = &pdbs[len(pdbs)-1]
 		default:
 			t.Fatalf("%s document %d: unexpected %s %s", file, i, meta.APIVersion, meta.Kind)
 		}
@@ -162,7 +166,7 @@ func k8sObjects(t *testing.T, file string, b []byte) (deps []appsv1.Deployment, 
 			t.Fatalf("%s document %d (%s): %v", file, i, meta.Kind, err)
 		}
 	}
-	return deps, secrets, cms, svcs, pols
+	return deps, secrets, cms, svcs, pols, pdbs
 }
 
 func envFrom(c *corev1.Container, name string) *corev1.EnvVarSource {
