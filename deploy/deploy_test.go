@@ -147,20 +147,36 @@ func TestDockerfileRuntime(t *testing.T) {
 	}
 }
 
-// scrape is the set of metric names in a real /metrics scrape of fencegate
-// after a lease, an admitted write, refused writes and readiness probes.
-var scrape = sync.OnceValues(func() (map[string]bool, error) { return scrapeMetrics() })
+// scraped is a real /metrics scrape of fencegate after a lease, an
+// admitted write, refused writes and readiness probes: its metric names,
+// and its series lines (name{labels} value).
+type scraped struct {
+	names  map[string]bool
+	series []string
+}
+
+var scrape = sync.OnceValues(scrapeMetrics)
 
 func metricNames(t *testing.T) map[string]bool {
 	t.Helper()
-	names, err := scrape()
+	s, err := scrape()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return names
+	return s.names
 }
 
-func scrapeMetrics() (map[string]bool, error) {
+// scrapedSeries is the series lines of the scrape.
+func scrapedSeries(t *testing.T) []string {
+	t.Helper()
+	s, err := scrape()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.series
+}
+
+func scrapeMetrics() (*scraped, error) {
 	dir, err := os.MkdirTemp("", "fencegate-scrape")
 	if err != nil {
 		return nil, err
@@ -171,8 +187,10 @@ func scrapeMetrics() (map[string]bool, error) {
 		return nil, err
 	}
 	defer up.stop()
+	// A service name of the user's own, as OTEL_SERVICE_NAME allows: the
+	// alerts and the dashboard must find fencegate without the default.
 	fg, apiAddr, err := startBinary(dir, []string{"FENCEGATE_STORE=memory:", "FENCEGATE_API_ADDR=127.0.0.1:0",
-		"FENCEGATE_PROXY_ADDR=127.0.0.1:0", "FENCEGATE_UPSTREAM=http://" + upAddr}, `"listener":"api"`, "serve")
+		"FENCEGATE_PROXY_ADDR=127.0.0.1:0", "FENCEGATE_UPSTREAM=http://" + upAddr, "OTEL_SERVICE_NAME=jobs-sidecar"}, `"listener":"api"`, "serve")
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +230,7 @@ func scrapeMetrics() (map[string]bool, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	names := map[string]bool{}
+	s := &scraped{names: map[string]bool{}}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -220,14 +238,48 @@ func scrapeMetrics() (map[string]bool, error) {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		names[regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*`).FindString(line)] = true
+		s.names[regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*`).FindString(line)] = true
+		s.series = append(s.series, line)
 	}
 	for _, want := range []string{"fencegate_gate_writes_total", "fencegate_store_duration_seconds_bucket"} {
-		if !names[want] {
-			return nil, fmt.Errorf("the scrape has no %s; got %v", want, names)
+		if !s.names[want] {
+			return nil, fmt.Errorf("the scrape has no %s; got %v", want, s.names)
 		}
 	}
-	return names, sc.Err()
+	return s, sc.Err()
+}
+
+// seriesMatch reports whether series (a scrape line) is selected by sel,
+// a metric name with equality matchers (name{a="x",b="y"}). Target labels
+// Prometheus adds at scrape time (instance, job) are not in a scrape and
+// must not be matched on.
+func seriesMatch(sel, series string) (bool, error) {
+	name, matchers, _ := strings.Cut(sel, "{")
+	name = strings.TrimSpace(name)
+	sName, sLabels, _ := strings.Cut(series, "{")
+	if i := strings.IndexByte(sName, ' '); i >= 0 {
+		sName = sName[:i]
+	}
+	if name != sName {
+		return false, nil
+	}
+	matchers = strings.TrimSuffix(strings.TrimSpace(matchers), "}")
+	for _, m := range regexp.MustCompile(`\s*,\s*`).Split(matchers, -1) {
+		if m == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(m, "=")
+		if !ok || strings.ContainsAny(k, "!~") || strings.HasPrefix(v, "~") {
+			return false, fmt.Errorf("matcher %q: only label=\"value\" is understood", m)
+		}
+		if k == "instance" || k == "job" {
+			return false, fmt.Errorf("matcher %q: a target label, not in a scrape", m)
+		}
+		if !strings.Contains(sLabels, k+"="+v) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // running is a fencegate process started by startBinary.
@@ -412,6 +464,12 @@ func TestGrafanaDashboard(t *testing.T) {
 			Title   string
 			Targets []struct{ Expr string }
 		}
+		Templating struct {
+			List []struct {
+				Name, Type string
+				Query      json.RawMessage // a query variable's {"query": ...}, a data source's type
+			}
+		}
 	}
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	if err := dec.Decode(&dash); err != nil {
@@ -434,6 +492,36 @@ func TestGrafanaDashboard(t *testing.T) {
 		for _, tg := range p.Targets {
 			checkExpr(t, fmt.Sprintf("panel %q", p.Title), tg.Expr, names)
 			exprs = append(exprs, tg.Expr)
+		}
+	}
+	// Each query variable (the instance picker) lists the values of a
+	// label on series fencegate exports, with the configuration a user may
+	// choose (a service name of their own) as well as the default.
+	series := scrapedSeries(t)
+	for _, v := range dash.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		var q struct{ Query string }
+		if err := json.Unmarshal(v.Query, &q); err != nil {
+			t.Fatalf("variable %q: %v", v.Name, err)
+		}
+		m := regexp.MustCompile(`^label_values\((.+),\s*(\w+)\)$`).FindStringSubmatch(strings.TrimSpace(q.Query))
+		if m == nil {
+			t.Errorf("variable %q: query %q is not label_values(selector, label)", v.Name, q.Query)
+			continue
+		}
+		checkExpr(t, fmt.Sprintf("variable %q", v.Name), m[1], names)
+		found := false
+		for _, line := range series {
+			ok, err := seriesMatch(m[1], line)
+			if err != nil {
+				t.Fatalf("variable %q: %v", v.Name, err)
+			}
+			found = found || ok
+		}
+		if !found {
+			t.Errorf("variable %q: %s selects no series of fencegate's scrape (with OTEL_SERVICE_NAME set): its picker would be empty", v.Name, m[1])
 		}
 	}
 	// PromQL syntax, by promtool: each query as a recording rule, with
