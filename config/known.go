@@ -28,13 +28,13 @@ const DefaultAPIURL = "http://127.0.0.1:7070"
 
 // testSwitches are the FENCEGATE_* variables that scripts/test.sh and the
 // tests read (FENCEGATE_REQUIRE_VALKEY, FENCEGATE_REQUIRE_PROMTOOL, ...,
-// FENCEGATE_QUICK, the benchmark and soak switches). Load ignores them, so
+// FENCEGATE_QUICK, the benchmark, soak and crash-round switches). Load ignores them, so
 // a shell set up for the tests, or a test that starts the binary with its
 // own environment, can still run fencegate.
 func testSwitch(name string) bool {
 	switch strings.TrimPrefix(name, Prefix) {
 	case "QUICK", "VALKEY_BENCH", "PG_BENCH", "PG_MUTANT", "SOAK", "LINEARIZABILITY_DIR", "REPLAY",
-		"REPLAY_SKIP_TOKENS", "BOLTSTORE_TEST_HOLD":
+		"REPLAY_SKIP_TOKENS", "BOLTSTORE_TEST_HOLD", "CRASH_ROUNDS":
 		return true
 	}
 	return strings.HasPrefix(name, Prefix+"REQUIRE_")

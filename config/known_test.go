@@ -1,7 +1,10 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -147,5 +150,32 @@ func TestEffectiveRedactsSecrets(t *testing.T) {
 	}
 	if s := got["FENCEGATE_DEFAULT_TTL"]; s.Value != "30s" || s.Set {
 		t.Errorf("default TTL shown as %+v", s)
+	}
+}
+
+// TestDocumentedVariablesAreAccepted: every FENCEGATE_* variable the docs
+// name is one Load accepts, a server or client variable or a switch of the
+// test suite (which a shell set up for the tests may still hold when it
+// runs fencegate), except the misspellings the docs quote to show the
+// error they get.
+func TestDocumentedVariablesAreAccepted(t *testing.T) {
+	quotedTypos := map[string]bool{"FENCEGATE_STOR": true, "FENCEGATE_X": true}
+	files, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range append(files, "../README.md") {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range regexp.MustCompile(`FENCEGATE_[A-Z0-9_]*[A-Z0-9]\b`).FindAllString(string(b), -1) {
+			if quotedTypos[name] {
+				continue
+			}
+			if _, err := Load([]string{name + "=1"}); err != nil && strings.Contains(err.Error(), "not a fencegate variable") {
+				t.Errorf("%s names %s, which fencegate refuses: %v", file, name, err)
+			}
+		}
 	}
 }
