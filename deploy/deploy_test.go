@@ -542,3 +542,36 @@ func TestGrafanaDashboard(t *testing.T) {
 		t.Fatalf("promtool check rules on the dashboard's queries: %v\n%s\n%s", err, out, rules.String())
 	}
 }
+
+// TestMetricsDocumented: every fencegate_* metric of the binary's scrape is
+// named in the docs by the name Prometheus shows, so a dashboard or alert
+// written from the docs queries a metric that exists.
+func TestMetricsDocumented(t *testing.T) {
+	var docs strings.Builder
+	files, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range append(files, "../README.md") {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs.Write(b)
+	}
+	names := metricNames(t)
+	for name := range names {
+		if !strings.HasPrefix(name, "fencegate_") {
+			continue
+		}
+		family := name
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suffix); ok && names[base+"_bucket"] {
+				family = base
+			}
+		}
+		if !strings.Contains(docs.String(), "`"+family+"`") && !strings.Contains(docs.String(), "`"+family+"{") {
+			t.Errorf("the binary exports %s, which no page of docs/ names", family)
+		}
+	}
+}

@@ -19,7 +19,7 @@ const (
 	MetricRetentionSweeps = "fencegate.store.retention.sweeps"
 	// MetricRetentionSweepTime is the time spent sweeping, in seconds
 	// (Prometheus: fencegate_store_retention_sweep_seconds_total).
-	MetricRetentionSweepTime = "fencegate.store.retention.sweep.time"
+	MetricRetentionSweepTime = "fencegate.store.retention.sweep"
 	// MetricClockBehind counts readings of the store's clock behind one it
 	// had used for tokens (a clock stepped back).
 	MetricClockBehind = "fencegate.store.clock.behind"
