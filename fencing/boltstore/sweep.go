@@ -82,7 +82,9 @@ const maxSweepRemovals = 256
 // A record the scan found idle may be written to before its call runs
 // (an acquisition, a renewal, an admission's touch): the call reads every
 // record again in its own transaction and removes only those still idle
-// then, so a write ordered before the removal keeps the record and one
+// then (decoding again only a record whose bytes changed since the scan,
+// or all of them if the clock went back behind it: see sweepRemove), so a
+// write ordered before the removal keeps the record and one
 // ordered after it finds no record and starts a fresh one above every
 // token the removed record issued (keySwept, tokenClock).
 func (s *Store) sweep(ctx context.Context) (int, error) {
@@ -97,17 +99,21 @@ func (s *Store) sweep(ctx context.Context) (int, error) {
 		if err := ctx.Err(); err != nil {
 			return removed, err
 		}
-		idle, next, err := s.sweepScan(from)
+		idle, scanned, next, err := s.sweepScan(from)
 		if err != nil {
 			return removed, s.classify(err, false)
 		}
 		if s.hooks.sweepScanned != nil {
-			s.hooks.sweepScanned(idle)
+			keys := make([][]byte, len(idle))
+			for i, f := range idle {
+				keys[i] = f.key
+			}
+			s.hooks.sweepScanned(keys)
 		}
 		for len(idle) > 0 {
 			chunk := idle[:min(len(idle), maxSweepRemovals)]
 			idle = idle[len(chunk):]
-			n, err := s.sweepRemove(ctx, chunk)
+			n, err := s.sweepRemove(ctx, chunk, scanned)
 			removed += n
 			if err != nil {
 				return removed, err
@@ -120,12 +126,22 @@ func (s *Store) sweep(ctx context.Context) (int, error) {
 	}
 }
 
+// idleRecord is a record a sweep scan found idle: its key, its stored
+// bytes as the scan read them (copies: bbolt's slices are valid only in
+// their transaction) and its Issued once lifted to the store's floor.
+type idleRecord struct {
+	key, raw []byte
+	issued   fencing.Token
+}
+
 // sweepScan examines at most s.batch records from key from (nil: the
-// first) in one read transaction and returns the keys of the idle ones
-// and the key to start the next scan at, nil when the walk is done.
-func (s *Store) sweepScan(from []byte) (idle [][]byte, next []byte, err error) {
+// first) in one read transaction and returns the idle ones, the clock
+// reading they were found idle at, and the key to start the next scan
+// at, nil when the walk is done.
+func (s *Store) sweepScan(from []byte) (idle []idleRecord, scanned time.Time, next []byte, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
 		now := s.clock.Now()
+		scanned = now
 		c := tx.Bucket(bucketRecords).Cursor()
 		k, v := c.First()
 		if from != nil {
@@ -138,7 +154,7 @@ func (s *Store) sweepScan(from []byte) (idle [][]byte, next []byte, err error) {
 			}
 			r.Lift(s.floor, now)
 			if r.Idle(now, s.retention) {
-				idle = append(idle, bytes.Clone(k))
+				idle = append(idle, idleRecord{key: bytes.Clone(k), raw: bytes.Clone(v), issued: r.Issued})
 			}
 			k, v = c.Next()
 		}
@@ -147,21 +163,29 @@ func (s *Store) sweepScan(from []byte) (idle [][]byte, next []byte, err error) {
 		}
 		return nil
 	})
-	return idle, next, err
+	return idle, scanned, next, err
 }
 
-// sweepRemove removes, in one call of a group commit, those of keys whose
-// records are idle when the call runs, and returns how many it removed
-// once they are committed. Keys whose record is gone or no longer idle
-// are left alone.
-func (s *Store) sweepRemove(ctx context.Context, keys [][]byte) (int, error) {
+// sweepRemove removes, in one call of a group commit, those of the
+// records a scan at scanned found idle that are still idle when the call
+// runs, and returns how many it removed once they are committed. Keys
+// whose record is gone or no longer idle are left alone.
+//
+// A record whose stored bytes are those the scan read, at a clock reading
+// not behind the scan's (in Unix milliseconds, the records' unit), is
+// still idle without being decoded again: the floor is set at Open only,
+// so it lifts the same record the same way, and a record idle at one
+// reading is idle at every later one (its lease stays expired and its
+// last touch only gets older). Changed bytes, or a clock stepped back
+// behind the scan, have the record decoded and checked again.
+func (s *Store) sweepRemove(ctx context.Context, idle []idleRecord, scanned time.Time) (int, error) {
 	removed := 0
 	var inFlight func(string) bool
 	if f := s.inFlight.Load(); f != nil {
 		inFlight = *f
-		names := make(map[string]struct{}, len(keys))
-		for _, k := range keys {
-			names[string(k)] = struct{}{}
+		names := make(map[string]struct{}, len(idle))
+		for _, f := range idle {
+			names[string(f.key)] = struct{}{}
 		}
 		// Published before the call asks inFlight, withdrawn once its
 		// commit has returned (see KeepInFlight).
@@ -172,18 +196,24 @@ func (s *Store) sweepRemove(ctx context.Context, keys [][]byte) (int, error) {
 		removed = 0 // run again after a neighbour's failure: count afresh
 		recs, states := tx.Bucket(bucketRecords), tx.Bucket(bucketStates)
 		top := fencing.Token(s.swept.Load())
-		for _, key := range keys {
+		notBehind := now.UnixMilli() >= scanned.UnixMilli()
+		for _, f := range idle {
+			key := f.key
 			v := recs.Get(key)
 			if v == nil {
 				continue
 			}
-			r, err := decode(string(key), v)
-			if err != nil {
-				return false, err
-			}
-			r.Lift(s.floor, now)
-			if !r.Idle(now, s.retention) {
-				continue // written to since the scan
+			issued := f.issued
+			if !notBehind || !bytes.Equal(v, f.raw) {
+				r, err := decode(string(key), v)
+				if err != nil {
+					return false, err
+				}
+				r.Lift(s.floor, now)
+				if !r.Idle(now, s.retention) {
+					continue // written to since the scan, or the clock stepped back
+				}
+				issued = r.Issued
 			}
 			// Before the commit, and before inFlight is asked: no
 			// admission is answered from the removed record once it is
@@ -194,7 +224,7 @@ func (s *Store) sweepRemove(ctx context.Context, keys [][]byte) (int, error) {
 			if inFlight != nil && inFlight(string(key)) {
 				continue // a write in flight through the gate
 			}
-			top = max(top, r.Issued)
+			top = max(top, issued)
 			if err := recs.Delete(key); err != nil {
 				return false, err
 			}

@@ -40,6 +40,48 @@ func BenchmarkSweepContention(b *testing.B) {
 	}
 }
 
+// BenchmarkSweep measures one retention sweep pass alone over
+// -sweep.records idle records on a real file, with no writer competing:
+// the scans and the removal calls (their re-checks, deletions and
+// commits). Each iteration builds its own file, untimed; run it with
+// -benchtime=1x or a small count.
+func BenchmarkSweep(b *testing.B) {
+	n := *sweepRecords
+	for range b.N {
+		b.StopTimer()
+		clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+		st := open(b, filepath.Join(b.TempDir(), "fencegate.db"), boltstore.Options{Clock: clock, Retention: time.Hour, SweepInterval: 24 * time.Hour})
+		ctx := context.Background()
+		l, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: "seed", Owner: "o", TTL: time.Minute})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := st.Release(ctx, fencing.ReleaseRequest{Resource: "seed", Owner: "o", Token: l.Token}); err != nil {
+			b.Fatal(err)
+		}
+		names := make([]string, n)
+		for i := range names {
+			names[i] = fmt.Sprintf("job:%08d", i)
+		}
+		if err := boltstore.CopyRecord(st, "seed", names); err != nil {
+			b.Fatal(err)
+		}
+		clock.Advance(2 * time.Hour)
+		b.StartTimer()
+		start := time.Now()
+		removed, err := st.Sweep(ctx)
+		took := time.Since(start)
+		b.StopTimer()
+		if err != nil || removed != n+1 { // and the seed
+			b.Fatalf("sweep removed %d of %d idle records: %v", removed, n+1, err)
+		}
+		b.ReportMetric(float64(removed)/took.Seconds(), "records/s")
+		if err := st.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // sweepContention fills a store with n idle records, measures the
 // acquisitions a second of callers callers without a sweep, during a
 // sweep of the n records and for two seconds after it, and returns the
@@ -253,5 +295,37 @@ func TestSweepWithConcurrentAcquisitions(t *testing.T) {
 	t.Logf("%d removed, %d acquired during the sweep", removed, acquired)
 	if removed > n || removed < n-acquired {
 		t.Fatalf("removed %d of %d, %d acquired meanwhile", removed, n, acquired)
+	}
+}
+
+// TestSweepKeepsRecordNotIdleAfterClockStepBack: a record the scan found
+// idle is removed only if it is still idle at the removal's clock
+// reading; with the clock stepped back between the scan and the removal
+// to before the record's retention ran out, its bytes are unchanged but it
+// is kept, as a scan at that reading would have kept it.
+func TestSweepKeepsRecordNotIdleAfterClockStepBack(t *testing.T) {
+	clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	st := open(t, filepath.Join(t.TempDir(), "fencegate.db"), boltstore.Options{Clock: clock, Retention: time.Hour, SweepInterval: 24 * time.Hour})
+	defer st.Close()
+	ctx := context.Background()
+	old := idleResources(t, st, "job:a")
+	clock.Advance(2 * time.Hour)
+
+	boltstore.SetSweepHook(st, func(idle []string) {
+		if len(idle) != 1 {
+			t.Errorf("scan found idle %v, want job:a", idle)
+		}
+		clock.Rewind(90 * time.Minute) // half an hour after the release
+	})
+	if removed, err := st.Sweep(ctx); err != nil || removed != 0 {
+		t.Fatalf("Sweep = %d, %v; want 0 removed (not idle at the removal's clock)", removed, err)
+	}
+	if got, err := st.Status(ctx, "job:a"); err != nil || got.Issued != old["job:a"] {
+		t.Fatalf("status %+v, %v; want the record kept (issued %d)", got, err, old["job:a"])
+	}
+	boltstore.SetSweepHook(st, func([]string) {})
+	clock.Advance(2 * time.Hour)
+	if removed, err := st.Sweep(ctx); err != nil || removed != 1 {
+		t.Fatalf("second Sweep = %d, %v; want job:a removed", removed, err)
 	}
 }
