@@ -407,7 +407,9 @@ func openStore(ctx context.Context, cfg config.Config, environ []string, log *sl
 		log.Warn("memory store: leases, checkpoints and high-water marks are forgotten when fencegate stops (tokens follow the host clock, so they are not issued again unless the clock steps back). Use it for tests and demos only.")
 		// Tokens on the clock, as in every store (DESIGN §12): a token
 		// issued before a record was removed by retention stays refused.
-		return memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Retention: cfg.Retention, ClockTokens: true}), nil
+		s := memstore.New(memstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Retention: cfg.Retention, ClockTokens: true})
+		log.Info("store open", "store", spec.Redacted())
+		return s, nil
 	case config.StoreFile:
 		s, err := boltstore.Open(spec.Path, boltstore.Options{MaxCheckpointBytes: cfg.MaxCheckpointBytes, Logger: log, Retention: cfg.Retention})
 		if err != nil {

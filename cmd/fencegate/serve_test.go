@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -138,5 +139,34 @@ func TestRulesErrorsNameTheirVariable(t *testing.T) {
 	err = reloadRules(config.Config{RulesFile: file}, gate, slog.New(slog.DiscardHandler))
 	if err == nil || !strings.Contains(err.Error(), "FENCEGATE_RULES_FILE "+file+": rules: line 1") {
 		t.Errorf("rules file on reload: %v, want an error naming FENCEGATE_RULES_FILE, the file and the line", err)
+	}
+}
+
+// TestStoreOpenLogged: every store kind that opens without a server logs
+// "store open" with the store it opened (memory: as well as file:), so an
+// operator reading the log sees which store serves.
+func TestStoreOpenLogged(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "fencegate.db")
+	for _, store := range []string{"memory:", "file:" + file} {
+		var out bytes.Buffer
+		log := slog.New(slog.NewJSONHandler(&out, nil))
+		st, err := openStore(t.Context(), config.Config{Store: store}, nil, log)
+		if err != nil {
+			t.Fatalf("%s: %v", store, err)
+		}
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			var rec struct{ Msg, Store string }
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("%s: log line %q: %v", store, line, err)
+			}
+			found = found || rec.Msg == "store open" && rec.Store == store
+		}
+		if !found {
+			t.Errorf("%s: no \"store open\" line with store=%s in the log:\n%s", store, store, out.String())
+		}
 	}
 }
