@@ -49,7 +49,8 @@ func TestReloadsRunOnEachSignal(t *testing.T) {
 // TestTLSReloadNamesTheVariableAtFault: a SIGHUP reload of a listener's
 // TLS files that do not load is logged with the variable that names the
 // file at fault: _CLIENT_CA for a client CA bundle with no certificate,
-// _CERT for a pair that does not match.
+// _CERT and _KEY for a pair that does not match (either file may be the
+// wrong one).
 func TestTLSReloadNamesTheVariableAtFault(t *testing.T) {
 	set := certstest.New(t)
 	var logs bytes.Buffer
@@ -72,7 +73,7 @@ func TestTLSReloadNamesTheVariableAtFault(t *testing.T) {
 	if failed := r.reload(context.Background()); failed != 1 {
 		t.Fatalf("reload with a mismatched key: %d failed, want 1", failed)
 	}
-	if want := `"error":"FENCEGATE_PROXY_TLS_CERT: certificate ` + set.ServerCert; !strings.Contains(logs.String(), want) {
+	if want := `"error":"FENCEGATE_PROXY_TLS_CERT and FENCEGATE_PROXY_TLS_KEY: certificate ` + set.ServerCert + ` with key ` + set.ServerKey; !strings.Contains(logs.String(), want) {
 		t.Errorf("log lacks %s\n%s", want, logs.String())
 	}
 }

@@ -185,7 +185,7 @@ func TestTLSStartupErrors(t *testing.T) {
 	}{
 		{[]string{"FENCEGATE_API_TLS_CERT=" + set.ServerCert}, []string{"FENCEGATE_API_TLS_CERT", "FENCEGATE_API_TLS_KEY"}, ""},
 		{[]string{"FENCEGATE_API_TLS_KEY=" + set.ServerKey}, []string{"FENCEGATE_API_TLS_CERT", "FENCEGATE_API_TLS_KEY"}, ""},
-		{[]string{"FENCEGATE_API_TLS_CERT=" + set.ServerCert, "FENCEGATE_API_TLS_KEY=" + set.ClientKey}, []string{"FENCEGATE_API_TLS_CERT: ", set.ServerCert}, ""},
+		{[]string{"FENCEGATE_API_TLS_CERT=" + set.ServerCert, "FENCEGATE_API_TLS_KEY=" + set.ClientKey}, []string{"FENCEGATE_API_TLS_CERT and FENCEGATE_API_TLS_KEY: ", set.ServerCert, set.ClientKey}, ""},
 		{[]string{"FENCEGATE_API_TLS_CERT=" + set.ServerCert, "FENCEGATE_API_TLS_KEY=" + set.ServerKey, "FENCEGATE_API_TLS_CLIENT_CA=" + set.ServerKey},
 			[]string{"FENCEGATE_API_TLS_CLIENT_CA: CA bundle " + set.ServerKey + " holds no PEM certificate"}, "FENCEGATE_API_TLS_CERT"},
 		{append([]string{"FENCEGATE_PROXY_TLS_CERT=" + set.ServerCert, "FENCEGATE_PROXY_TLS_KEY=" + set.ServerKey, "FENCEGATE_PROXY_TLS_CLIENT_CA=" + set.ServerKey}, gate...),

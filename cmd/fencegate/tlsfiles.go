@@ -40,10 +40,11 @@ func listenerTLS(ctx context.Context, name, cert, key, clientCA string, watch ti
 }
 
 // tlsFilesError labels an error of a listener's TLS files (certs.New,
-// Reload) with the variable that names the file at fault:
-// FENCEGATE_<name>_CLIENT_CA for the client CA bundle, else
-// FENCEGATE_<name>_CERT (the certificate and key pair, whose error names
-// both files). nil stays nil.
+// Reload) with the variables that name the files at fault:
+// FENCEGATE_<name>_CLIENT_CA for the client CA bundle, else both
+// FENCEGATE_<name>_CERT and FENCEGATE_<name>_KEY (the certificate and key
+// pair: either file may be the wrong one, and the error names both
+// files). nil stays nil.
 func tlsFilesError(name string, err error) error {
 	if err == nil {
 		return nil
@@ -51,5 +52,5 @@ func tlsFilesError(name string, err error) error {
 	if errors.As(err, new(*certs.ClientCAError)) {
 		return fmt.Errorf("%s%s_CLIENT_CA: %w", config.Prefix, name, err)
 	}
-	return fmt.Errorf("%s%s_CERT: %w", config.Prefix, name, err)
+	return fmt.Errorf("%[1]s%[2]s_CERT and %[1]s%[2]s_KEY: %[3]w", config.Prefix, name, err)
 }
