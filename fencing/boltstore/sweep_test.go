@@ -15,7 +15,7 @@ import (
 	"github.com/fencegate/fencegate/fencing/fencingtest"
 )
 
-var sweepRecords = flag.Int("sweep.records", 100_000, "idle records BenchmarkSweepContention sweeps")
+var sweepRecords = flag.Int("sweep.records", 100_000, "idle records BenchmarkSweep and BenchmarkSweepContention sweep")
 
 // BenchmarkSweepContention measures what a retention sweep over many idle
 // records costs the writers: 16 callers acquire fresh resources for a
@@ -49,24 +49,8 @@ func BenchmarkSweep(b *testing.B) {
 	n := *sweepRecords
 	for range b.N {
 		b.StopTimer()
-		clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
-		st := open(b, filepath.Join(b.TempDir(), "fencegate.db"), boltstore.Options{Clock: clock, Retention: time.Hour, SweepInterval: 24 * time.Hour})
+		st := idleStore(b, n)
 		ctx := context.Background()
-		l, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: "seed", Owner: "o", TTL: time.Minute})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := st.Release(ctx, fencing.ReleaseRequest{Resource: "seed", Owner: "o", Token: l.Token}); err != nil {
-			b.Fatal(err)
-		}
-		names := make([]string, n)
-		for i := range names {
-			names[i] = fmt.Sprintf("job:%08d", i)
-		}
-		if err := boltstore.CopyRecord(st, "seed", names); err != nil {
-			b.Fatal(err)
-		}
-		clock.Advance(2 * time.Hour)
 		b.StartTimer()
 		start := time.Now()
 		removed, err := st.Sweep(ctx)
@@ -82,14 +66,13 @@ func BenchmarkSweep(b *testing.B) {
 	}
 }
 
-// sweepContention fills a store with n idle records, measures the
-// acquisitions a second of callers callers without a sweep, during a
-// sweep of the n records and for two seconds after it, and returns the
-// three rates and the sweep's duration.
-func sweepContention(tb testing.TB, n, callers int) (idle, during, after float64, took time.Duration) {
+// idleStore opens a store on a new file holding n idle records
+// (job:00000000 on) and the released seed they were copied from, its
+// fake clock two hours past their retention.
+func idleStore(tb testing.TB, n int) *boltstore.Store {
+	tb.Helper()
 	clock := fencingtest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
 	st := open(tb, filepath.Join(tb.TempDir(), "fencegate.db"), boltstore.Options{Clock: clock, Retention: time.Hour, SweepInterval: 24 * time.Hour})
-	defer st.Close()
 	ctx := context.Background()
 	l, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: "seed", Owner: "o", TTL: time.Minute})
 	if err != nil {
@@ -106,6 +89,17 @@ func sweepContention(tb testing.TB, n, callers int) (idle, during, after float64
 		tb.Fatal(err)
 	}
 	clock.Advance(2 * time.Hour)
+	return st
+}
+
+// sweepContention fills a store with n idle records, measures the
+// acquisitions a second of callers callers without a sweep, during a
+// sweep of the n records and for two seconds after it, and returns the
+// three rates and the sweep's duration.
+func sweepContention(tb testing.TB, n, callers int) (idle, during, after float64, took time.Duration) {
+	st := idleStore(tb, n)
+	defer st.Close()
+	ctx := context.Background()
 
 	var seq atomic.Int64
 	// acquire runs callers acquiring fresh resources until stop is closed
