@@ -67,6 +67,16 @@ type migrationChecker struct {
 	refused int            // domain refusals
 }
 
+// newMigrationChecker checks the calls on res through s, whose setup
+// lease (owner "setup") was issued first, with first admitted.
+func newMigrationChecker(s *Store, res string, first fencing.Token) *migrationChecker {
+	c := &migrationChecker{s: s, res: res, tokens: map[fencing.Token]string{first: "setup"},
+		ok: map[string]int{}, faults: map[string]int{}}
+	c.issued.Store(int64(first))
+	c.hw.Store(int64(first))
+	return c
+}
+
 func raise(a *atomic.Int64, v int64) {
 	for {
 		cur := a.Load()
@@ -317,10 +327,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	source, target := cl.Nodes[src], cl.Nodes[dst]
 	host, port, _ := net.SplitHostPort(target.Addr())
 
-	c := &migrationChecker{s: s, res: res, tokens: map[fencing.Token]string{first.Token: "setup"},
-		ok: map[string]int{}, faults: map[string]int{}}
-	c.issued.Store(int64(first.Token))
-	c.hw.Store(int64(first.Token))
+	c := newMigrationChecker(s, res, first.Token)
 	stop := c.start(ctx, first.Token)
 
 	pause()
@@ -460,10 +467,7 @@ func TestClusterManualFailover(t *testing.T) {
 	if _, err := s.Release(ctx, fencing.ReleaseRequest{Resource: res, Owner: "setup", Token: first.Token}); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	c := &migrationChecker{s: s, res: res, tokens: map[fencing.Token]string{first.Token: "setup"},
-		ok: map[string]int{}, faults: map[string]int{}}
-	c.issued.Store(int64(first.Token))
-	c.hw.Store(int64(first.Token))
+	c := newMigrationChecker(s, res, first.Token)
 	stop := c.start(ctx, first.Token)
 	pause()
 	replica.MustDo("CLUSTER", "FAILOVER")
