@@ -17,6 +17,3 @@ func cannedListener(l net.Listener) net.Listener {
 
 // problemConn wraps c as cannedListener does.
 func problemConn(c net.Conn) net.Conn { return canned.Conn{Conn: c, Versions: gateVersions} }
-
-// unwrapConn is the connection under a problemConn.
-func unwrapConn(c net.Conn) net.Conn { return canned.Unwrap(c) }

@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/internal/canned"
 	"github.com/fencegate/fencegate/internal/connlimit"
 )
 
@@ -175,7 +176,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 				return
 			}
 			if e := s.engine(); e != nil {
-				e.setIdle(unwrapConn(c), st == http.StateIdle)
+				e.setIdle(canned.Unwrap(c), st == http.StateIdle)
 			}
 		},
 	}
@@ -297,7 +298,7 @@ func (f tlsFacts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // connContext notes the TLS of a handed connection whose TLS a relay
 // terminates (see tlsFacts).
 func connContext(ctx context.Context, c net.Conn) context.Context {
-	if t, ok := unwrapConn(c).(interface{ tlsState() *tls.ConnectionState }); ok {
+	if t, ok := canned.Unwrap(c).(interface{ tlsState() *tls.ConnectionState }); ok {
 		if st := t.tlsState(); st != nil {
 			return context.WithValue(ctx, tlsStateKey{}, st)
 		}
