@@ -113,19 +113,20 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		addr := limitKey(r)
 		conn, _ := r.Context().Value(connKey{}).(*connAuth)
+		auths := r.Header.Values("Authorization")
 		// A verified client certificate, without a header to take its
 		// place, is not held back by its address's failures: it cannot
 		// be guessed, and holding it back would let a guesser sharing
 		// the address lock its clients out. One naming no client still
 		// counts as a failure.
-		byCert := s.access != nil && r.Header.Values("Authorization") == nil && r.TLS != nil && len(r.TLS.VerifiedChains) > 0
+		byCert := s.access != nil && auths == nil && r.TLS != nil && len(r.TLS.VerifiedChains) > 0
 		wait, spent := s.limiter.Blocked(addr)
 		spent = spent && !byCert
-		if spent && (conn.token() == nil || len(r.Header.Values("Authorization")) != 1) {
+		if spent && (conn.token() == nil || len(auths) != 1) {
 			s.tooMany(w, r, wait, conn)
 			return
 		}
-		if len(r.Header.Values("Authorization")) > 1 {
+		if len(auths) > 1 {
 			// Which one counts would depend on who reads the request: a
 			// proxy in front may judge the last where this judges the first.
 			if wait, blocked := s.limiter.Fail(addr); blocked {
@@ -137,7 +138,10 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				Headers: http.Header{"Www-Authenticate": {`Bearer realm="fencegate", error="invalid_request"`}}})
 			return
 		}
-		header, sent := r.Header.Get("Authorization"), len(r.Header.Values("Authorization")) > 0
+		header, sent := "", len(auths) == 1 // at most one by now
+		if sent {
+			header = auths[0]
+		}
 		tok, hasTok := bearer(header)
 		var sum [sha256.Size]byte
 		if hasTok {
