@@ -166,6 +166,16 @@ func (h *rawH2) flood(t *testing.T, n int, frame func(f *http2.Framer, i int) er
 	}
 }
 
+// floodFrames is how many frames a flood sends: twice the control frames
+// (PING and SETTINGS acknowledgements) net/http's HTTP/2 server queues for
+// a client that does not read before it closes the connection.
+const floodFrames = 20000
+
+// fenceWait bounds a fence: it tells a gate stuck on the connection from
+// one still working through a flood, which on a busy machine under the race
+// detector has taken 11 s for 50,000 frames.
+const fenceWait = time.Minute
+
 // fence sends a PING and reads frames until its ACK or the connection's
 // end. The ACK shows the gate has handled every frame sent before the PING
 // (a connection's frames are handled in order) and still answers; the end,
@@ -319,19 +329,18 @@ func testHTTP2Abuse(t *testing.T, w h2way) {
 	})
 	t.Run("PING flood", func(t *testing.T) {
 		h := w.dialH2(t, addr)
-		// Five times the PING ACKs net/http queues for a client that
-		// does not read before it closes the connection; the fence shows
-		// the gate handled them all (or closed the connection).
+		// The fence shows the gate handled them all (or closed the
+		// connection).
 		var data [8]byte
-		h.flood(t, 50000, func(f *http2.Framer, _ int) error { return f.WritePing(false, data) })
-		h.fence(t, 20*time.Second)
+		h.flood(t, floodFrames, func(f *http2.Framer, _ int) error { return f.WritePing(false, data) })
+		h.fence(t, fenceWait)
 	})
 	t.Run("SETTINGS flood", func(t *testing.T) {
 		h := w.dialH2(t, addr)
-		h.flood(t, 50000, func(f *http2.Framer, i int) error {
+		h.flood(t, floodFrames, func(f *http2.Framer, i int) error {
 			return f.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: uint32(i)})
 		})
-		h.fence(t, 20*time.Second)
+		h.fence(t, fenceWait)
 	})
 	t.Run("header list too large", func(t *testing.T) {
 		h := w.dialH2(t, addr)
