@@ -52,16 +52,39 @@ type telemetry struct {
 }
 
 // otlpEnabled reports whether env asks for OTLP export of signal (TRACES
-// or METRICS): an endpoint is set (the general one or the signal's
-// own), the SDK is not disabled, and the signal's exporter is not "none".
+// or METRICS): an endpoint is set (the general one or the signal's own),
+// the SDK is not disabled, and the signal's exporter list
+// (OTEL_<signal>_EXPORTER, comma-separated, "otlp" when unset) names
+// "otlp".
 func otlpEnabled(env map[string]string, signal string) bool {
 	if strings.EqualFold(env["OTEL_SDK_DISABLED"], "true") {
 		return false
 	}
-	if strings.EqualFold(env["OTEL_"+signal+"_EXPORTER"], "none") {
-		return false
+	otlp, _ := exporters(env, signal)
+	return otlp && (env["OTEL_EXPORTER_OTLP_ENDPOINT"] != "" || env["OTEL_EXPORTER_OTLP_"+signal+"_ENDPOINT"] != "")
+}
+
+// exporters reads OTEL_<signal>_EXPORTER as the OpenTelemetry
+// specification defines it: a comma-separated list, "otlp" when unset.
+// It reports whether the list names "otlp", and the names fencegate does
+// not know, which the specification says to warn about and ignore. Known:
+// "otlp", "none", and for METRICS "prometheus" (fencegate always serves
+// /metrics).
+func exporters(env map[string]string, signal string) (otlp bool, unknown []string) {
+	v, ok := env["OTEL_"+signal+"_EXPORTER"]
+	if !ok || strings.TrimSpace(v) == "" {
+		return true, nil
 	}
-	return env["OTEL_EXPORTER_OTLP_ENDPOINT"] != "" || env["OTEL_EXPORTER_OTLP_"+signal+"_ENDPOINT"] != ""
+	for name := range strings.SplitSeq(v, ",") {
+		switch name = strings.ToLower(strings.TrimSpace(name)); {
+		case name == "otlp":
+			otlp = true
+		case name == "none", name == "prometheus" && signal == "METRICS":
+		default:
+			unknown = append(unknown, name)
+		}
+	}
+	return otlp, unknown
 }
 
 // newTelemetry builds the providers and sets them as the OpenTelemetry
@@ -91,6 +114,12 @@ func newTelemetry(ctx context.Context, environ []string, log *slog.Logger) (*tel
 		log.Warn("telemetry export failed", "error", err)
 	}))
 
+	for _, signal := range []string{"TRACES", "METRICS"} {
+		if _, unknown := exporters(env, signal); len(unknown) > 0 {
+			log.Warn("OTEL_"+signal+"_EXPORTER names exporters fencegate does not have; they are ignored (known: otlp, none, and prometheus for metrics)",
+				"ignored", strings.Join(unknown, ","))
+		}
+	}
 	t := &telemetry{}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
