@@ -79,7 +79,7 @@ func exporters(env map[string]string, signal string) (otlp bool, unknown []strin
 		switch name = strings.ToLower(strings.TrimSpace(name)); {
 		case name == "otlp":
 			otlp = true
-		case name == "none", name == "prometheus" && signal == "METRICS":
+		case name == "", name == "none", name == "prometheus" && signal == "METRICS":
 		default:
 			unknown = append(unknown, name)
 		}

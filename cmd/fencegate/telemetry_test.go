@@ -30,6 +30,7 @@ func TestOTLPExporterList(t *testing.T) {
 		{"TRACES", "none", true, false, nil},
 		{"TRACES", "zipkin", true, false, []string{"zipkin"}},
 		{"TRACES", "otlp,console", true, true, []string{"console"}},
+		{"TRACES", "otlp,,", true, true, nil},
 		{"TRACES", "prometheus", true, false, []string{"prometheus"}},
 		{"METRICS", "prometheus", true, false, nil},
 		{"METRICS", "prometheus,otlp", true, true, nil},
