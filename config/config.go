@@ -97,7 +97,10 @@ type Config struct {
 // Load parses and validates the configuration from environ (KEY=VALUE
 // pairs, as os.Environ returns). Errors name the variable and what it
 // accepts; a FENCEGATE_* variable that is neither a Config field nor one
-// of ClientVars is an error, with the nearest known name suggested.
+// of ClientVars is an error, with the nearest known name suggested. An
+// empty value means unset (the default), except for FENCEGATE_API_TOKEN,
+// FENCEGATE_ACCESS_FILE and FENCEGATE_STORE, where it is an error (see
+// notEmpty).
 func Load(environ []string) (Config, error) {
 	m := make(map[string]string, len(environ))
 	for _, kv := range environ {
@@ -105,12 +108,12 @@ func Load(environ []string) (Config, error) {
 			m[k] = v
 		}
 	}
-	unknown := checkKnown(m)
+	refused := errors.Join(checkKnown(m), checkNotEmpty(m))
 	var c Config
 	if err := env.ParseWithOptions(&c, env.Options{Environment: m, Prefix: Prefix}); err != nil {
-		return Config{}, errors.Join(unknown, explain(err, m))
+		return Config{}, errors.Join(refused, explain(err, m))
 	}
-	if err := errors.Join(unknown, c.Validate()); err != nil {
+	if err := errors.Join(refused, c.Validate()); err != nil {
 		return Config{}, err
 	}
 	return c, nil

@@ -241,3 +241,26 @@ func TestMaxConnsPerClient(t *testing.T) {
 		}
 	}
 }
+
+// TestEmptyIsRefusedWhereUnsetIsWeaker: FENCEGATE_API_TOKEN,
+// FENCEGATE_ACCESS_FILE and FENCEGATE_STORE set to an empty value (a
+// Kubernetes Secret with an empty key) stop start-up, naming the variable,
+// instead of meaning no authentication or the default file store; other
+// variables set empty keep meaning their default.
+func TestEmptyIsRefusedWhereUnsetIsWeaker(t *testing.T) {
+	for _, name := range []string{"FENCEGATE_API_TOKEN", "FENCEGATE_ACCESS_FILE", "FENCEGATE_STORE"} {
+		for _, v := range []string{"", " "} {
+			_, err := Load([]string{name + "=" + v})
+			if err == nil || !strings.Contains(err.Error(), name+" is set but empty") {
+				t.Errorf("%s=%q: Load = %v, want it refused as set but empty", name, v, err)
+			}
+		}
+	}
+	c, err := Load([]string{"FENCEGATE_API_ADDR=", "FENCEGATE_BARRIER=", "FENCEGATE_UPSTREAM="})
+	if err != nil {
+		t.Fatalf("other variables set empty: %v", err)
+	}
+	if c.APIAddr != "127.0.0.1:7070" || c.Barrier != "local" || c.Upstream != "" {
+		t.Fatalf("other variables set empty did not take their defaults: %+v", c)
+	}
+}

@@ -119,6 +119,31 @@ func checkKnown(environ map[string]string) error {
 	return errors.Join(errs...)
 }
 
+// notEmpty are the variables that, set to an empty value, would silently
+// give the deployment less than it asked for, so an empty value is refused
+// rather than read as unset (the rule for every other variable): an empty
+// FENCEGATE_API_TOKEN or FENCEGATE_ACCESS_FILE would open the lease API to
+// anyone, and an empty FENCEGATE_STORE would put leases in a file of this
+// process instead of the store other gates share. A Kubernetes Secret with
+// an empty key, or a template whose value is missing, gives exactly that.
+var notEmpty = []struct{ goName, unset string }{
+	{"APIToken", "no bearer token (a lease API open to every client, unless FENCEGATE_ACCESS_FILE is set)"},
+	{"AccessFile", "no access file (a lease API open to every client, unless FENCEGATE_API_TOKEN is set)"},
+	{"Store", "the default store, a file of this process's own"},
+}
+
+// checkNotEmpty refuses the notEmpty variables set to an empty value.
+func checkNotEmpty(environ map[string]string) error {
+	var errs []error
+	for _, v := range notEmpty {
+		f, _ := fieldByName(v.goName)
+		if val, ok := environ[f.Name]; ok && strings.TrimSpace(val) == "" {
+			errs = append(errs, fmt.Errorf("%s is set but empty: give it a value, or unset it for %s", f.Name, v.unset))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // suggest is the known variable nearest to name by edit distance, or ""
 // when none is near enough to be a likely typo.
 func suggest(name string) string {

@@ -202,6 +202,8 @@ func TestBadConfigurationFailsToStartNamingTheVariable(t *testing.T) {
 		{[]string{"FENCEGATE_UPSTREAM=http://127.0.0.1:1", "FENCEGATE_RULES_FILE=" + missing}, []string{"FENCEGATE_RULES_FILE"}},
 		{[]string{"FENCEGATE_VALKEY_CA_FILE=" + missing}, []string{"FENCEGATE_VALKEY_CA_FILE"}},
 		{[]string{"FENCEGATE_ACCESS_FILE=" + missing}, []string{"FENCEGATE_ACCESS_FILE"}},
+		{[]string{"FENCEGATE_API_TOKEN="}, []string{"FENCEGATE_API_TOKEN is set but empty"}},
+		{[]string{"FENCEGATE_STORE="}, []string{"FENCEGATE_STORE is set but empty"}},
 	} {
 		env := append(slices.Clone(base), tc.env...)
 		for _, cmd := range []string{"check", "serve"} {
