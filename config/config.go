@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"path"
 	"reflect"
@@ -355,6 +356,26 @@ func tlsTrio(check func(string, error), name, certField, keyField, caField, cert
 	if clientCA != "" && cert == "" {
 		check(caField, fmt.Errorf("mutual TLS needs the listener's own %s and %s", certVar, keyVar))
 	}
+}
+
+// APIOpenBeyondLoopback reports whether the lease API listens on an
+// address that other hosts may reach (anything but a loopback IP or
+// localhost) while it authenticates no one: no FENCEGATE_API_TOKEN, no
+// FENCEGATE_ACCESS_FILE and no client CA. Any client that reaches it can
+// then take and release every lease.
+func (c Config) APIOpenBeyondLoopback() bool {
+	if c.APIToken != "" || c.AccessFile != "" || c.APITLSClientCA != "" {
+		return false
+	}
+	host, _, err := net.SplitHostPort(c.APIAddr)
+	if err != nil {
+		return true
+	}
+	if host == "localhost" {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err != nil || !ip.IsLoopback()
 }
 
 // APITLS reports whether the lease API listener serves TLS.

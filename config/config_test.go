@@ -264,3 +264,29 @@ func TestEmptyIsRefusedWhereUnsetIsWeaker(t *testing.T) {
 		t.Fatalf("other variables set empty did not take their defaults: %+v", c)
 	}
 }
+
+// TestAPIOpenBeyondLoopback: the lease API counts as open to the network
+// when it listens beyond loopback and authenticates no one.
+func TestAPIOpenBeyondLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		c    Config
+		want bool
+	}{
+		{Config{APIAddr: "127.0.0.1:7070"}, false},
+		{Config{APIAddr: "127.0.0.5:7070"}, false},
+		{Config{APIAddr: "[::1]:7070"}, false},
+		{Config{APIAddr: "localhost:7070"}, false},
+		{Config{APIAddr: "0.0.0.0:7070"}, true},
+		{Config{APIAddr: ":7070"}, true},
+		{Config{APIAddr: "[::]:7070"}, true},
+		{Config{APIAddr: "10.1.2.3:7070"}, true},
+		{Config{APIAddr: "api.internal:7070"}, true},
+		{Config{APIAddr: "0.0.0.0:7070", APIToken: "t"}, false},
+		{Config{APIAddr: "0.0.0.0:7070", AccessFile: "/etc/fencegate/access.yaml"}, false},
+		{Config{APIAddr: "0.0.0.0:7070", APITLSClientCA: "/etc/fencegate/ca.pem"}, false},
+	} {
+		if got := tc.c.APIOpenBeyondLoopback(); got != tc.want {
+			t.Errorf("%+v: APIOpenBeyondLoopback = %v, want %v", tc.c, got, tc.want)
+		}
+	}
+}
