@@ -12,6 +12,10 @@ import (
 	"github.com/fencegate/fencegate/proxy"
 )
 
+// openAPIWarning is what serve logs and check prints when
+// config.Config.APIOpenBeyondLoopback.
+const openAPIWarning = "the lease API listens beyond loopback without authentication: any client that reaches it can take and release every lease; set FENCEGATE_API_TOKEN or FENCEGATE_ACCESS_FILE"
+
 // configured is a configuration validate accepted, with what it loaded.
 type configured struct {
 	cfg   config.Config
@@ -125,6 +129,9 @@ func check(environ []string, stdout io.Writer) error {
 		if len(rules) == 0 && !cfg.ResourceHeaderOn(0) {
 			fmt.Fprintln(stdout, "warning: no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused")
 		}
+	}
+	if cfg.APIOpenBeyondLoopback() {
+		fmt.Fprintf(stdout, "\nwarning: %s (FENCEGATE_API_ADDR %s)\n", openAPIWarning, cfg.APIAddr)
 	}
 	if accessFile != nil {
 		p := accessFile.Policy()

@@ -69,8 +69,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	log := newLogger(cfg, logs)
 	log.Info("starting fencegate", "version", Version(), "api_auth", cfg.APIToken != "" || cfg.AccessFile != "", "api_tls", cfg.APITLS(), "api_mtls", cfg.APITLSClientCA != "")
 	if cfg.APIOpenBeyondLoopback() {
-		log.Warn("the lease API listens beyond loopback without authentication: any client that reaches it can take and release every lease; set FENCEGATE_API_TOKEN or FENCEGATE_ACCESS_FILE",
-			"addr", cfg.APIAddr)
+		log.Warn(openAPIWarning, "addr", cfg.APIAddr)
 	}
 	reg := &reloads{log: log}
 	apiTLS, err := listenerTLS(ctx, "API_TLS", cfg.APITLSCert, cfg.APITLSKey, cfg.APITLSClientCA, cfg.TLSWatch, reg, log)
