@@ -130,7 +130,10 @@ type handoffResult struct {
 // runHandoffs sends fenced writes through two gates on one store, in
 // handoffs: on each of 8 resources, the old holder keeps writing through
 // the gate whose path to the upstream is slow (0 to 3 ms of added latency)
-// while the next holder takes the lease and writes through both gates. An
+// while the next holder takes the lease and writes through both gates,
+// and the old holder, as if paused, sends more writes once the next one
+// writes: each of those is admitted before the next holder's (which then
+// waits for it) or refused as stale, whatever the store's speed. An
 // upstream checks that each resource's tokens never go down. It stops
 // after at least minWrites writes (local: at the first violation).
 func runHandoffs(t *testing.T, kit storeKit, shared bool, minWrites int) handoffResult {
@@ -250,6 +253,13 @@ func runHandoffs(t *testing.T, kit storeKit, shared bool, minWrites int) handoff
 					go func() {
 						defer bw.Done()
 						write(gates[k%2], resource, next.Token, fmt.Sprintf("%s/%d/new/%d", resource, e, k))
+					}()
+				}
+				for k := range burst / 2 { // and the old holder, paused until now, writes beside it
+					bw.Add(1)
+					go func() {
+						defer bw.Done()
+						write(gates[1], resource, prev.Token, fmt.Sprintf("%s/%d/late/%d", resource, e, k))
 					}()
 				}
 				bw.Wait()
