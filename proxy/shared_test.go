@@ -221,13 +221,19 @@ func runHandoffs(t *testing.T, kit storeKit, shared bool, minWrites int) handoff
 			}
 			for e := 1; !stop(); e++ {
 				var bw sync.WaitGroup
-				for k := range burst { // the old holder keeps writing, through the slow gate
-					bw.Add(1)
-					go func() {
-						defer bw.Done()
-						write(gates[1], resource, prev.Token, fmt.Sprintf("%s/%d/old/%d", resource, e, k))
-					}()
+				// send makes n writes with token, write k through gate(k),
+				// each on a goroutine of bw.
+				send := func(n int, gate func(k int) string, token fencing.Token, kind string) {
+					for k := range n {
+						bw.Add(1)
+						go func() {
+							defer bw.Done()
+							write(gate(k), resource, token, fmt.Sprintf("%s/%d/%s/%d", resource, e, kind, k))
+						}()
+					}
 				}
+				slow := func(int) string { return gates[1] }
+				send(burst, slow, prev.Token, "old") // the old holder keeps writing, through the slow gate
 				// The harness's own lease calls are tried again after a
 				// fault (a command past the store's timeout on a busy
 				// machine): both are safe to repeat (a release of a lease
@@ -248,20 +254,8 @@ func runHandoffs(t *testing.T, kit storeKit, shared bool, minWrites int) handoff
 					t.Error(err)
 					return
 				}
-				for k := range burst { // the new holder writes through both gates
-					bw.Add(1)
-					go func() {
-						defer bw.Done()
-						write(gates[k%2], resource, next.Token, fmt.Sprintf("%s/%d/new/%d", resource, e, k))
-					}()
-				}
-				for k := range burst / 2 { // and the old holder, paused until now, writes beside it
-					bw.Add(1)
-					go func() {
-						defer bw.Done()
-						write(gates[1], resource, prev.Token, fmt.Sprintf("%s/%d/late/%d", resource, e, k))
-					}()
-				}
+				send(burst, func(k int) string { return gates[k%2] }, next.Token, "new") // the new holder writes through both gates
+				send(burst/2, slow, prev.Token, "late")                                  // and the old holder, paused until now, writes beside it
 				bw.Wait()
 				prev = next
 			}

@@ -127,7 +127,7 @@ func (b *Barrier) link(t *Ticket) {
 // registered before t's horizon is still registered, or every write is
 // held. b.mu must be held.
 func (b *Barrier) blocked(f *inflight, t *Ticket) bool {
-	if !b.allUntil.IsZero() && time.Now().Before(b.allUntil) {
+	if b.allHeld() {
 		return true
 	}
 	for x := f.head; x != nil && x.seq < t.horizon; x = x.next {
@@ -384,7 +384,13 @@ func (b *Barrier) Registered(resource string, token fencing.Token) int {
 func (b *Barrier) InFlight(resource string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.res[resource] != nil || (!b.allUntil.IsZero() && time.Now().Before(b.allUntil))
+	return b.res[resource] != nil || b.allHeld()
+}
+
+// allHeld reports whether a HoldAll is still running (the clock is read
+// only when one was ever set). b.mu must be held.
+func (b *Barrier) allHeld() bool {
+	return !b.allUntil.IsZero() && time.Now().Before(b.allUntil)
 }
 
 // Size is the number of resources with writes in flight.
