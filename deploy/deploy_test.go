@@ -14,8 +14,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencegate/fencegate/internal/tiedproc"
 )
 
 // binary is fencegate built by the Dockerfile's own go build line.
@@ -301,7 +304,7 @@ func startBinary(dir string, env []string, marker string, args ...string) (*runn
 	if err != nil {
 		return nil, "", err
 	}
-	if err := cmd.Start(); err != nil {
+	if err := tiedproc.Start(cmd, syscall.SIGTERM); err != nil {
 		return nil, "", err
 	}
 	r := &running{cmd: cmd, more: make(chan struct{}, 1), done: make(chan struct{})}

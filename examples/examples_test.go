@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/fencegate/fencegate/internal/mdblock"
+	"github.com/fencegate/fencegate/internal/tiedproc"
 )
 
 // bin holds the binaries built once for every test: fencegate and the Go
@@ -74,7 +75,7 @@ func startProc(t *testing.T, name string, args ...string) *proc {
 		t.Fatal(err)
 	}
 	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
+	if err := tiedproc.Start(cmd, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	p := &proc{name: name, cmd: cmd, newLn: make(chan struct{}, 1), exited: make(chan struct{})}

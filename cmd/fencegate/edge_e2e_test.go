@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fencegate/fencegate/internal/syncbuf"
+	"github.com/fencegate/fencegate/internal/tiedproc"
 )
 
 // startNginx runs nginx as a WebDAV server (PUT, DELETE, COPY, MOVE under
@@ -82,7 +83,7 @@ http {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
+	if err := tiedproc.Start(cmd, syscall.SIGTERM); err != nil { // nginx's fast shutdown
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})

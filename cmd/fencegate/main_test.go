@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fencegate/fencegate/internal/syncbuf"
+	"github.com/fencegate/fencegate/internal/tiedproc"
 )
 
 // binary is the fencegate binary built once for the end-to-end tests.
@@ -62,7 +63,7 @@ func start(t *testing.T, dir string, env []string, listeners ...string) *proc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err := tiedproc.Start(cmd, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	p := &proc{t: t, cmd: cmd, logs: &syncbuf.Buffer{}, exited: make(chan struct{})}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/internal/syncbuf"
+	"github.com/fencegate/fencegate/internal/tiedproc"
 	"github.com/fencegate/fencegate/leaseapi"
 )
 
@@ -43,7 +44,7 @@ func startBG(t *testing.T, env []string, args ...string) *bgProc {
 	cmd.WaitDelay = 5 * time.Second
 	b := &bgProc{t: t, cmd: cmd, stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = b.stdout, b.stderr
-	if err := cmd.Start(); err != nil {
+	if err := tiedproc.Start(cmd, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	go func() {

@@ -38,6 +38,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fencegate/fencegate/internal/tiedproc"
 )
 
 // User and Password are the superuser every cluster is created with.
@@ -189,7 +191,7 @@ func (c *Cluster) Start() error {
 		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=on", "-c", "synchronous_commit=on",
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB", "-c", "logging_collector=off")
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := startTied(cmd); err != nil {
+	if err := tiedproc.Start(cmd, syscall.SIGINT); err != nil { // SIGINT: fast shutdown
 		return fmt.Errorf("pgtest: start postgres: %w", err)
 	}
 	exited := make(chan struct{})

@@ -27,6 +27,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencegate/fencegate/internal/tiedproc"
 )
 
 // Option changes how a server is started.
@@ -152,7 +154,7 @@ func (s *Server) launch() error {
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := tiedproc.Start(cmd, syscall.SIGKILL); err != nil { // its data is the test's only
 		return err
 	}
 	exited := make(chan error, 1)

@@ -1,0 +1,144 @@
+package tiedproc
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// childEnv makes this test binary, run again as a child, start a long
+// sleep (tied or not, by its value), print the sleep's pid and wait to be
+// killed.
+const childEnv = "TIEDPROC_CHILD"
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(childEnv); mode != "" {
+		cmd := exec.Command("sleep", "60")
+		var err error
+		if mode == "tied" {
+			err = Start(cmd, syscall.SIGKILL)
+		} else {
+			err = cmd.Start()
+		}
+		if err != nil {
+			fmt.Println("ERROR", err)
+			os.Exit(3)
+		}
+		fmt.Println("STARTED", cmd.Process.Pid)
+		time.Sleep(time.Minute) // killed long before
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestProcessEndsWithKilledBinary kills a test binary with SIGKILL (no
+// cleanup runs) and checks that the process it started with Start ends by
+// itself, while one started with cmd.Start outlives it (the case Start
+// exists for, and proof that the check can fail).
+func TestProcessEndsWithKilledBinary(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"tied", "untied"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			pid := startAndKillChild(t, mode)
+			t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+			// A parent-death signal comes at once: 30 s only tells a slow
+			// machine from a process left running; the untied one is
+			// given a second to show it is not ended by the binary too.
+			wait := 30 * time.Second
+			if mode == "untied" {
+				wait = time.Second
+			}
+			ended := waitEnded(pid, wait)
+			switch {
+			case mode == "tied" && !ended:
+				t.Fatalf("the tied process (pid %d) outlived the killed binary by %v", pid, wait)
+			case mode == "untied" && ended:
+				t.Fatalf("the untied process (pid %d) ended with the binary: the check proves nothing", pid)
+			}
+		})
+	}
+}
+
+// TestStartFromManyGoroutines starts processes from goroutines whose OS
+// threads come and go, and checks that each starts and is left alone by
+// the signal while the binary lives.
+func TestStartFromManyGoroutines(t *testing.T) {
+	t.Parallel()
+	const n = 16
+	cmds := make([]*exec.Cmd, n)
+	errs := make(chan error, n)
+	for i := range cmds {
+		cmds[i] = exec.Command("sleep", "60")
+		go func() { errs <- Start(cmds[i], syscall.SIGKILL) }()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // a thread-death signal would have come by now
+	for _, cmd := range cmds {
+		if !alive(cmd.Process.Pid) {
+			t.Errorf("pid %d ended while the binary lives", cmd.Process.Pid)
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+}
+
+// startAndKillChild runs this binary as a child in mode, reads the pid of
+// the process it started, kills the child with SIGKILL and reaps it.
+func startAndKillChild(t *testing.T, mode string) int {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), childEnv+"="+mode)
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	for sc := bufio.NewScanner(out); sc.Scan(); {
+		if line := sc.Text(); strings.HasPrefix(line, "ERROR") {
+			t.Fatalf("the child could not start its process: %s", line)
+		} else if _, err := fmt.Sscanf(line, "STARTED %d", &pid); err == nil {
+			break
+		}
+	}
+	if err := child.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = child.Wait()
+	if pid == 0 {
+		t.Fatal("the child reported no process")
+	}
+	return pid
+}
+
+// waitEnded reports whether process pid ends within d.
+func waitEnded(pid int, d time.Duration) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if !alive(pid) {
+			return true
+		}
+	}
+	return false
+}
+
+// alive reports whether process pid runs (a zombie has ended).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
+}
