@@ -40,7 +40,7 @@
 // epoll) serve a TCP listener (a TLS one through a relay that terminates
 // TLS in Go, looptls_linux.go) and forward plain HTTP/1.1 requests
 // themselves, without a goroutine per request, admitting in the loop, in
-// batches or on a goroutine as the store allows (loop_linux.go); a request
+// batches or on a goroutine as the store allows (loopengine_linux.go); a request
 // they do not take (a large or chunked body, an upgrade, Expect, HTTP/1.0,
 // a head they do not read) hands its connection to the general engine,
 // net/http's server with the gate as its handler (httpengine.go), which

@@ -22,7 +22,7 @@ func (c *loopConn) readHead() bool {
 			return c.parseHead(end)
 		}
 		if len(c.In) >= s.maxHead || h1.BareLineEnd(c.In) {
-			c.l.handoff(c) // fasthttp refuses it (431, 400) or waits for more
+			c.l.handoff(c) // the general engine refuses it (431, 400) or waits for more
 			return false
 		}
 		started := len(c.In) > 0
@@ -31,7 +31,7 @@ func (c *loopConn) readHead() bool {
 				if len(c.In) == 0 {
 					c.close()
 				} else {
-					c.l.handoff(c) // a head cut short: fasthttp answers it
+					c.l.handoff(c) // a head cut short: the general engine answers it
 				}
 			}
 			return false

@@ -93,7 +93,7 @@ type ServerOptions struct {
 // Server serves a Gate on a listener.
 //
 // Two engines serve it. On Linux, a TCP listener in front of an http
-// upstream is served by event loops (one per two CPUs, see loop_linux.go)
+// upstream is served by event loops (one per two CPUs, see loopengine_linux.go)
 // that forward plain HTTP/1.1 requests themselves and hand every other
 // connection to the general engine: net/http's server (HTTP/2, h2c, gRPC,
 // upgrades, streamed bodies), forwarding through net/http's transport

@@ -1,0 +1,115 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bytes"
+	"crypto/tls"
+	"net"
+	"os"
+
+	"github.com/fencegate/fencegate/internal/connlimit"
+)
+
+// Handing a connection over: a request the loops do not take goes, with its
+// connection and the bytes it sent so far, to the general engine, which
+// serves the connection from then on and counts it in the engine's table
+// (for Shutdown) until it closes.
+
+// handoff gives c's connection, with the bytes it sent that the loop has
+// not consumed, to the general engine (Server.serveHanded), which serves
+// it from now on.
+func (l *eventLoop) handoff(c *loopConn) {
+	l.forget(c)
+	c.closed, c.fdClosed = true, true // the loop's part is over: its descriptor is closed below
+	if err := l.p.Remove(c.FD); err != nil {
+		// Events for the descriptor find no owner in l.fds and are
+		// dropped; closing it below removes it from the epoll set.
+		l.e.g.log.Debug("gate event loop: could not stop watching a handed-off connection", "error", err)
+	}
+	f := os.NewFile(uintptr(c.FD), "gate-client")
+	nc, err := net.FileConn(f) // a duplicate, in Go's poller
+	f.Close()
+	if err != nil {
+		c.releaseSlot()
+		return
+	}
+	h := &handedConn{pre: bytes.Clone(c.In), e: l.e}
+	if c.tls != nil {
+		h.remote, h.tls = c.remote, c.tls // the relay's client, not the socket pair
+	}
+	h.Conn = connlimit.Counted(nc, func() {
+		l.e.mu.Lock()
+		delete(l.e.handed, h)
+		l.e.mu.Unlock()
+		c.releaseSlot()
+	})
+	l.e.mu.Lock()
+	l.e.handed[h] = false
+	l.e.mu.Unlock()
+	l.e.goTracked(workHandoff, func() { l.e.s.serveHanded(h) })
+}
+
+// handedConn is a client connection handed to the fallback server: it
+// reads the bytes the loop took first, and counts against the connection
+// cap (and in the engine's table) until it is closed.
+type handedConn struct {
+	*connlimit.Conn
+	pre []byte
+	e   *loopEngine
+	// For a connection whose TLS a relay terminates: the client's
+	// address and TLS, which the socket pair under Conn does not have.
+	remote net.Addr
+	tls    *tls.ConnectionState
+}
+
+// RemoteAddr is the client's address.
+func (h *handedConn) RemoteAddr() net.Addr {
+	if h.remote != nil {
+		return h.remote
+	}
+	return h.Conn.RemoteAddr()
+}
+
+// tlsState is the TLS of a connection a relay terminates, or nil.
+func (h *handedConn) tlsState() *tls.ConnectionState { return h.tls }
+
+func (h *handedConn) Read(p []byte) (int, error) {
+	if len(h.pre) > 0 {
+		n := copy(p, h.pre)
+		h.pre = h.pre[n:]
+		return n, nil
+	}
+	return h.Conn.Read(p)
+}
+
+// setIdle records whether h waits between requests (the fallback's
+// ConnState), so Shutdown can end it.
+func (e *loopEngine) setIdle(c net.Conn, idle bool) {
+	h, ok := c.(*handedConn)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	if _, open := e.handed[h]; open {
+		e.handed[h] = idle
+	}
+	e.mu.Unlock()
+	if idle && e.closing.Load() {
+		_ = h.Close()
+	}
+}
+
+// handedConns lists the connections served by the fallback: the idle
+// ones, or all.
+func (e *loopEngine) handedConns(idleOnly bool) []*handedConn {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var hs []*handedConn
+	for h, idle := range e.handed {
+		if idle || !idleOnly {
+			hs = append(hs, h)
+		}
+	}
+	return hs
+}
