@@ -1,11 +1,10 @@
 package tiedproc
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -45,7 +44,12 @@ func TestProcessEndsWithKilledBinary(t *testing.T) {
 	for _, mode := range []string{"tied", "untied"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			pid := startAndKillChild(t, mode)
+			child := exec.Command(os.Args[0], "-test.run=^$")
+			child.Env = append(os.Environ(), childEnv+"="+mode)
+			pid, err := strconv.Atoi(KillStarted(t, child)[0])
+			if err != nil {
+				t.Fatal(err)
+			}
 			t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
 			// A parent-death signal comes at once: 30 s only tells a slow
 			// machine from a process left running; the untied one is
@@ -54,7 +58,7 @@ func TestProcessEndsWithKilledBinary(t *testing.T) {
 			if mode == "untied" {
 				wait = time.Second
 			}
-			ended := waitEnded(pid, wait)
+			ended := WaitEnded(pid, wait)
 			switch {
 			case mode == "tied" && !ended:
 				t.Fatalf("the tied process (pid %d) outlived the killed binary by %v", pid, wait)
@@ -84,61 +88,10 @@ func TestStartFromManyGoroutines(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond) // a thread-death signal would have come by now
 	for _, cmd := range cmds {
-		if !alive(cmd.Process.Pid) {
+		if !Alive(cmd.Process.Pid) {
 			t.Errorf("pid %d ended while the binary lives", cmd.Process.Pid)
 		}
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	}
-}
-
-// startAndKillChild runs this binary as a child in mode, reads the pid of
-// the process it started, kills the child with SIGKILL and reaps it.
-func startAndKillChild(t *testing.T, mode string) int {
-	t.Helper()
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"="+mode)
-	out, err := child.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var pid int
-	for sc := bufio.NewScanner(out); sc.Scan(); {
-		if line := sc.Text(); strings.HasPrefix(line, "ERROR") {
-			t.Fatalf("the child could not start its process: %s", line)
-		} else if _, err := fmt.Sscanf(line, "STARTED %d", &pid); err == nil {
-			break
-		}
-	}
-	if err := child.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = child.Wait()
-	if pid == 0 {
-		t.Fatal("the child reported no process")
-	}
-	return pid
-}
-
-// waitEnded reports whether process pid ends within d.
-func waitEnded(pid int, d time.Duration) bool {
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if !alive(pid) {
-			return true
-		}
-	}
-	return false
-}
-
-// alive reports whether process pid runs (a zombie has ended).
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z")
 }
