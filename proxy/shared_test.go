@@ -27,15 +27,20 @@ import (
 // 3-node cluster) or one PostgreSQL database, each gate with its own store
 // client, as separate replicas of a service would.
 func TestSharedBarrier(t *testing.T) {
+	// The three stores side by side: most of each run is waiting on its
+	// store and on the slow gate's added latency.
 	t.Run("single", func(t *testing.T) {
+		t.Parallel()
 		srv := valkeytest.Start(t)
 		testSharedBarrierOn(t, valkeyKit(srv.URL(), []*valkeytest.Server{srv}))
 	})
 	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
 		cl := valkeytest.StartCluster(t, 3)
 		testSharedBarrierOn(t, valkeyKit(cl.URL(), cl.Nodes))
 	})
 	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
 		testSharedBarrierOn(t, postgresKit(t))
 	})
 }

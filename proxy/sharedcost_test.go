@@ -24,12 +24,16 @@ import (
 // round trips in all, plus costOneTime.
 func TestSharedBarrierCost(t *testing.T) {
 	t.Run("valkey", func(t *testing.T) {
+		t.Parallel() // round trips are counted, not timed
 		srv := valkeytest.Start(t)
 		// With the local barrier, a write that raises a mark costs the
 		// loop's mark read and the admission script, no second read.
 		testSharedBarrierCost(t, valkeyKit(srv.URL(), []*valkeytest.Server{srv}), 2)
 	})
-	t.Run("postgres", func(t *testing.T) { testSharedBarrierCost(t, postgresKit(t), 0) })
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		testSharedBarrierCost(t, postgresKit(t), 0)
+	})
 }
 
 // costWrites is how many writes TestSharedBarrierCost counts per run,
