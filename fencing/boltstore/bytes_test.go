@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/boltstore"
 	"github.com/fencegate/fencegate/fencing/fencingtest"
 )
@@ -42,35 +40,7 @@ func TestBytesPerIdleResource(t *testing.T) {
 		}
 		return fi.Size()
 	}
-	generation := func(g int) {
-		var wg sync.WaitGroup
-		errs := make(chan error, workers)
-		for w := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := w; i < n; i += workers {
-					res := fmt.Sprintf("job:%d:%08d", g, i)
-					l, err := st.Acquire(ctx, fencing.AcquireRequest{Resource: res, Owner: "worker-1", TTL: time.Minute})
-					if err == nil {
-						_, err = st.Admit(ctx, fencing.AdmitRequest{Resource: res, Token: l.Token})
-					}
-					if err == nil {
-						_, err = st.Release(ctx, fencing.ReleaseRequest{Resource: res, Owner: "worker-1", Token: l.Token})
-					}
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
-	}
+	generation := func(g int) { fencingtest.IdleResources(t, st, fmt.Sprintf("job:%d:", g), n, workers) }
 	before, usedBefore := size(), boltstore.DataSize(st)
 	generation(1)
 	peak, usedPeak := size(), boltstore.DataSize(st)

@@ -3,11 +3,10 @@ package pgstore
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/fencingtest"
 )
 
 // TestBytesPerIdleResource measures what an idle resource (acquired,
@@ -33,35 +32,7 @@ func TestBytesPerIdleResource(t *testing.T) {
 		}
 		return b
 	}
-	generation := func(g int) {
-		var wg sync.WaitGroup
-		errs := make(chan error, workers)
-		for w := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := w; i < n; i += workers {
-					res := fmt.Sprintf("job:%d:%08d", g, i)
-					l, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: res, Owner: "worker-1", TTL: time.Minute})
-					if err == nil {
-						_, err = s.Admit(ctx, fencing.AdmitRequest{Resource: res, Token: l.Token})
-					}
-					if err == nil {
-						_, err = s.Release(ctx, fencing.ReleaseRequest{Resource: res, Owner: "worker-1", Token: l.Token})
-					}
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
-	}
+	generation := func(g int) { fencingtest.IdleResources(t, s, fmt.Sprintf("job:%d:", g), n, workers) }
 	before := size()
 	generation(1)
 	peak := size()
