@@ -49,16 +49,8 @@ CONNS=${LEASES_CONNS:-16}
 STORES=${LEASES_STORES:-memory file}
 OP=${LEASES_OP:-acquire}
 
-say() { echo "bench-leases.sh: $*" >&2; }
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/fencegate-leases.XXXXXX")
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
+NAME=bench-leases.sh
+. scripts/lib.sh # has, say, $tmp, pids and their cleanup, free_port
 
 say "building fencegate and leasebench"
 go build -o "$tmp/fencegate" ./cmd/fencegate
@@ -74,11 +66,9 @@ fi
 fdir=$tmp
 if [ -n "${LEASES_FILE_DIR:-}" ]; then
 	fdir=$(mktemp -d "$LEASES_FILE_DIR/fencegate-leases.XXXXXX")
-	trap 'cleanup; rm -rf "$fdir"' EXIT
+	cleanup_more+=("$fdir")
 fi
 "$tmp/leasebench" -fsyncprobe "$fdir" -d 2s | sed 's/^/disk: /'
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 declare -A url
 for st in $STORES; do

@@ -105,8 +105,8 @@ H2_STREAMS=${BENCH_H2_STREAMS:-10}
 SWITCHES=${BENCH_SWITCHES:-}
 BASELINE=${BENCH_BASELINE:-}
 
-has() { command -v "$1" >/dev/null 2>&1; }
-say() { echo "bench.sh: $*" >&2; }
+NAME=bench.sh
+. scripts/lib.sh # has, say, $tmp, pids and their cleanup, free_port
 
 missing=()
 has nginx || [ -x /usr/sbin/nginx ] || missing+=(nginx)
@@ -132,35 +132,6 @@ VALKEY_SERVER=$(command -v valkey-server || command -v redis-server || true)
 # 1,000 client connections need as many descriptors in wrk, the proxy and
 # (through its pool) the upstream.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/fencegate-bench.XXXXXX")
-pids=()
-cleanup() {
-	local p
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# free_port prints a loopback TCP port nothing listens on, below the
-# ephemeral range (a port there may be the local end of another program's
-# connection, which a listener cannot take), never the same one twice.
-ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-given=" "
-free_port() {
-	local p
-	while :; do
-		p=$((10000 + RANDOM % (ephemeral - 10000)))
-		case $given in *" $p "*) continue ;; esac
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			given+="$p "
-			echo "$p"
-			return
-		fi
-	done
-}
 
 # wait_http URL PID waits up to 30 s for URL to answer 2xx, as long as the
 # process PID runs.

@@ -49,35 +49,10 @@ while getopts "n:c:W:s:r:w:h" o; do
 	esac
 done
 
-has() { command -v "$1" >/dev/null 2>&1; }
-say() { echo "soak.sh: $*" >&2; }
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/fencegate-soak.XXXXXX")
+NAME=soak.sh
+. scripts/lib.sh # has, say, $tmp, pids and their cleanup, free_port
 chmod 755 "$tmp"
-pids=()
-cleanup() {
-	local p
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
-ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-given=" "
-free_port() {
-	local p
-	while :; do
-		p=$((10000 + RANDOM % (ephemeral - 10000)))
-		case $given in *" $p "*) continue ;; esac
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			given+="$p "
-			echo "$p"
-			return
-		fi
-	done
-}
 # wait_for DESC SECONDS CMD...: run CMD every 0.2 s until it succeeds, at
 # most SECONDS.
 wait_for() {
