@@ -1,7 +1,9 @@
 # Shared by the load and soak scripts (bench.sh, bench-leases.sh, soak.sh):
-# source it after setting NAME (the script's name, for messages):
+# each, once in the repository's root, sets NAME (its name, for messages)
+# and sources it:
 #
-#   NAME=bench.sh; . "$(dirname "$0")/lib.sh"
+#   NAME=bench.sh
+#   . scripts/lib.sh
 #
 # It makes the script's one temporary directory ($tmp, removed on exit)
 # and stops every process whose PID the script adds to pids, by PID, on
