@@ -101,7 +101,7 @@ type cli struct {
 	// began to run.
 	started bool
 	// api holds the client commands' --api-url and --api-token-file
-	// (lease.go), which override FENCEGATE_API_URL and FENCEGATE_API_TOKEN.
+	// (apiclient.go), which override FENCEGATE_API_URL and FENCEGATE_API_TOKEN.
 	api apiFlags
 }
 

@@ -263,3 +263,69 @@ func newID() ([16]byte, error) {
 	_, err := rand.Read(id[:])
 	return id, err
 }
+
+// checkLineage compares the file with its marker (see lineage.go), sets the
+// store's floor, and writes the new generation to the marker and then to
+// the file, in tx.
+func (s *Store) checkLineage(meta *bolt.Bucket, fresh bool, state markerState, mk lineage, countFromOne bool) error {
+	file, floor, hasID := fileLineage(meta)
+	clockFloor := fencing.Token(max(s.clock.Now().UnixMicro(), 0))
+	s.lossDetected = lossReason(fresh, hasID, file, state, mk)
+	switch {
+	case s.lossDetected != "":
+		floor = max(floor, clockFloor, mk.max)
+	case fresh && !countFromOne:
+		floor = clockFloor
+	}
+	id := file.id
+	if fresh || !hasID || s.lossDetected != "" {
+		var err error
+		if id, err = newID(); err != nil {
+			return err
+		}
+	}
+	next := lineage{id: id, gen: max(file.gen, mk.gen) + 1, max: max(floor, mk.max)}
+	if state == markerOK && mk.id != id {
+		next.max = floor // another lineage's tokens are below floor already
+	}
+	if err := s.marker.write(next); err != nil {
+		return fmt.Errorf("write lineage marker: %w", err)
+	}
+	s.lineage, s.floor = next, floor
+	if err := meta.Put(keyID, id[:]); err != nil {
+		return err
+	}
+	if err := putUint64(meta, keyGen, next.gen); err != nil {
+		return err
+	}
+	return putUint64(meta, keyFloor, uint64(floor))
+}
+
+// LossDetected reports why Open judged the store file to have lost data
+// (deleted, replaced, restored from an older copy), or "" when it did not.
+// After a loss every resource has moved past the tokens issued before it.
+func (s *Store) LossDetected() string { return s.lossDetected }
+
+// nextLineage records in tx, before it commits, that it issues tokens or
+// raises marks up to top: the file's generation moves on. The caller makes
+// the result the store's lineage and puts it in the marker once tx has
+// committed (see committed).
+func (s *Store) nextLineage(tx *bolt.Tx, top fencing.Token) (lineage, error) {
+	next := s.lineage
+	next.gen++
+	next.max = max(next.max, top)
+	return next, putUint64(tx.Bucket(bucketMeta), keyGen, next.gen)
+}
+
+// committed makes next, whose commit has returned, the store's lineage and
+// writes it into the marker, without a flush of its own (see lineage.go).
+// A marker write that fails leaves the marker behind the file, which is
+// safe (it is never taken for a loss); Close writes it again.
+func (s *Store) committed(next lineage) {
+	s.markerMu.Lock()
+	defer s.markerMu.Unlock()
+	s.lineage = next
+	if !s.markerClosed {
+		_ = s.marker.put(next)
+	}
+}
