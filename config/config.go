@@ -27,6 +27,9 @@ import (
 // Prefix starts every variable fencegate reads.
 const Prefix = "FENCEGATE_"
 
+// MaxLoops bounds FENCEGATE_LOOPS.
+const MaxLoops = 256
+
 // Config is fencegate's whole configuration. Each field's env tag is the
 // variable name after Prefix; the help tag says what it accepts and is used
 // in error messages and the README's table; secret:"true" keeps a value
@@ -86,6 +89,7 @@ type Config struct {
 	MaxConnsPerClient *int          `env:"MAX_CONNS_PER_CLIENT" help:"most concurrent connections one client (a TCP peer's IPv4 address, or the /64 prefix of its IPv6 one) may hold per listener, from 0 to FENCEGATE_MAX_CONNS; beyond it a connection is answered 503 too-many-connections and closed, counting against nothing; 0 turns the per-client cap off; unset: a quarter of FENCEGATE_MAX_CONNS (1024 with its default)"`
 	IOURing           bool          `env:"IO_URING" envDefault:"true" help:"true or false: on Linux the gate's event loops batch their socket reads and writes through io_uring where the kernel allows it (5.12 or later); false makes one system call per read and write"`
 	MarkReaders       bool          `env:"MARK_READERS" envDefault:"true" help:"true or false: on Linux with a single-node Valkey store, each event loop reads high-water marks over a store connection of its own, inside the loop; false admits every write through the store's client (valkey-go's pipelining)"`
+	Loops             int           `env:"LOOPS" envDefault:"0" help:"how many event loops serve the gate listener on Linux, 0 to 256; 0: one per two CPUs Go uses (GOMAXPROCS), at least one"`
 	TLSLoops          bool          `env:"TLS_LOOPS" envDefault:"true" help:"true or false: on Linux the gate's event loops serve the HTTP/1.1 connections of a TLS gate listener (FENCEGATE_PROXY_TLS_CERT), through a relay that terminates TLS in Go; HTTP/2 by ALPN stays on the general engine; false serves every TLS connection with the general engine"`
 
 	ReadyWithoutStore bool          `env:"READY_WITHOUT_STORE" envDefault:"false" help:"true or false: keep /readyz at 200 while the store does not answer, so reads through the gate keep flowing (writes and lease calls still fail closed with 503); false takes the process out of its load balancer until the store answers"`
@@ -231,6 +235,9 @@ func (c Config) Validate() error {
 	}
 	if c.BodyBuffer < 0 {
 		check("BodyBuffer", fmt.Errorf("%d is negative", c.BodyBuffer))
+	}
+	if c.Loops < 0 || c.Loops > MaxLoops {
+		check("Loops", fmt.Errorf("%d is not between 0 and %d", c.Loops, MaxLoops))
 	}
 	if c.MaxConns < 1 {
 		check("MaxConns", fmt.Errorf("%d is not positive", c.MaxConns))

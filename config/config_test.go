@@ -290,3 +290,19 @@ func TestAPIOpenBeyondLoopback(t *testing.T) {
 		}
 	}
 }
+
+// FENCEGATE_LOOPS: unset or 0 leaves the number of event loops to the
+// gate; 1 to MaxLoops sets it; anything else stops start-up, naming it.
+func TestLoops(t *testing.T) {
+	for env, want := range map[string]int{"": 0, "FENCEGATE_LOOPS=0": 0, "FENCEGATE_LOOPS=3": 3, "FENCEGATE_LOOPS=256": 256} {
+		c, err := Load([]string{env})
+		if err != nil || c.Loops != want {
+			t.Errorf("%q: Loops %d, %v; want %d", env, c.Loops, err, want)
+		}
+	}
+	for _, env := range []string{"FENCEGATE_LOOPS=-1", "FENCEGATE_LOOPS=257", "FENCEGATE_LOOPS=two"} {
+		if _, err := Load([]string{env}); err == nil || !strings.Contains(err.Error(), "FENCEGATE_LOOPS") {
+			t.Errorf("%q: error %v, want a refusal naming FENCEGATE_LOOPS", env, err)
+		}
+	}
+}

@@ -1032,7 +1032,7 @@ func TestLoopsReuseTheUpstreamConnectionUsedLast(t *testing.T) {
 
 	// A burst: burst reads held at the upstream at once, each on a client
 	// connection and an upstream connection of its own.
-	burst := 4 * loopCount(runtime.GOMAXPROCS(0))
+	burst := 4 * loopCount(0, runtime.GOMAXPROCS(0))
 	var wg sync.WaitGroup
 	for range burst {
 		wg.Go(func() {
@@ -1073,5 +1073,70 @@ func TestLoopsReuseTheUpstreamConnectionUsedLast(t *testing.T) {
 	}
 	if len(conns) != 12 || len(used) != 1 {
 		t.Fatalf("12 requests in turn reached the upstream as %d requests over %d connections, want one connection: %v", len(conns), len(used), conns)
+	}
+}
+
+// TestLoopsOption: ServerOptions.Loops sets how many event loops serve the
+// listener (FENCEGATE_LOOPS), zero leaving it to loopCount; connections
+// are dealt out to every loop, and each write reaches the upstream once,
+// read from its record.
+func TestLoopsOption(t *testing.T) {
+	if got := loopCount(0, 8); got != 4 {
+		t.Errorf("loopCount(0, 8) = %d, want 4 (one per two CPUs)", got)
+	}
+	if got := loopCount(0, 1); got != 1 {
+		t.Errorf("loopCount(0, 1) = %d, want 1", got)
+	}
+	up, u, st, l := newLeasedUpstream(t)
+	rules, _ := ParseRules(testRules)
+	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const loops = 3
+	gs := serveGateWith(t, g, ServerOptions{Loops: loops})
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	if n := len(gs.srv.engine().loops); n != loops {
+		t.Fatalf("%d loops serve the listener, want %d", n, loops)
+	}
+	const clients = 2 * loops
+	var conns []net.Conn
+	for i := range clients {
+		c, err := net.Dial("tcp", gs.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		body := strconv.Itoa(i)
+		if _, err := io.WriteString(c, "PUT /jobs/1 HTTP/1.1\r\nHost: g\r\nFencing-Token: "+tok(l.Token)+
+			"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("write %d: %v %v", i, resp, err)
+		}
+		conns = append(conns, c)
+	}
+	for i, lp := range gs.srv.engine().loops {
+		var n int
+		lp.call(func() { n = len(lp.clients) })
+		if n == 0 {
+			t.Errorf("loop %d serves none of %d open connections", i, len(conns))
+		}
+	}
+	got := up.take()
+	seen := map[string]int{}
+	for _, r := range got {
+		seen[r[strings.LastIndex(r, "\r\n\r\n")+4:]]++
+	}
+	for i := range clients {
+		if n := seen[strconv.Itoa(i)]; n != 1 {
+			t.Errorf("write %d reached the upstream %d times, want once", i, n)
+		}
+	}
+	if len(got) != clients {
+		t.Errorf("the upstream got %d requests, want %d", len(got), clients)
 	}
 }

@@ -27,7 +27,7 @@ func TestLoopBatchesAdmissions(t *testing.T) {
 	if e.gate.batch == nil {
 		t.Fatal("the gate does not batch admissions for a store with AdmitBatch")
 	}
-	loops := loopCount(runtime.GOMAXPROCS(0))
+	loops := loopCount(0, runtime.GOMAXPROCS(0))
 	const resources, perResource = 4, 10
 	type write struct {
 		res    string

@@ -71,6 +71,9 @@ type ServerOptions struct {
 	NoMarkReaders bool
 	// NoEventLoops serves every connection with the general engine.
 	NoEventLoops bool
+	// Loops is how many event loops serve the listener (Linux); zero
+	// means one per GOMAXPROCS (see loopCount).
+	Loops int
 	// TLS, when set, makes the listener serve HTTPS (TLS 1.2 or later),
 	// HTTP/2 by ALPN beside HTTP/1.1; with ClientCAs and
 	// RequireAndVerifyClientCert it is mutual TLS. Its GetCertificate or
@@ -118,6 +121,8 @@ type Server struct {
 	noRing bool
 	// noMarks: ServerOptions.NoMarkReaders.
 	noMarks bool
+	// loopsWanted: ServerOptions.Loops.
+	loopsWanted int
 	// handoff gives the general engine the connections the loops hand it.
 	handoff *handoffListener
 
@@ -140,6 +145,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		limit:         connlimit.NewCounter(opts.MaxConns, 0, opts.MaxConnsPerClient),
 		noRing:        opts.NoIOURing,
 		noMarks:       opts.NoMarkReaders,
+		loopsWanted:   opts.Loops,
 		noLoops:       opts.NoEventLoops || opts.TLS != nil && opts.NoTLSLoops,
 		handoff:       newHandoffListener(),
 	}

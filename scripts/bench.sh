@@ -52,6 +52,8 @@
 #      Then the TLS rows at one connection (latency) and at $BENCH_MANY
 #      connections (RSS), as in 2 and 3.
 #
+# ./scripts/bench.sh -p runs phase 1 only (throughput: a switch's with and
+# without, say, in a few minutes).
 # ./scripts/bench.sh -l runs phase 2 only.
 # ./scripts/bench.sh -t runs phase 4 only (and starts only the TLS gates;
 # there, each BENCH_SWITCHES entry is one more TLS gate, say
@@ -81,8 +83,10 @@ cd "$(dirname "$0")/.."
 
 TLS_ONLY=""
 LAT_ONLY=""
-while getopts hlt opt; do
+PUT_ONLY=""
+while getopts hlpt opt; do
 	case $opt in
+	p) PUT_ONLY=1 ;;
 	t) TLS_ONLY=1 ;;
 	l) LAT_ONLY=1 ;;
 	*)
@@ -296,7 +300,7 @@ if [ -z "$TLS_ONLY" ]; then
 		esac
 	done
 fi
-[ -n "$LAT_ONLY" ] || for store in $STORES; do tls_gates+=" tls-$store"; done
+[ -n "$LAT_ONLY$PUT_ONLY" ] || for store in $STORES; do tls_gates+=" tls-$store"; done
 if [ -n "$TLS_ONLY" ] && [ -n "$BASELINE" ]; then
 	for store in $STORES; do tls_gates+=" tls-$store@base"; done
 fi
@@ -614,6 +618,7 @@ rounds "$tmp/results" "${targets[@]}"
 echo "Throughput, $CONNS connections (median of $ROUNDS rounds; ratio range over rounds):"
 throughput "$tmp/results" nginx haproxy "${targets[@]}"
 echo
+[ -n "$PUT_ONLY" ] && exit 0
 fi
 
 # --- 2. one connection -----------------------------------------------------

@@ -68,6 +68,7 @@ func (l *listener) listen() error {
 			H2C:               l.cfg.ProxyH2C,
 			NoMarkReaders:     !l.cfg.MarkReaders,
 			NoTLSLoops:        !l.cfg.TLSLoops,
+			Loops:             l.cfg.Loops,
 		}
 		if l.tls != nil {
 			opts.TLS = l.tls.TLSConfig() // HTTP/2 by ALPN; certificates re-read on SIGHUP
