@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/fencegate/fencegate/config"
@@ -15,6 +13,7 @@ import (
 	"github.com/fencegate/fencegate/fencing/memstore"
 	"github.com/fencegate/fencegate/fencing/pgstore"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
+	"github.com/fencegate/fencegate/internal/certs"
 )
 
 // openStore opens the configured store. environ is the injected
@@ -90,13 +89,9 @@ func valkeyTLS(caFile string) (*tls.Config, error) {
 	if caFile == "" {
 		return nil, nil
 	}
-	pem, err := os.ReadFile(caFile)
+	pool, err := certs.LoadPool(caFile)
 	if err != nil {
 		return nil, fmt.Errorf("FENCEGATE_VALKEY_CA_FILE: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("FENCEGATE_VALKEY_CA_FILE: %s holds no PEM certificate", caFile)
 	}
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
