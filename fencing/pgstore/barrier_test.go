@@ -218,7 +218,9 @@ func TestAdmitRegisterLostCommitIsAmbiguous(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for n := barrierRows(t, other, "amb"); n != 1; n = barrierRows(t, other, "amb") {
 		if n > 1 || time.Now().After(deadline) {
-			t.Fatalf("%d entries after the lost reply, want the committed one", n)
+			st, err := other.Status(context.Background(), "amb")
+			t.Fatalf("%d entries after the lost reply, want the committed one (token %d; the record: issued %d, high water %d, %v)",
+				n, tok, st.Issued, st.HighWater, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

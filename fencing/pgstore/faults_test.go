@@ -28,10 +28,19 @@ type faultProxy struct {
 	dropNext atomic.Bool // lose the reply to the next COMMIT
 	dropSync atomic.Bool // lose the reply to the next statements run on a Sync (one implicit transaction)
 	stall    atomic.Bool // relay nothing from now on
-	wg       sync.WaitGroup
-	mu       sync.Mutex
-	conns    []net.Conn
+	// cut is set once a reply was lost: from then on the proxy passes no
+	// cancel request, as a network that lost the reply would not either.
+	// Otherwise the client, giving up, cancels the statement the server
+	// may still be running, and what the server commits becomes a race.
+	cut   atomic.Bool
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns []net.Conn
 }
+
+// cancelRequestCode opens a CancelRequest, in place of a startup
+// message's protocol version.
+const cancelRequestCode = 80877102
 
 func newFaultProxy(t testing.TB, target string) *faultProxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -78,18 +87,28 @@ func (p *faultProxy) accept() {
 		p.track(client)
 		p.track(server)
 		p.wg.Add(2)
-		go func() { defer p.wg.Done(); p.fromServer(server, client) }()
-		go func() { defer p.wg.Done(); p.fromClient(client, server) }()
+		mute := new(atomic.Bool) // set before the message whose reply is lost goes on
+		go func() { defer p.wg.Done(); p.fromServer(server, client, mute) }()
+		go func() { defer p.wg.Done(); p.fromClient(client, server, mute) }()
 	}
 }
 
-func (p *faultProxy) fromServer(server, client net.Conn) {
+// fromServer relays the server's replies until the server ends the
+// connection. Once mute is set or the client is gone (a reply being
+// lost), it goes on reading the server's replies and drops them: the
+// server's socket is never closed with replies unread, which would reset
+// the connection and could discard what the server had not yet read of
+// the client's last messages.
+func (p *faultProxy) fromServer(server, client net.Conn, mute *atomic.Bool) {
+	defer server.Close()
 	buf := make([]byte, 32<<10)
+	clientGone := false
 	for {
 		n, err := server.Read(buf)
-		if n > 0 && !p.stall.Load() {
+		clientGone = clientGone || mute.Load()
+		if n > 0 && !p.stall.Load() && !clientGone {
 			if _, werr := client.Write(buf[:n]); werr != nil {
-				return
+				clientGone = true
 			}
 		}
 		if err != nil {
@@ -103,9 +122,20 @@ func (p *faultProxy) fromServer(server, client net.Conn) {
 // (no type byte), then typed messages. When a COMMIT goes by while dropNext
 // is armed, or a Sync after an Execute (the end of statements sent together,
 // which commit together) while dropSync is, it is delivered and the
-// client's connection is cut before the reply can reach it.
-func (p *faultProxy) fromClient(client, server net.Conn) {
-	defer server.Close()
+// client's connection is cut: no byte of the reply reaches it (mute is
+// set before the message goes on), and the proxy passes no cancel request
+// from then on (see cut). The server's
+// side is then only closed for writing: the server reads every message up
+// to that end (so the COMMIT or Sync is processed, however slow the
+// server), answers into fromServer, which drops the answer, and ends the
+// connection itself.
+func (p *faultProxy) fromClient(client, server net.Conn, mute *atomic.Bool) {
+	closeServer := true
+	defer func() {
+		if closeServer {
+			server.Close()
+		}
+	}()
 	first, executed := true, false
 	for {
 		var head []byte
@@ -122,6 +152,9 @@ func (p *faultProxy) fromClient(client, server net.Conn) {
 		if _, err := io.ReadFull(client, body); err != nil {
 			return
 		}
+		if first && len(body) == 12 && binary.BigEndian.Uint32(body) == cancelRequestCode && p.cut.Load() {
+			return // a cancel request, lost
+		}
 		isCommit := !first && (head[0] == 'Q' || head[0] == 'P') && bytes.Contains(bytes.ToLower(body), []byte("commit"))
 		isSync := !first && head[0] == 'S' && executed
 		if !first {
@@ -131,12 +164,24 @@ func (p *faultProxy) fromClient(client, server net.Conn) {
 		if p.stall.Load() {
 			continue
 		}
+		// Decided before the message goes on: decided after, a statement
+		// that completed before the drop was armed (the server answered
+		// as soon as it had the message) could take the drop meant for
+		// the next one, and the next one would then fail on a connection
+		// cut before it, having reached no server.
+		drop := isCommit && p.dropNext.CompareAndSwap(true, false) || isSync && p.dropSync.CompareAndSwap(true, false)
+		if drop {
+			mute.Store(true) // no byte of the reply may reach the client
+		}
 		if _, err := server.Write(append(head, body...)); err != nil {
 			return
 		}
-		if isCommit && p.dropNext.CompareAndSwap(true, false) || isSync && p.dropSync.CompareAndSwap(true, false) {
+		if drop {
+			p.cut.Store(true)
 			client.Close() // the reply is lost; the server still commits
-			time.Sleep(200 * time.Millisecond)
+			if tc, ok := server.(*net.TCPConn); ok && tc.CloseWrite() == nil {
+				closeServer = false // fromServer closes it once the server has ended
+			}
 			return
 		}
 	}
