@@ -72,7 +72,7 @@ type ServerOptions struct {
 	// NoEventLoops serves every connection with the general engine.
 	NoEventLoops bool
 	// Loops is how many event loops serve the listener (Linux); zero
-	// means one per GOMAXPROCS (see loopCount).
+	// means one per two of GOMAXPROCS, at least one (see loopCount).
 	Loops int
 	// TLS, when set, makes the listener serve HTTPS (TLS 1.2 or later),
 	// HTTP/2 by ALPN beside HTTP/1.1; with ClientCAs and

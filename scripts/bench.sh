@@ -83,10 +83,10 @@ cd "$(dirname "$0")/.."
 
 TLS_ONLY=""
 LAT_ONLY=""
-PUT_ONLY=""
+THROUGHPUT_ONLY=""
 while getopts hlpt opt; do
 	case $opt in
-	p) PUT_ONLY=1 ;;
+	p) THROUGHPUT_ONLY=1 ;;
 	t) TLS_ONLY=1 ;;
 	l) LAT_ONLY=1 ;;
 	*)
@@ -300,7 +300,7 @@ if [ -z "$TLS_ONLY" ]; then
 		esac
 	done
 fi
-[ -n "$LAT_ONLY$PUT_ONLY" ] || for store in $STORES; do tls_gates+=" tls-$store"; done
+[ -n "$LAT_ONLY$THROUGHPUT_ONLY" ] || for store in $STORES; do tls_gates+=" tls-$store"; done
 if [ -n "$TLS_ONLY" ] && [ -n "$BASELINE" ]; then
 	for store in $STORES; do tls_gates+=" tls-$store@base"; done
 fi
@@ -618,7 +618,7 @@ rounds "$tmp/results" "${targets[@]}"
 echo "Throughput, $CONNS connections (median of $ROUNDS rounds; ratio range over rounds):"
 throughput "$tmp/results" nginx haproxy "${targets[@]}"
 echo
-[ -n "$PUT_ONLY" ] && exit 0
+[ -n "$THROUGHPUT_ONLY" ] && exit 0
 fi
 
 # --- 2. one connection -----------------------------------------------------
