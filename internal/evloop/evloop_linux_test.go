@@ -197,3 +197,37 @@ func TestPollerPost(t *testing.T) {
 		t.Fatal("a post after Shut was accepted")
 	}
 }
+
+// TestPeek: the raw look Wait takes first reports the ready sockets, and
+// nothing (at once, without blocking) when none is ready.
+func TestPeek(t *testing.T) {
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	fds := socketpair(t)
+	if err := p.Watch(fds[0], unix.EPOLL_CTL_ADD, false); err != nil {
+		t.Fatal(err)
+	}
+	events := make([]unix.EpollEvent, 4)
+	if n, err := peek(p.FD(), events); n != 0 || err != nil {
+		t.Fatalf("peek with nothing ready = %d, %v; want 0, nil", n, err)
+	}
+	if _, err := unix.Write(fds[1], []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	n, err := peek(p.FD(), events)
+	if n != 1 || err != nil || int(events[0].Fd) != fds[0] || events[0].Events&unix.EPOLLIN == 0 {
+		t.Fatalf("peek with one socket readable = %d, %v, %+v; want that socket readable", n, err, events[0])
+	}
+	// Edge-triggered: the event was reported; Wait with an hour's tick
+	// must not sleep once work is posted.
+	p.Post(func() {})
+	if n, err := p.Wait(events, time.Hour); n != 0 || err != nil {
+		t.Fatalf("Wait after a post = %d, %v; want 0, nil at once", n, err)
+	}
+	if n, err := peek(p.FD(), nil); n != 0 || err != nil {
+		t.Fatalf("peek into no room = %d, %v; want 0, nil", n, err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -94,14 +95,21 @@ func (p *Poller) Post(f func()) bool {
 // Wait waits up to tick for events (not at all when work was posted
 // meanwhile), and reports how many. The eventfd's own event is consumed
 // here and counted out.
+//
+// It looks first without sleeping, in a raw system call (see peek): a
+// busy loop finds its next events there and never tells the Go scheduler
+// it is in a system call. Only when nothing is ready does it wait in a
+// call the scheduler knows may block.
 func (p *Poller) Wait(events []unix.EpollEvent, tick time.Duration) (int, error) {
-	timeout := int(tick / time.Millisecond)
-	p.asleep.Store(true)
-	if p.queued.Load() {
-		timeout = 0 // posted while the last pass ran: look, without sleeping
+	n, err := peek(p.ep, events)
+	if err == nil && n == 0 {
+		timeout := int(tick / time.Millisecond)
+		p.asleep.Store(true)
+		if !p.queued.Load() { // posted while the last pass ran: do not sleep
+			n, err = unix.EpollWait(p.ep, events, timeout)
+		}
+		p.asleep.Store(false)
 	}
-	n, err := unix.EpollWait(p.ep, events, timeout)
-	p.asleep.Store(false)
 	if err != nil {
 		if err == unix.EINTR {
 			return 0, nil
@@ -149,4 +157,19 @@ func (p *Poller) Shut() []func() {
 func (p *Poller) Close() {
 	unix.Close(p.ep)
 	unix.Close(p.wake)
+}
+
+// peek is epoll_wait(2) with a timeout of 0, made as a raw system call,
+// one the Go scheduler is not told of: it never blocks, so the runtime has
+// no reason to take the loop thread's processor meanwhile (see
+// uring.Ring.Submit, and "Threads" in docs/loops.md).
+func peek(ep int, events []unix.EpollEvent) (int, error) {
+	if len(events) == 0 {
+		return 0, nil
+	}
+	n, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
