@@ -207,9 +207,11 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Unlock()
 	s.loops.Store(e)
 	if e != nil {
+		s.g.log.Info("gate engine", "addr", ln.Addr().String(), "engine", "event loops", "loops", len(e.loops))
 		go func() { _ = s.hs.Serve(s.handoff) }()
 		return e.serve()
 	}
+	s.g.log.Info("gate engine", "addr", ln.Addr().String(), "engine", "general")
 	// The general engine serves the listener.
 	var l net.Listener = &connlimit.Listener{Listener: ln, Counter: s.limit}
 	if s.tls != nil {
