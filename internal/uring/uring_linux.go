@@ -275,7 +275,10 @@ func (r *Ring) queue(op uint8, fd int, p []byte, flags uint32, tag uint64) bool 
 // would when the kernel's work for the sends (on loopback, the receivers'
 // side too) outlasts its 20 µs check while no processor is idle, and a
 // ring's thread is locked (see the package's doc): back from the call, it
-// may have to wait for a processor to come back.
+// may have to wait for a processor to come back. The price: the runtime
+// cannot stop the world while the call runs, so a garbage collection's
+// pauses wait for it, at most as long as the kernel takes for one Submit's
+// operations (a loop's pass: up to its ring's entries of sends and reads).
 func (r *Ring) Submit(done func(tag uint64, res int32)) error {
 	defer func() {
 		clear(r.held)
