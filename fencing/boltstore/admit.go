@@ -41,12 +41,8 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 		a     fencing.Admission
 		touch bool
 	)
-	err := s.view(ctx, func(tx *bolt.Tx) error {
-		now := s.clock.Now()
-		r, err := s.load(tx, req.Resource, now)
-		if err != nil {
-			return err
-		}
+	err := s.viewRecord(ctx, req.Resource, func(_ *bolt.Tx, r *record.Record, now time.Time) error {
+		var err error
 		a, err = s.admit(r, req, now) // on a private copy: not saved
 		if err != nil {
 			return &opError{err}

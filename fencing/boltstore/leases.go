@@ -70,12 +70,8 @@ func (s *Store) ReadCheckpoint(ctx context.Context, resource string) (fencing.Ch
 		return fencing.Checkpoint{}, err
 	}
 	var cp fencing.Checkpoint
-	err := s.view(ctx, func(tx *bolt.Tx) error {
-		now := s.clock.Now()
-		r, err := s.load(tx, resource, now)
-		if err != nil {
-			return err
-		}
+	err := s.viewRecord(ctx, resource, func(tx *bolt.Tx, r *record.Record, now time.Time) error {
+		var err error
 		// ReadCheckpoint copies the state out of the mmap.
 		cp, err = r.ReadCheckpoint(tx.Bucket(bucketStates).Get([]byte(resource)), now)
 		if err != nil {
@@ -92,12 +88,7 @@ func (s *Store) Status(ctx context.Context, resource string) (fencing.Status, er
 		return fencing.Status{}, err
 	}
 	var st fencing.Status
-	err := s.view(ctx, func(tx *bolt.Tx) error {
-		now := s.clock.Now()
-		r, err := s.load(tx, resource, now)
-		if err != nil {
-			return err
-		}
+	err := s.viewRecord(ctx, resource, func(_ *bolt.Tx, r *record.Record, now time.Time) error {
 		st = r.Status(resource, now)
 		return nil
 	})

@@ -112,6 +112,20 @@ func (s *Store) view(ctx context.Context, fn func(tx *bolt.Tx) error) error {
 	return s.classify(s.db.View(fn), false)
 }
 
+// viewRecord runs fn in a read-only transaction on the resource's record
+// as load gives it, at the clock's reading taken inside the transaction.
+// fn acts on its own copy: nothing it changes is saved.
+func (s *Store) viewRecord(ctx context.Context, resource string, fn func(tx *bolt.Tx, r *record.Record, now time.Time) error) error {
+	return s.view(ctx, func(tx *bolt.Tx) error {
+		now := s.clock.Now()
+		r, err := s.load(tx, resource, now)
+		if err != nil {
+			return err
+		}
+		return fn(tx, r, now)
+	})
+}
+
 // tokenClock is the clock reading a new lease's token is at least (see
 // record.Record.AcquireAt).
 func (s *Store) tokenClock() fencing.Token {
