@@ -149,13 +149,10 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 // (ServerOptions.Loops, FENCEGATE_LOOPS) when set, else, with procs CPUs
 // for Go, one per two CPUs. The other half is left to what a loop hands work
 // to (admissions that wait, the fallback server, the lease API, the
-// garbage collector) and to the service the gate sits beside. Measured on
-// two CPUs shared with the client and the upstream: one loop forwarded
-// about 10 % more writes than two, for a quarter less CPU per write; on
-// an Intel Xeon (2026-12-06) two loops used the CPU one leaves idle but
-// forwarded no more, at 21 instead of 14 µs of CPU per write; once the
-// loops' calls that never block were made raw, 4 to 5 % more on the local
-// stores and 4 % less on Valkey, at 16 instead of 12.5 µs.
+// garbage collector) and to the service the gate sits beside. On two CPUs
+// shared with the client and the upstream, one loop measured best on an
+// AMD machine, and two forward at most a few per cent more on an Intel
+// one, at a quarter more CPU per write: docs/performance.md has the runs.
 func loopCount(wanted, procs int) int {
 	if wanted > 0 {
 		return wanted
