@@ -262,6 +262,13 @@ func (r *Ring) queue(op uint8, fd int, p []byte, flags uint32, tag uint64) bool 
 	return true
 }
 
+// RawEnterMax is the most operations a Submit makes in a raw system call
+// (see Submit): enough for a pass of two loops at 50 connections, where
+// the raw call was measured to save CPU, few enough that a garbage
+// collection's pause waits for little (docs/performance.md, "Raw system
+// calls…").
+const RawEnterMax = 64
+
 // Submit makes every queued operation in one io_uring_enter, waits for
 // all their results (which, with MSG_DONTWAIT, the kernel gives at once)
 // and calls done with each one's tag and result: a byte count, or a
@@ -269,24 +276,30 @@ func (r *Ring) queue(op uint8, fd int, p []byte, flags uint32, tag uint64) bool 
 // An error means the ring failed (the operations whose results were not
 // given were not made): the caller closes it and goes on without.
 //
-// io_uring_enter is made as a raw system call, one the Go scheduler is
-// not told of: it never blocks (every operation carries MSG_DONTWAIT), so
-// the runtime has no reason to take the thread's processor meanwhile. It
-// would when the kernel's work for the sends (on loopback, the receivers'
-// side too) outlasts its 20 µs check while no processor is idle, and a
-// ring's thread is locked (see the package's doc): back from the call, it
-// may have to wait for a processor to come back. The price: the runtime
-// cannot stop the world while the call runs, so a garbage collection's
-// pauses wait for it, at most as long as the kernel takes for one Submit's
-// operations (a loop's pass: up to its ring's entries of sends and reads).
+// A Submit of up to RawEnterMax operations makes io_uring_enter as a raw
+// system call, one the Go scheduler is not told of: it never blocks
+// (every operation carries MSG_DONTWAIT), so the runtime has no reason to
+// take the thread's processor meanwhile. It would when the kernel's work
+// for the sends (on loopback, the receivers' side too) outlasts its 20 µs
+// check while no processor is idle, and a ring's thread is locked (see
+// the package's doc): back from the call, it may have to wait for a
+// processor to come back. The price: the runtime cannot stop the world
+// while a raw call runs, so a garbage collection's pauses wait for it. A
+// larger Submit (a loop's pass at many connections) is made as a call the
+// scheduler knows of, so that no pause waits for more than RawEnterMax
+// operations' work in the kernel.
 func (r *Ring) Submit(done func(tag uint64, res int32)) error {
 	defer func() {
 		clear(r.held)
 		r.held = r.held[:0]
 	}()
+	enter := unix.RawSyscall6
+	if r.queued > RawEnterMax {
+		enter = unix.Syscall6
+	}
 	n := r.queued // results due
 	for n > 0 {
-		got, _, errno := unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(r.queued), uintptr(n), enterGetEvents, 0, 0)
+		got, _, errno := enter(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(r.queued), uintptr(n), enterGetEvents, 0, 0)
 		switch errno {
 		case 0:
 			r.queued -= int(got)

@@ -77,10 +77,17 @@ func (rs results) add(tag uint64, res int32) {
 	rs[tag] = res
 }
 
+// Both ways of entering the kernel (see Submit): a raw call up to
+// RawEnterMax operations, the scheduler's call beyond.
 func TestSendsAndReceivesOnManySocketsInOneSubmit(t *testing.T) {
-	r := newRing(t, 64)
-	const n = 40
-	var ws, rs [n]int
+	for _, n := range []int{40, RawEnterMax + 36} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) { sendAndReceiveOnSockets(t, n) })
+	}
+}
+
+func sendAndReceiveOnSockets(t *testing.T, n int) {
+	r := newRing(t, 128)
+	ws, rs := make([]int, n), make([]int, n)
 	for i := range n {
 		ws[i], rs[i] = tcpPair(t)
 	}
@@ -104,7 +111,7 @@ func TestSendsAndReceivesOnManySocketsInOneSubmit(t *testing.T) {
 		bufs := make([][]byte, n)
 		got = results{}
 		for i := range n {
-			bufs[i] = make([]byte, 4096)
+			bufs[i] = make([]byte, 8192)
 			r.Recv(rs[i], bufs[i], uint64(100+i))
 		}
 		if err := r.Submit(got.add); err != nil {
