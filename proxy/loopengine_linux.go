@@ -151,8 +151,9 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 // to (admissions that wait, the fallback server, the lease API, the
 // garbage collector) and to the service the gate sits beside. On two CPUs
 // shared with the client and the upstream, one loop measured best on an
-// AMD machine, and two forward at most a few per cent more on an Intel
-// one, at a quarter more CPU per write: docs/performance.md has the runs.
+// AMD machine; on an Intel one two forward about a tenth more on the local
+// stores, not on Valkey, at a quarter more CPU per write and more latency
+// at one connection: docs/performance.md has the runs.
 func loopCount(wanted, procs int) int {
 	if wanted > 0 {
 		return wanted
