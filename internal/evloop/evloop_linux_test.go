@@ -9,6 +9,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// newPoller returns a poller closed when the test ends.
+func newPoller(t *testing.T) *Poller {
+	t.Helper()
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
 func socketpair(t *testing.T) [2]int {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK, 0)
@@ -24,11 +35,7 @@ func socketpair(t *testing.T) [2]int {
 // reports the error on its next write and reads nothing more; a write
 // that blocks and cannot ask to be woken fails too.
 func TestSockBrokeOnAFailedRegistration(t *testing.T) {
-	p, err := New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := newPoller(t)
 	fds := socketpair(t)
 	s := &Sock{FD: fds[0]}
 	s.Note(p, unix.EPOLLOUT|unix.EPOLLIN)
@@ -51,11 +58,7 @@ func TestSockBrokeOnAFailedRegistration(t *testing.T) {
 // full socket is watched for writing and reported writable again once
 // the peer reads, and the end of the stream is read as EOF.
 func TestSockReadsAndWrites(t *testing.T) {
-	p, err := New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := newPoller(t)
 	fds := socketpair(t)
 	a, b := &Sock{FD: fds[0], Writable: true}, &Sock{FD: fds[1], Writable: true}
 	for _, s := range []*Sock{a, b} {
@@ -163,11 +166,7 @@ func TestSockReadIntoAndConsumed(t *testing.T) {
 // sleeping loop is woken for it, and after Shut a post is refused while
 // what was posted before is handed back.
 func TestPollerPost(t *testing.T) {
-	p, err := New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := newPoller(t)
 	var wg sync.WaitGroup
 	const posts = 100
 	ran := 0
@@ -201,11 +200,7 @@ func TestPollerPost(t *testing.T) {
 // TestPeek: the raw look Wait takes first reports the ready sockets, and
 // nothing (at once, without blocking) when none is ready.
 func TestPeek(t *testing.T) {
-	p, err := New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := newPoller(t)
 	fds := socketpair(t)
 	if err := p.Watch(fds[0], unix.EPOLL_CTL_ADD, false); err != nil {
 		t.Fatal(err)
