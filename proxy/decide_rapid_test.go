@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fencegate/fencegate/internal/failrecorder"
+
 	"pgregory.net/rapid"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -621,12 +623,12 @@ func checkFails(t *testing.T, decide decideFunc) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = flag.Set("rapid.nofailfile", old) })
-	rec := &failureRecorder{T: t}
+	rec := failrecorder.New(t)
 	rapid.Check(rec, decideProperty(decide))
-	if !rec.failed {
+	if !rec.Failed() {
 		t.Fatal("the property did not catch a broken decision")
 	}
-	t.Logf("caught, shrunk:\n%s", rec.report.String())
+	t.Logf("caught, shrunk:\n%s", rec.Report())
 }
 
 // TestDecideModelCatchesCaseFolding: a gate that matched methods case-
@@ -647,24 +649,3 @@ func TestDecideModelCatchesEncodedSlash(t *testing.T) {
 		return g.decide(in)
 	})
 }
-
-// failureRecorder is a rapid.TB that records a failure instead of failing
-// the test, so a test can assert that a property fails.
-type failureRecorder struct {
-	*testing.T // Name, Helper and logging go to the test
-	failed     bool
-	report     strings.Builder
-}
-
-func (r *failureRecorder) Errorf(f string, a ...any) {
-	r.failed = true
-	fmt.Fprintf(&r.report, f+"\n", a...)
-}
-func (r *failureRecorder) Error(a ...any)            { r.failed = true; fmt.Fprintln(&r.report, a...) }
-func (r *failureRecorder) Fatalf(f string, a ...any) { r.Errorf(f, a...) }
-func (r *failureRecorder) Fatal(a ...any)            { r.Error(a...) }
-func (r *failureRecorder) Fail()                     { r.failed = true }
-func (r *failureRecorder) FailNow()                  { r.failed = true }
-func (r *failureRecorder) Failed() bool              { return r.failed }
-func (r *failureRecorder) Log(a ...any)              { fmt.Fprintln(&r.report, a...) }
-func (r *failureRecorder) Logf(f string, a ...any)   { fmt.Fprintf(&r.report, f+"\n", a...) }

@@ -3,13 +3,14 @@ package linear_test
 import (
 	"context"
 	"flag"
-	"fmt"
 	"os"
 	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fencegate/fencegate/internal/failrecorder"
 
 	"github.com/anishathalye/porcupine"
 	"pgregory.net/rapid"
@@ -198,27 +199,6 @@ func TestPendingAndUnavailable(t *testing.T) {
 	}
 }
 
-// failureRecorder is a rapid.TB that records a failure instead of failing
-// the test, so a test can assert that a property fails.
-type failureRecorder struct {
-	*testing.T // Name, Helper and logging go to the test
-	failed     bool
-	report     strings.Builder
-}
-
-func (r *failureRecorder) Errorf(f string, a ...any) {
-	r.failed = true
-	fmt.Fprintf(&r.report, f+"\n", a...)
-}
-func (r *failureRecorder) Error(a ...any)            { r.failed = true; fmt.Fprintln(&r.report, a...) }
-func (r *failureRecorder) Fatalf(f string, a ...any) { r.Errorf(f, a...) }
-func (r *failureRecorder) Fatal(a ...any)            { r.Error(a...) }
-func (r *failureRecorder) Fail()                     { r.failed = true }
-func (r *failureRecorder) FailNow()                  { r.failed = true }
-func (r *failureRecorder) Failed() bool              { return r.failed }
-func (r *failureRecorder) Log(a ...any)              { fmt.Fprintln(&r.report, a...) }
-func (r *failureRecorder) Logf(f string, a ...any)   { fmt.Fprintf(&r.report, f+"\n", a...) }
-
 // TestStateMachineCatchesAcquireIgnoringExpiry: the rapid state machine
 // finds the expiry-blind store's bug and shrinks it to a short sequence.
 func TestStateMachineCatchesAcquireIgnoringExpiry(t *testing.T) {
@@ -227,15 +207,15 @@ func TestStateMachineCatchesAcquireIgnoringExpiry(t *testing.T) {
 	if err := flag.Set("rapid.nofailfile", "true"); err != nil {
 		t.Fatal(err)
 	}
-	rec := &failureRecorder{T: t}
+	rec := failrecorder.New(t)
 	rapid.Check(rec, linear.StateMachine(func(_ *rapid.T, clock *fencingtest.FakeClock) fencing.Store {
 		return &expiryBlind{Store: memstore.New(memstore.Options{Clock: clock})}
 	}))
-	if !rec.failed {
+	if !rec.Failed() {
 		t.Fatal("the state machine did not catch an acquire that ignores expiry")
 	}
-	if !strings.Contains(rec.report.String(), "the model does not accept") {
-		t.Fatalf("the failure is not the model's refusal:\n%s", rec.report.String())
+	if !strings.Contains(rec.Report(), "the model does not accept") {
+		t.Fatalf("the failure is not the model's refusal:\n%s", rec.Report())
 	}
-	t.Logf("caught, shrunk:\n%s", rec.report.String())
+	t.Logf("caught, shrunk:\n%s", rec.Report())
 }
