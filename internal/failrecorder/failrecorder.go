@@ -1,7 +1,6 @@
 // Package failrecorder is a test helper: a testing.TB stand-in that records
-// a failure instead of failing the test, so that a test can run a property
-// (a rapid check, a conformance case) on a deliberately broken subject and
-// assert that the property catches it.
+// a failure instead of failing the test, so that a test can run a rapid
+// property on a deliberately broken subject and assert that it catches it.
 package failrecorder
 
 import (
