@@ -51,6 +51,7 @@ type eventLoop struct {
 	head      h1.Request    // the request head parsed last (parseHead), reused
 	lastSweep time.Time
 	lastYield time.Time   // when the loop last went through the Go scheduler (see loopYield)
+	passes    uint64      // passes run, a count for tests
 	cur       *loopConn   // the connection the current step serves (loopguard_linux.go)
 	touched   []*loopConn // the connections the current pass touched
 	resp      h1.Response // the response head parsed last (readResponse), reused
@@ -117,13 +118,17 @@ func (l *eventLoop) run() {
 	l.now = time.Now()
 	l.lastSweep = l.now
 	l.lastYield = l.now
+	wait := loopTick
 	for !l.stopped {
-		n, err := l.p.Wait(events, loopTick)
+		n, err := l.p.Wait(events, wait)
 		if err != nil {
 			l.e.g.log.Error("gate event loop failed", "error", err)
 			return
 		}
-		l.pass(events[:n])
+		wait = loopTick
+		if !l.pass(events[:n]) {
+			wait = l.idleWait()
+		}
 		if l.now.Sub(l.lastYield) >= loopYield { // after the pass's writes went out
 			l.lastYield = l.now
 			runtime.Gosched()
@@ -134,9 +139,11 @@ func (l *eventLoop) run() {
 // pass moves on what the events and the inbox make ready, each socket's
 // event, posted function, deadline and queued write a step of its own
 // (see loopguard_linux.go: a panic in one closes the connections it
-// touched, and the pass goes on).
-func (l *eventLoop) pass(events []unix.EpollEvent) {
+// touched, and the pass goes on). It reports whether it had an event or a
+// posted function to run: a pass without either was woken by its timeout.
+func (l *eventLoop) pass(events []unix.EpollEvent) (woken bool) {
 	l.now = time.Now()
+	l.passes++
 	if lb := l.e.g.logBatch; lb != nil {
 		lb.Hold()
 		defer lb.Release() // the pass's log lines, in one write
@@ -155,7 +162,7 @@ func (l *eventLoop) pass(events []unix.EpollEvent) {
 			}
 		}
 	}
-	l.runInbox()
+	woken = l.runInbox() || len(events) > 0
 	l.forwardPassed()
 	l.sendAdmits()
 	if l.now.Sub(l.lastSweep) >= loopTick {
@@ -167,6 +174,7 @@ func (l *eventLoop) pass(events []unix.EpollEvent) {
 		l.forwardPassed()
 		l.sendAdmits()
 	}
+	return woken
 }
 
 // forwardPassed forwards the requests the pass admitted (see
@@ -184,11 +192,13 @@ func (l *eventLoop) forwardPassed() {
 	}
 }
 
-// runInbox runs what was posted.
-func (l *eventLoop) runInbox() {
-	for _, f := range l.p.Take() {
+// runInbox runs what was posted, and reports whether there was any.
+func (l *eventLoop) runInbox() bool {
+	work := l.p.Take()
+	for _, f := range work {
 		l.step(f)
 	}
+	return len(work) > 0
 }
 
 // accept takes the listener's pending connections and deals them out to
@@ -283,6 +293,35 @@ func (l *eventLoop) sweep() {
 	}
 	l.pool.sweep(l.now)
 	l.marks.checkOverdue(l)
+}
+
+// idleWait is how long the loop may sleep after a pass that its timeout
+// woke (no socket ready, nothing posted): until the earliest deadline of its connections and its
+// idle upstream connections, at least loopTick and at most loopIdleMax.
+// Everything else that can move a loop on reaches it as an event (its
+// sockets, its inbox's eventfd), but for two things its sweep polls: a
+// mark batch overdue, and an upstream connection another loop freed for a
+// request waiting here; while either is pending it sleeps loopTick. Called
+// at the end of a pass, when the pass's deadlines are set; a deadline is
+// only ever set by a pass.
+func (l *eventLoop) idleWait() time.Duration {
+	if m := l.marks.conn; m != nil && len(m.batch) > 0 || len(l.pool.waiting) > 0 {
+		return loopTick
+	}
+	next := l.now.Add(loopIdleMax)
+	for c := range l.clients {
+		if !c.deadline.IsZero() && c.deadline.Before(next) {
+			next = c.deadline
+		}
+	}
+	if len(l.pool.idle) > 0 { // the oldest first
+		if t := l.pool.idle[0].idleSince.Add(upstreamIdle); t.Before(next) {
+			next = t
+		}
+	}
+	// A millisecond more: the sweep fires a deadline once it has passed,
+	// and epoll counts whole milliseconds.
+	return min(max(time.Until(next)+time.Millisecond, loopTick), loopIdleMax)
 }
 
 // endIdle closes the client connections between requests (Shutdown).

@@ -720,3 +720,80 @@ func TestLoopsOption(t *testing.T) {
 		t.Errorf("the upstream got %d requests, want %d", len(got), clients)
 	}
 }
+
+// TestIdleLoopSleepsUntilItsNextDeadline: a loop with nothing to do sleeps
+// until the earliest deadline of its connections (here a keep-alive
+// client's idle timeout), at most loopIdleMax, rather than waking every
+// loopTick; the deadline still fires, and a busy loop still sweeps every
+// loopTick. Wake-ups are counted in passes.
+func TestIdleLoopSleepsUntilItsNextDeadline(t *testing.T) {
+	up, u, st, l := newLeasedUpstream(t)
+	rules, _ := ParseRules(testRules)
+	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const idle = 400 * time.Millisecond
+	gs := serveGateWith(t, g, ServerOptions{Loops: 1, IdleTimeout: idle})
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	lp := gs.srv.engine().loops[0]
+	onLoop := func(f func()) { t.Helper(); lp.call(f) }
+
+	var before time.Duration
+	onLoop(func() { before = lp.idleWait() })
+	if before != loopIdleMax {
+		t.Errorf("a loop without connections sleeps %v, want loopIdleMax (%v)", before, loopIdleMax)
+	}
+
+	c, err := net.Dial("tcp", gs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "PUT /jobs/1 HTTP/1.1\r\nHost: g\r\nFencing-Token: "+tok(l.Token)+"\r\nContent-Length: 1\r\n\r\nx"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("write: %v %v", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	answered := time.Now()
+	if got := up.take(); len(got) != 1 {
+		t.Fatalf("the upstream received %d requests, want 1", len(got))
+	}
+
+	// The client now waits between requests: the loop sleeps until its
+	// idle deadline, not a whole loopIdleMax.
+	var wait time.Duration
+	var conns int
+	onLoop(func() { wait, conns = lp.idleWait(), len(lp.clients) })
+	if conns != 1 {
+		t.Fatalf("the loop holds %d client connections, want 1", conns)
+	}
+	if wait > idle+time.Millisecond || wait < loopTick {
+		t.Errorf("with a client idle until %v from now, the loop sleeps %v", idle, wait)
+	}
+
+	// Asleep, the loop runs a few passes over a window of many loopTicks,
+	// not one a tick.
+	window := 15 * loopTick
+	var p0, p1 uint64
+	onLoop(func() { p0 = lp.passes })
+	time.Sleep(window)
+	onLoop(func() { p1 = lp.passes })
+	if n := p1 - p0; n > 5 {
+		t.Errorf("an idle loop ran %d passes in %v (a wake-up every loopTick would be %d)", n, window, window/loopTick)
+	}
+
+	// The idle deadline fires all the same: the gate closes the connection.
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("the idle connection was not closed by the gate: %v", err)
+	}
+	if d := time.Since(answered); d < idle {
+		t.Errorf("the idle connection was closed after %v, before its idle timeout %v", d, idle)
+	}
+}
