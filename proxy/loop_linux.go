@@ -296,14 +296,14 @@ func (l *eventLoop) sweep() {
 }
 
 // idleWait is how long the loop may sleep after a pass that its timeout
-// woke (no socket ready, nothing posted): until the earliest deadline of its connections and its
-// idle upstream connections, at least loopTick and at most loopIdleMax.
-// Everything else that can move a loop on reaches it as an event (its
-// sockets, its inbox's eventfd), but for two things its sweep polls: a
-// mark batch overdue, and an upstream connection another loop freed for a
-// request waiting here; while either is pending it sleeps loopTick. Called
-// at the end of a pass, when the pass's deadlines are set; a deadline is
-// only ever set by a pass.
+// woke (no socket ready, nothing posted): until the earliest deadline of
+// its connections and its idle upstream connections, at least loopTick
+// and at most loopIdleMax. Everything else that can move a loop on reaches
+// it as an event (its sockets, its inbox's eventfd), but for two things
+// its sweep polls: a mark batch overdue, and an upstream connection
+// another loop freed for a request waiting here; while either is pending
+// it sleeps loopTick. Called at the end of a pass, when the pass's
+// deadlines are set; a deadline is only ever set by a pass (enter).
 func (l *eventLoop) idleWait() time.Duration {
 	if m := l.marks.conn; m != nil && len(m.batch) > 0 || len(l.pool.waiting) > 0 {
 		return loopTick
