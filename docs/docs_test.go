@@ -2,17 +2,18 @@ package docs
 
 import (
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 	"unicode"
 
+	"github.com/fencegate/fencegate/internal/freeport"
 	"github.com/fencegate/fencegate/internal/mdblock"
 )
 
@@ -172,13 +173,11 @@ func TestTLSRecipe(t *testing.T) {
 	if !strings.Contains(script, ":7443") {
 		t.Fatalf("the recipe does not use port 7443:\n%s", script)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Port()
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	ln.Close()
-	script = strings.ReplaceAll(script, ":7443", ":"+port)
+	script = strings.ReplaceAll(script, ":7443", ":"+strconv.Itoa(port))
 
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")

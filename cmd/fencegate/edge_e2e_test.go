@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencegate/fencegate/internal/freeport"
 	"github.com/fencegate/fencegate/internal/syncbuf"
 	"github.com/fencegate/fencegate/internal/tiedproc"
 )
@@ -50,12 +51,10 @@ func startNginx(t *testing.T) (string, string) {
 	if os.Geteuid() == 0 {
 		user = "user root;"
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
 	conf := fmt.Sprintf(`%s
 daemon off;
 worker_processes 1;

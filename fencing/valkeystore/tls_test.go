@@ -22,6 +22,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/valkeystore/valkeytest"
+	"github.com/fencegate/fencegate/internal/freeport"
 )
 
 // selfSigned writes a self-signed certificate for 127.0.0.1 and returns
@@ -59,12 +60,11 @@ func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 
 func TestTLS(t *testing.T) {
 	certFile, keyFile, pool := selfSigned(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Port()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tlsPort := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
+	tlsPort := strconv.Itoa(port)
 	valkeytest.Start(t, valkeytest.WithArgs("--tls-port", tlsPort, "--tls-cert-file", certFile,
 		"--tls-key-file", keyFile, "--tls-ca-cert-file", certFile, "--tls-auth-clients", "no"))
 	url := "valkeys://127.0.0.1:" + tlsPort

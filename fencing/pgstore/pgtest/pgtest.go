@@ -39,6 +39,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/fencegate/fencegate/internal/freeport"
 	"github.com/fencegate/fencegate/internal/tiedproc"
 )
 
@@ -166,12 +167,11 @@ func (c *Cluster) command(name string, args ...string) *exec.Cmd {
 }
 
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Port()
 	if err != nil {
 		return 0, fmt.Errorf("pgtest: find a free port: %w", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return p, nil
 }
 
 // Start starts the server on the cluster's port and waits until it accepts

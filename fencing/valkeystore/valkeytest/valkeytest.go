@@ -28,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencegate/fencegate/internal/freeport"
 	"github.com/fencegate/fencegate/internal/tiedproc"
 )
 
@@ -100,16 +101,15 @@ func binaries(t testing.TB) (server, cli string) {
 	return "", ""
 }
 
-// freePort asks the kernel for a free loopback port. Another process may
-// take it before the server binds; start retries with a new port.
+// freePort is a free loopback port (freeport). Another process may take
+// it before the server binds; start retries with a new port.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Port()
 	if err != nil {
-		t.Fatalf("valkeytest: find a free port: %v", err)
+		t.Fatalf("valkeytest: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // Start starts a server on a free loopback port (no persistence unless
