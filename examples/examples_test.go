@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,7 +23,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencegate/fencegate/internal/freeport"
 	"github.com/fencegate/fencegate/internal/mdblock"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 	"github.com/fencegate/fencegate/internal/tiedproc"
 )
 
@@ -705,7 +706,8 @@ func needTools(t *testing.T, tools ...string) {
 // (the workers' default gate); GOFLAGS gains -trimpath. The script runs in its own
 // process group, killed at cleanup (it starts servers in the background,
 // which a failing line would leave running), and for at most four minutes.
-// It returns the script's output; a command that fails fails the test.
+// It returns the script's output; a command that fails fails the test, and
+// the failure shows the script's output and the logs it left (*.log).
 func runREADMEScript(t *testing.T, script string) string {
 	t.Helper()
 	up, gate, api := freeAddr(t), freeAddr(t), freeAddr(t)
@@ -744,32 +746,52 @@ func runREADMEScript(t *testing.T, script string) string {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		}
 	})
-	done := make(chan struct{})
-	var out []byte
-	go func() {
-		defer close(done)
-		out, err = cmd.CombinedOutput()
-	}()
+	var out syncbuf.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
 	select {
-	case <-done:
+	case err = <-done:
 	case <-time.After(4 * time.Minute):
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
-		t.Fatalf("the script did not finish:\n%s\n%s", script, out)
+		t.Fatalf("the script did not finish in 4 minutes:\n%s\noutput:\n%s%s", script, out.String(), scriptLogs(dir))
 	}
 	if err != nil {
-		t.Fatalf("the script failed: %v\n%s\noutput:\n%s", err, script, out)
+		t.Fatalf("the script failed: %v\n%s\noutput:\n%s%s", err, script, out.String(), scriptLogs(dir))
 	}
-	return string(out)
+	return out.String()
 }
 
-// freeAddr is a loopback address with a port free a moment ago.
+// scriptLogs is the text of the logs a README script left in dir (the
+// gate's, the service's, the workers'), for a failure's message: what the
+// servers it started in the background said is otherwise lost with dir.
+func scriptLogs(dir string) string {
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	var b strings.Builder
+	for _, name := range logs {
+		text, err := os.ReadFile(name)
+		if err != nil {
+			continue
+		}
+		if len(text) > 16<<10 {
+			text = append([]byte("…"), text[len(text)-16<<10:]...)
+		}
+		fmt.Fprintf(&b, "\n%s:\n%s", filepath.Base(name), text)
+	}
+	return b.String()
+}
+
+// freeAddr is a loopback address with a port free a moment ago, outside
+// the range that outgoing connections take theirs from (freeport).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
