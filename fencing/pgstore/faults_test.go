@@ -32,10 +32,15 @@ type faultProxy struct {
 	// cancel request, as a network that lost the reply would not either.
 	// Otherwise the client, giving up, cancels the statement the server
 	// may still be running, and what the server commits becomes a race.
-	cut   atomic.Bool
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns []net.Conn
+	cut atomic.Bool
+	// lostDone is closed once the server has ended a connection whose
+	// reply was lost: it has then processed every message it got on it,
+	// the COMMIT included (see lostReplyProcessed).
+	lostDone     chan struct{}
+	lostDoneOnce sync.Once
+	wg           sync.WaitGroup
+	mu           sync.Mutex
+	conns        []net.Conn
 }
 
 // cancelRequestCode opens a CancelRequest, in place of a startup
@@ -47,7 +52,7 @@ func newFaultProxy(t testing.TB, target string) *faultProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &faultProxy{t: t, ln: ln, target: target}
+	p := &faultProxy{t: t, ln: ln, target: target, lostDone: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -113,8 +118,27 @@ func (p *faultProxy) fromServer(server, client net.Conn, mute *atomic.Bool) {
 		}
 		if err != nil {
 			client.Close()
+			if mute.Load() {
+				p.lostDoneOnce.Do(func() { close(p.lostDone) })
+			}
 			return
 		}
+	}
+}
+
+// lostReplyProcessed waits until the server has ended the connection on
+// which a reply was lost. The client gives up as soon as its connection is
+// cut, often before the server has read the message whose reply is lost;
+// the server ends the connection only after it has run every message it
+// received (the proxy closed its side for writing after that message), so
+// what that message committed is visible from here on. It fails the test
+// after 30 s, far above any commit's time.
+func (p *faultProxy) lostReplyProcessed() {
+	p.t.Helper()
+	select {
+	case <-p.lostDone:
+	case <-time.After(30 * time.Second):
+		p.t.Fatal("the server did not end the connection whose reply was lost within 30 s")
 	}
 }
 
@@ -213,6 +237,7 @@ func TestLostCommitReplyIsAmbiguous(t *testing.T) {
 	if !errors.Is(err, fencing.ErrAmbiguous) || errors.Is(err, fencing.ErrUnavailable) {
 		t.Fatalf("Acquire with its COMMIT reply lost: %v, want ErrAmbiguous", err)
 	}
+	p.lostReplyProcessed()
 	direct := open(t, schema)
 	st, err := direct.Status(ctx, "amb")
 	if err != nil || st.Issued == 0 || st.Lease == nil || st.Lease.Token != st.Issued {
