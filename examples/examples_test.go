@@ -476,6 +476,29 @@ func TestGoWorkerSteps(t *testing.T) {
 	}
 }
 
+// TestGoWorkerReportsAnUnreachableAPI: a Go worker whose lease API does
+// not answer says so (a retry event naming the failure, once a second) and
+// leads once the API is up, rather than wait without a sign.
+func TestGoWorkerReportsAnUnreachableAPI(t *testing.T) {
+	api, gate := freeAddr(t), freeAddr(t) // nothing listens there yet
+	w := startProc(t, "go worker", filepath.Join(bin, "worker"), "-api", "http://"+api, "-gate", "http://"+gate,
+		"-resource", "job:45", "-ttl", "5s")
+	w.waitFor(t, "two retry events", func(evs []event) bool {
+		return count(evs, is("retry", "what", "acquire")) >= 2
+	})
+	for _, e := range w.events() {
+		if is("retry")(e) && !strings.Contains(e.str("error"), "connect") {
+			t.Fatalf("retry event without the connection's failure: %v", e)
+		}
+	}
+	s := startStackEnv(t, "http://", "FENCEGATE_API_ADDR="+api, "FENCEGATE_PROXY_ADDR="+gate) // the later settings win
+	evs := w.waitFor(t, "a lead once the API is up", func(evs []event) bool { return count(evs, is("lead")) == 1 })
+	_, st := call(t, "GET", s.api+"/v1/leases/job:45", "")
+	if l, _ := st["lease"].(map[string]any); l == nil || event(l).str("token") != leadToken(evs) {
+		t.Fatalf("the worker leads with token %s; the API says %v", leadToken(evs), st)
+	}
+}
+
 // TestWorkersPrintTheRefusalCode: a write the gate refuses is reported
 // with its problem code, not a bare status (here the path matches no rule:
 // resource-required).

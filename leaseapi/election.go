@@ -23,6 +23,12 @@ type ElectionOptions struct {
 	// function's error, or the session's loss (matching ErrSessionLost),
 	// or nil when lead returned nil while still leading.
 	OnStepDown func(lease fencing.Lease, err error)
+	// OnAcquireError, when set, is called with each acquisition that
+	// failed for another reason than a held lease (the API unreachable, a
+	// store fault, a refused credential), before the pause that precedes
+	// the next attempt: without it such failures are only retried, and a
+	// candidate that cannot reach the API waits without a sign.
+	OnAcquireError func(err error)
 }
 
 // Campaign runs a leader election on resource until ctx ends, and returns
@@ -31,11 +37,12 @@ type ElectionOptions struct {
 // (or ctx ends), and step down when lead returns, by releasing the lease.
 // lead gets the term's Session: send writes through s.Transport, save
 // progress with s.Checkpoint. After lead returns an error, or an
-// acquisition fails for another reason than a held lease, the next attempt
-// waits Session.RetryInterval (default 1 s) on the session's clock; an
-// acquisition answered lease-held is repeated after an AcquireBackoff pause
-// (on the same clock), which is short after the server's own wait and grows
-// when the server answers without waiting.
+// acquisition fails for another reason than a held lease (reported to
+// OnAcquireError), the next attempt waits Session.RetryInterval (default
+// 1 s) on the session's clock; an acquisition answered lease-held is
+// repeated after an AcquireBackoff pause (on the same clock), which is
+// short after the server's own wait and grows when the server answers
+// without waiting.
 //
 // One leader at a time is a property of the server's leases and of lead
 // honouring its context promptly; fencing writes through the gate is what
@@ -76,6 +83,9 @@ func Campaign(ctx context.Context, client *Client, resource string, opts Electio
 		case err != nil:
 			if errors.Is(err, fencing.ErrInvalid) {
 				return err // the options are wrong: retrying will not help
+			}
+			if opts.OnAcquireError != nil {
+				opts.OnAcquireError(err)
 			}
 			sleep(sopts.Clock, backoff, ctx.Done())
 			continue

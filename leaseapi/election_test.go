@@ -195,6 +195,60 @@ func TestCampaignReleasesALeaseAcquiredAsItEnds(t *testing.T) {
 	}
 }
 
+// TestCampaignReportsAcquireErrors: a candidate that cannot reach the API
+// reports each failed acquisition to OnAcquireError and tries again after
+// RetryInterval on its clock; once the API is back it leads.
+func TestCampaignReportsAcquireErrors(t *testing.T) {
+	e := newSessionEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cut := &partition{}
+	cut.cut.Store(true)
+	client := leaseapi.NewClient(e.srv.URL, leaseapi.WithHTTPClient(&http.Client{Transport: cut}))
+	failures := make(chan error, 16)
+	led := make(chan fencing.Token, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- leaseapi.Campaign(ctx, client, "job:1", leaseapi.ElectionOptions{
+			Session:        leaseapi.SessionOptions{Owner: "a", TTL: 30 * time.Second, Clock: e.clock, RetryInterval: 5 * time.Second},
+			OnAcquireError: func(err error) { failures <- err },
+		}, func(ctx context.Context, s *leaseapi.Session) error {
+			led <- s.Token()
+			<-ctx.Done()
+			return nil
+		})
+	}()
+	for i := range 2 {
+		select {
+		case err := <-failures:
+			if !strings.Contains(err.Error(), "partitioned") {
+				t.Fatalf("failure %d reported as %v, want the transport's error", i, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("failure %d not reported", i)
+		}
+		e.clock.waitTimer(t, e.at(time.Duration(i+1)*5*time.Second)) // the retry pause
+		if i == 1 {
+			cut.cut.Store(false)
+		}
+		e.clock.Advance(5 * time.Second)
+	}
+	select {
+	case tok := <-led:
+		if tok != 1 {
+			t.Fatalf("led with token %d, want 1", tok)
+		}
+	case err := <-failures:
+		t.Fatalf("failure reported once the API was back: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("did not lead once the API was back")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Campaign = %v", err)
+	}
+}
+
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -22,9 +22,11 @@
 // resource itself. The session's transport also sends Fencing-Resource, for
 // a gate without rules. The worker prints one JSON line per event on
 // stdout: lead, write, refused (with the problem's code), stop, step-down,
-// done. With -steps N it releases the lease as finished after step N-1 and
-// exits 0; otherwise it runs until SIGINT or SIGTERM, then releases the
-// lease and exits 0.
+// done, and retry when an acquisition fails for another reason than a
+// held lease (the lease API unreachable, say: the campaign tries again
+// every second). With -steps N it releases the lease as finished after
+// step N-1 and exits 0; otherwise it runs until SIGINT or SIGTERM, then
+// releases the lease and exits 0.
 package main
 
 import (
@@ -133,6 +135,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 				why = err.Error()
 			}
 			ev.emit(map[string]any{"event": "step-down", "owner": *owner, "token": l.Token, "why": why})
+		},
+		OnAcquireError: func(err error) {
+			ev.emit(map[string]any{"event": "retry", "owner": *owner, "what": "acquire", "error": err.Error()})
 		},
 	}
 	err = leaseapi.Campaign(ctx, client, *resource, election, func(ctx context.Context, s *leaseapi.Session) error {
