@@ -36,6 +36,12 @@ import (
 // runs beside the server, whose certificate may not name the loopback
 // address); otherwise by the system roots. A mutual-TLS API needs
 // FENCEGATE_API_CLIENT_CERT and FENCEGATE_API_CLIENT_KEY.
+//
+// --wait D keeps asking, every healthRetry, until the answer is ready or D
+// has passed (each attempt bounded by --timeout and by what is left of
+// D), and fails with the last attempt's reason: the one line a script
+// needs after starting fencegate in the background, in place of a loop
+// of its own that goes on silently when the server never comes up.
 func health(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	// pflag, as cobra uses for every other command: one flag style
 	// (--url, -h) across the binary.
@@ -43,8 +49,9 @@ func health(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	fs.SetOutput(stderr)
 	url := fs.String("url", "", "the URL to ask (default http://<FENCEGATE_API_ADDR>/readyz)")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
+	wait := fs.Duration("wait", 0, "ask again until ready, for up to this long (0: ask once)")
 	usage := func(w io.Writer) {
-		fmt.Fprintln(w, "Exit 0 when a running fencegate's /readyz answers ready, 1 otherwise.\n\nUsage:\n  fencegate health [--url URL] [--timeout 5s]\n\nFlags:")
+		fmt.Fprintln(w, "Exit 0 when a running fencegate's /readyz answers ready, 1 otherwise.\n\nUsage:\n  fencegate health [--url URL] [--timeout 5s] [--wait 10s]\n\nFlags:")
 		fs.SetOutput(w)
 		fs.PrintDefaults()
 	}
@@ -64,6 +71,9 @@ func health(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	if *timeout <= 0 {
 		return withExit(exitUsage, errors.New("health: --timeout must be positive"))
 	}
+	if *wait < 0 {
+		return withExit(exitUsage, errors.New("health: --wait must not be negative"))
+	}
 	target := *url
 	if target == "" {
 		scheme := "http://"
@@ -76,23 +86,54 @@ func health(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	if err != nil {
 		return withExit(exitUsage, fmt.Errorf("health: %w", err))
 	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	if _, err := http.NewRequest(http.MethodGet, target, nil); err != nil {
+		return withExit(exitUsage, fmt.Errorf("health: --url: %w", err))
+	}
+	deadline := time.Now().Add(*wait)
+	for {
+		limit := *timeout
+		if *wait > 0 {
+			limit = min(limit, max(time.Until(deadline), time.Millisecond))
+		}
+		err := askReady(ctx, client, target, limit)
+		if err == nil {
+			_, err = fmt.Fprintln(stdout, "ready")
+			return err
+		}
+		pause := min(healthRetry, time.Until(deadline))
+		if pause <= 0 || ctx.Err() != nil {
+			return withExit(exitFailure, fmt.Errorf("health: not ready: %w", err))
+		}
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return withExit(exitFailure, fmt.Errorf("health: not ready: %w", err))
+		}
+	}
+}
+
+// healthRetry is the pause between the attempts of health --wait.
+var healthRetry = 200 * time.Millisecond
+
+// askReady sends one GET to target, bounded by timeout, and says why the
+// answer is not ready (nil when it is: a 2xx).
+func askReady(ctx context.Context, client *http.Client, target string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
-		return withExit(exitUsage, fmt.Errorf("health: --url: %w", err))
+		return err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return withExit(exitFailure, fmt.Errorf("health: not ready: %w", err))
+		return err
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return withExit(exitFailure, fmt.Errorf("health: not ready: %s answered %s: %s", target, resp.Status, strings.TrimSpace(string(body))))
+		return fmt.Errorf("%s answered %s: %s", target, resp.Status, strings.TrimSpace(string(body)))
 	}
-	_, err = fmt.Fprintln(stdout, "ready")
-	return err
+	return nil
 }
 
 // apiAddr is FENCEGATE_API_ADDR from environ, or its default. The rest of

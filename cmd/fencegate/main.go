@@ -10,7 +10,7 @@
 //	fencegate check          validate the configuration, print it (secrets redacted)
 //	fencegate access hash|token
 //	                         hash a bearer token for the access file, or make a new one
-//	fencegate health [--url URL]
+//	fencegate health [--url URL] [--wait D]
 //	                         exit 0 when the running fencegate's /readyz answers ready
 //	fencegate version        print the version
 //	fencegate env            print every configuration variable with its default
@@ -240,7 +240,7 @@ with secrets redacted. Exit 0 when serve would start, 2 when not.`,
 
 func newHealthCmd(c *cli) *cobra.Command {
 	return &cobra.Command{
-		Use:                "health [--url URL] [--timeout D]",
+		Use:                "health [--url URL] [--timeout D] [--wait D]",
 		Short:              "Exit 0 when a running fencegate's /readyz answers ready (a container healthcheck without curl)",
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
