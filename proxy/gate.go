@@ -36,7 +36,7 @@
 // a second target is fenced on both resources. Writes are forwarded with
 // exactly the path bytes that were judged. See Gate.decide.
 //
-// The engines (see Server): on Linux, event loops (one per two CPUs,
+// The engines (see Server): on Linux, event loops (one per CPU,
 // epoll) serve a TCP listener (a TLS one through a relay that terminates
 // TLS in Go, looptls_linux.go) and forward plain HTTP/1.1 requests
 // themselves, without a goroutine per request, admitting in the loop, in

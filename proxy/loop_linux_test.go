@@ -661,8 +661,11 @@ func TestLoopsReuseTheUpstreamConnectionUsedLast(t *testing.T) {
 // are dealt out to every loop, and each write reaches the upstream once,
 // read from its record.
 func TestLoopsOption(t *testing.T) {
-	if got := loopCount(0, 8); got != 4 {
-		t.Errorf("loopCount(0, 8) = %d, want 4 (one per two CPUs)", got)
+	if got := loopCount(0, 8); got != 8 {
+		t.Errorf("loopCount(0, 8) = %d, want 8 (one per CPU)", got)
+	}
+	if got := loopCount(3, 8); got != 3 {
+		t.Errorf("loopCount(3, 8) = %d, want the 3 asked for", got)
 	}
 	if got := loopCount(0, 1); got != 1 {
 		t.Errorf("loopCount(0, 1) = %d, want 1", got)

@@ -14,7 +14,7 @@ import (
 )
 
 // The event-loop engine serves a gate's TCP listener on Linux without a
-// goroutine per connection or per request: one epoll loop per two CPUs owns its
+// goroutine per connection or per request: one epoll loop per CPU owns its
 // client connections and the upstream connections they use, and moves each
 // request through its steps (head, body, decision, admission, sending,
 // response, relay) as its sockets become ready. A store that answers at
@@ -156,19 +156,21 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 }
 
 // loopCount is how many event loops serve a listener: wanted
-// (ServerOptions.Loops, FENCEGATE_LOOPS) when set, else, with procs CPUs
-// for Go, one per two CPUs. The other half is left to what a loop hands work
-// to (admissions that wait, the fallback server, the lease API, the
-// garbage collector) and to the service the gate sits beside. On two CPUs
-// shared with the client and the upstream, one loop measured best on an
-// AMD machine; on an Intel one two forward about a tenth more on the local
-// stores, not on Valkey, at a quarter more CPU per write and more latency
-// at one connection: docs/performance.md has the runs.
+// (ServerOptions.Loops, FENCEGATE_LOOPS) when set, else one per CPU Go
+// uses (procs, GOMAXPROCS), as nginx, HAProxy and Envoy run one worker per
+// CPU. On two CPUs shared with the client and the upstream, once idle
+// loops stopped waking every 20 ms, two loops forwarded 1.10 to 1.17 x
+// what one did on the local stores at 50 connections and 1.26 x at 1,000,
+// for about the same CPU per write (0 to 3 % more), the same latency at one
+// connection and the same memory; on Valkey beside its server on those
+// CPUs, as much as one for more CPU (docs/performance.md has the runs).
+// FENCEGATE_LOOPS set lower leaves CPUs to the service the gate sits
+// beside.
 func loopCount(wanted, procs int) int {
 	if wanted > 0 {
 		return wanted
 	}
-	return max(1, procs/2)
+	return max(1, procs)
 }
 
 // serve runs the loops until Shutdown or Close, and returns once stop has

@@ -72,7 +72,7 @@ type ServerOptions struct {
 	// NoEventLoops serves every connection with the general engine.
 	NoEventLoops bool
 	// Loops is how many event loops serve the listener (Linux); zero
-	// means one per two of GOMAXPROCS, at least one (see loopCount).
+	// means one per GOMAXPROCS (see loopCount).
 	Loops int
 	// TLS, when set, makes the listener serve HTTPS (TLS 1.2 or later),
 	// HTTP/2 by ALPN beside HTTP/1.1; with ClientCAs and
@@ -96,7 +96,7 @@ type ServerOptions struct {
 // Server serves a Gate on a listener.
 //
 // Two engines serve it. On Linux, a TCP listener in front of an http
-// upstream is served by event loops (one per two CPUs, see loopengine_linux.go)
+// upstream is served by event loops (one per CPU, see loopengine_linux.go)
 // that forward plain HTTP/1.1 requests themselves and hand every other
 // connection to the general engine: net/http's server (HTTP/2, h2c, gRPC,
 // upgrades, streamed bodies), forwarding through net/http's transport

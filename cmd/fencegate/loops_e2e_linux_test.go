@@ -8,16 +8,16 @@ import (
 )
 
 // TestLoopsSetting: FENCEGATE_LOOPS reaches the gate's event loops, and
-// its default is one loop per two of the CPUs Go uses (GOMAXPROCS, set
-// here so that the machine's own count does not matter); the binary logs
-// the engine and loop count of each gate listener.
+// its default is one loop per CPU Go uses (GOMAXPROCS, set here so that
+// the machine's own count does not matter); the binary logs the engine and
+// loop count of each gate listener.
 func TestLoopsSetting(t *testing.T) {
 	for _, tc := range []struct {
 		env   []string
 		loops float64
 	}{
 		{[]string{"FENCEGATE_LOOPS=3", "GOMAXPROCS=2"}, 3},
-		{[]string{"GOMAXPROCS=4"}, 2},
+		{[]string{"GOMAXPROCS=4"}, 4},
 		{[]string{"GOMAXPROCS=1"}, 1},
 	} {
 		t.Run(strings.Join(tc.env, ","), func(t *testing.T) {
