@@ -159,13 +159,13 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 // (ServerOptions.Loops, FENCEGATE_LOOPS) when set, else one per CPU Go
 // uses (procs, GOMAXPROCS), as nginx, HAProxy and Envoy run one worker per
 // CPU. On two CPUs shared with the client and the upstream, once idle
-// loops stopped waking every 20 ms, two loops forwarded 1.10 to 1.17 x
+// loops stopped waking every 20 ms, two loops forwarded 1.09 to 1.24 x
 // what one did on the local stores at 50 connections and 1.26 x at 1,000,
-// for about the same CPU per write (0 to 3 % more), the same latency at one
-// connection and the same memory; on Valkey beside its server on those
-// CPUs, as much as one for more CPU (docs/performance.md has the runs).
-// FENCEGATE_LOOPS set lower leaves CPUs to the service the gate sits
-// beside.
+// for about the same CPU per write (7 % less to 3 % more), the same
+// latency at one connection and the same memory; on Valkey beside its
+// server on those CPUs, as much as one for more CPU (docs/performance.md
+// has the runs). FENCEGATE_LOOPS set lower leaves CPUs to the service the
+// gate sits beside.
 func loopCount(wanted, procs int) int {
 	if wanted > 0 {
 		return wanted
