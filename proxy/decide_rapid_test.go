@@ -10,12 +10,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fencegate/fencegate/internal/failrecorder"
-
 	"pgregory.net/rapid"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/internal/failrecorder"
 )
 
 // This file checks Gate.decide against a model of the gate's edge written

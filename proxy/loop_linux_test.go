@@ -727,8 +727,9 @@ func TestLoopsOption(t *testing.T) {
 // TestIdleLoopSleepsUntilItsNextDeadline: a loop with nothing to do sleeps
 // until the earliest deadline of its connections (here a keep-alive
 // client's idle timeout), at most loopIdleMax, rather than waking every
-// loopTick; the deadline still fires, and a busy loop still sweeps every
-// loopTick. Wake-ups are counted in passes.
+// loopTick; the deadline still fires, and while a request waits for an
+// upstream connection (which only the sweep hands it) the loop still
+// wakes every loopTick. Wake-ups are counted in passes.
 func TestIdleLoopSleepsUntilItsNextDeadline(t *testing.T) {
 	up, u, st, l := newLeasedUpstream(t)
 	rules, _ := ParseRules(testRules)
@@ -778,6 +779,15 @@ func TestIdleLoopSleepsUntilItsNextDeadline(t *testing.T) {
 	}
 	if wait > idle+time.Millisecond || wait < loopTick {
 		t.Errorf("with a client idle until %v from now, the loop sleeps %v", idle, wait)
+	}
+	onLoop(func() {
+		saved := lp.pool.waiting
+		lp.pool.waiting = append(saved[:len(saved):len(saved)], &loopConn{})
+		wait = lp.idleWait()
+		lp.pool.waiting = saved
+	})
+	if wait != loopTick {
+		t.Errorf("with a request waiting for an upstream connection, the loop sleeps %v, want loopTick (%v)", wait, loopTick)
 	}
 
 	// Asleep, the loop runs a few passes over a window of many loopTicks,

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencegate/fencegate/internal/failrecorder"
-
 	"github.com/anishathalye/porcupine"
 	"pgregory.net/rapid"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/fencegate/fencegate/fencing/fencingtest"
 	"github.com/fencegate/fencegate/fencing/fencingtest/linear"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/internal/failrecorder"
 )
 
 // twoStepAdmit is a deliberately broken store: its admission reads the
