@@ -103,6 +103,12 @@ type MarkReader interface {
 	Send(now time.Time, reqs []AdmitRequest) (pending bool, err error)
 	// Flush writes what Send left; it reports whether bytes are left.
 	Flush() (pending bool, err error)
+	// Awaiting reports, without I/O, whether answers to the last Send are
+	// still to be read: they come with the socket's readability, so the
+	// caller waits for it (a Receive before would find nothing). It is
+	// false after a Send none of whose requests needed a read: Receive
+	// then settles the batch at once.
+	Awaiting() bool
 	// Receive reads what has arrived and reports whether every answer to
 	// the last Send is in. Then settled[i] (as long as reqs) tells
 	// whether reqs[i] is admitted at the mark, with out[i] exactly what

@@ -186,7 +186,9 @@ func (m *markConn) send() {
 		return
 	}
 	m.watchWritable(pending)
-	m.receive() // a batch with nothing to read is answered at once
+	if !m.r.Awaiting() {
+		m.receive() // a batch with nothing to read is answered at once
+	} // otherwise the answers come with the socket's readability
 }
 
 // watchWritable asks the poller for writability while bytes are pending.

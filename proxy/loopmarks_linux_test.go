@@ -36,11 +36,15 @@ import (
 //	close    closes its end
 //	stall    never answers (the reader is overdue after overdueAfter)
 //	garbage  answers what no reader understands
+//	unread   gets nothing: the reader's Send finds no request it can
+//	         read (as the Valkey store's with invalid ones) and its
+//	         Receive settles none, at once
 type markedStore struct {
 	batchedStore
 	mode         atomic.Pointer[string]
 	overdueAfter time.Duration
 	opened       atomic.Int64
+	closed       atomic.Int64 // readers closed (failed, or at the end)
 	settled      atomic.Int64
 	sentBatches  atomic.Int64
 }
@@ -106,6 +110,7 @@ type fakeMarkReader struct {
 	sentAt time.Time
 	out    []byte // the batch line, until written
 	in     []byte
+	unread bool // the batch needs no read (mode unread)
 }
 
 func (r *fakeMarkReader) Fd() int { return r.fd }
@@ -113,8 +118,12 @@ func (r *fakeMarkReader) Fd() int { return r.fd }
 func (r *fakeMarkReader) Send(now time.Time, reqs []fencing.AdmitRequest) (bool, error) {
 	r.reqs, r.sentAt, r.in = reqs, now, r.in[:0]
 	r.out = []byte(strconv.Itoa(len(reqs)) + "\n")
-	if *r.st.mode.Load() == "pending" {
+	switch *r.st.mode.Load() {
+	case "pending":
 		return true, nil
+	case "unread":
+		r.out, r.unread = nil, true
+		return false, nil
 	}
 	return r.Flush()
 }
@@ -125,7 +134,14 @@ func (r *fakeMarkReader) Flush() (bool, error) {
 	return false, err
 }
 
+func (r *fakeMarkReader) Awaiting() bool { return r.reqs != nil && !r.unread }
+
 func (r *fakeMarkReader) Receive(out []fencing.Admission, settled []bool) (bool, error) {
+	if r.unread {
+		clear(settled[:len(r.reqs)])
+		r.reqs, r.unread = nil, false
+		return true, nil
+	}
 	var b [64]byte
 	n, err := unix.Read(r.fd, b[:])
 	switch {
@@ -156,17 +172,21 @@ func (r *fakeMarkReader) Overdue(now time.Time) bool {
 	return r.reqs != nil && now.Sub(r.sentAt) > r.st.overdueAfter
 }
 
-func (r *fakeMarkReader) Close() error { return unix.Close(r.fd) }
+func (r *fakeMarkReader) Close() error {
+	r.st.closed.Add(1)
+	return unix.Close(r.fd)
+}
 
 // TestLoopMarkReaders: with a store that has mark readers, a loop reads the
 // marks of its batches itself and forwards the writes read at the mark;
 // every other write (a raise, stale, not issued, one needing a live lease)
 // and every write of a batch whose reader fails (closed, garbage, late)
-// is admitted by the worker. Whatever the reader does, each write gets the
+// is admitted by the worker, as is every write of a batch the reader
+// settles at once without reading. Whatever the reader does, each write gets the
 // answer it would get alone, and the upstream receives exactly the
 // admitted ones with their tokens.
 func TestLoopMarkReaders(t *testing.T) {
-	for _, mode := range []string{"answer", "pending", "close", "stall", "garbage"} {
+	for _, mode := range []string{"answer", "pending", "close", "stall", "garbage", "unread"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			clock := newFakeClock()
@@ -245,6 +265,12 @@ func TestLoopMarkReaders(t *testing.T) {
 			case "answer", "pending":
 				if settled == 0 {
 					t.Fatal("no write was settled by a mark reader")
+				}
+			case "unread":
+				// Each batch is settled at once: no reader waits for an
+				// answer that will not come until it is overdue and closed.
+				if settled != 0 || batches != 0 || st.closed.Load() != 0 {
+					t.Fatalf("%d writes settled, %d batches sent, %d readers closed, by readers with nothing to read; want none", settled, batches, st.closed.Load())
 				}
 			default:
 				if settled != 0 || batches == 0 {

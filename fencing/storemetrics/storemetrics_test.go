@@ -341,6 +341,7 @@ func (r *evenReader) Send(_ time.Time, reqs []fencing.AdmitRequest) (bool, error
 	return false, nil
 }
 func (r *evenReader) Flush() (bool, error) { return false, nil }
+func (r *evenReader) Awaiting() bool       { return false }
 func (r *evenReader) Receive(out []fencing.Admission, settled []bool) (bool, error) {
 	for i := range r.n {
 		settled[i] = i%2 == 0

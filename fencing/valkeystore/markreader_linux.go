@@ -84,6 +84,9 @@ func (m *markReader) Flush() (bool, error) {
 	return false, nil
 }
 
+// Awaiting implements fencing.MarkReader.
+func (m *markReader) Awaiting() bool { return m.busy && m.r.got < m.r.sent }
+
 // Receive implements fencing.MarkReader.
 func (m *markReader) Receive(out []fencing.Admission, settled []bool) (bool, error) {
 	if !m.busy {

@@ -118,6 +118,43 @@ func TestMarkReaderSettlesAtTheMark(t *testing.T) {
 	}
 }
 
+// TestMarkReaderAwaiting: after a Send with a read to answer, a mark reader
+// awaits its answers until Receive has them all; after a Send none of
+// whose requests it can read, it awaits nothing and Receive settles the
+// batch at once, settling none.
+func TestMarkReaderAwaiting(t *testing.T) {
+	srv := valkeytest.Start(t)
+	s := open(t, srv.URL(), freshPrefix())
+	a := mustAcquire(t, s, "aw:a", "alice")
+	mustAdmit(t, s, "aw:a", a.Token)
+	r := openReader(t, s)
+	if r.Awaiting() {
+		t.Fatal("a new reader awaits answers")
+	}
+
+	sendMarks(t, r, []fencing.AdmitRequest{{Resource: "aw:a", Token: a.Token}})
+	if !r.Awaiting() {
+		t.Fatal("a reader with a read out awaits nothing")
+	}
+	if _, settled, err := receiveMarks(t, r, 1); err != nil || !settled[0] {
+		t.Fatalf("Receive: settled %v, %v", settled, err)
+	}
+	if r.Awaiting() {
+		t.Fatal("a reader whose batch is answered still awaits answers")
+	}
+
+	unreadable := []fencing.AdmitRequest{{Resource: "", Token: 5}, {Resource: "aw:a", Token: a.Token, RequireLive: true}}
+	sendMarks(t, r, unreadable)
+	if r.Awaiting() {
+		t.Fatal("a reader that sent no read awaits answers")
+	}
+	settled := []bool{true, true} // Receive sets each
+	done, err := r.Receive(make([]fencing.Admission, 2), settled)
+	if !done || err != nil || settled[0] || settled[1] {
+		t.Fatalf("Receive of a batch with nothing to read: done %v, settled %v, %v; want done, none settled", done, settled, err)
+	}
+}
+
 // statuses returns the issued and high-water tokens of each resource.
 func statuses(t *testing.T, s *Store, res ...string) []string {
 	t.Helper()
