@@ -24,9 +24,12 @@
 #      connections; median req/s, p50 and p99 over rounds, the ratios
 #      gate ÷ nginx and gate ÷ direct (median, and the range over rounds),
 #      the proxy's CPU time per request (user + system, from /proc, all of
-#      nginx's processes) and the machine's idle CPU share meanwhile (a
-#      proxy that leaves CPU idle while the client waits on it is limited
-#      by how its work is spread over threads, not by its cost);
+#      nginx's processes), the whole machine's busy CPU time per request
+#      (every process: wrk, the upstream, the proxy, a Valkey server; the
+#      budget the targets share, so the proxy's column against this one
+#      shows what the rest costs) and the machine's idle CPU share
+#      meanwhile (a proxy that leaves CPU idle while the client waits on it
+#      is limited by how its work is spread over threads, not by its cost);
 #   2. latency: one connection, $BENCH_LAT_ROUNDS interleaved rounds; the
 #      median p50 latency over rounds and what each hop adds to the direct
 #      path, taken within each round (median and range), and each row's p50
@@ -450,8 +453,9 @@ machine_ticks() { awk '/^cpu /{t=0; for (i=2;i<=NF;i++) t+=$i; print $5+$6, t; e
 TICK=$(getconf CLK_TCK)
 
 # run TARGET CONNS THREADS: one wrk run; prints "req/s p50µs p99µs non2xx
-# sockerr cpuµs idle%": cpuµs is the proxy's CPU time (user + system) per
-# request ("-" for direct), idle% the machine's idle CPU share meanwhile.
+# sockerr cpuµs idle% machineµs": cpuµs is the proxy's CPU time (user +
+# system) per request ("-" for direct), idle% the machine's idle CPU share
+# meanwhile, machineµs the machine's busy CPU time per request (all CPUs).
 run() {
 	local out pp c0 c1 i0 t0 i1 t1
 	pp=$(proxy_pids "$1")
@@ -464,7 +468,7 @@ run() {
 	sed -n 's/^RESULT //p' <<<"$out" | awk -v c=$((c1 - c0)) -v pp="$pp" -v tick="$TICK" \
 		-v idle=$((i1 - i0)) -v total=$((t1 - t0)) '{
 		cpu = pp == "" || $6 == 0 ? "-" : sprintf("%.1f", c / tick * 1e6 / $6)
-		print $1, $2, $3, $4, $5, cpu, sprintf("%.0f", total ? 100 * idle / total : 0)
+		print $1, $2, $3, $4, $5, cpu, sprintf("%.0f", total ? 100 * idle / total : 0), $6 ? sprintf("%.1f", (total - idle) / tick * 1e6 / $6) : "-"
 	}'
 }
 
@@ -488,17 +492,17 @@ throughput() {
 	local f=$1 ng=$2 hp=$3
 	shift 3
 	awk -v targets="$*" -v nginx="$ng" -v haproxy="$hp" "$AWK_STATS"'
-{ rps[$2, $1] = $3; p50[$2, $1] = $4; p99[$2, $1] = $5; bad[$2] += $6 + $7; cpu[$2, $1] = $8; idle[$2, $1] = $9; if ($1 > rounds) rounds = $1 }
+{ rps[$2, $1] = $3; p50[$2, $1] = $4; p99[$2, $1] = $5; bad[$2] += $6 + $7; cpu[$2, $1] = $8; idle[$2, $1] = $9; all[$2, $1] = $10; if ($1 > rounds) rounds = $1 }
 END {
 	n = split(targets, T, " ")
 	hap = ((haproxy, 1) in rps)
-	printf "  %-31s %10s %9s %9s %10s %14s %10s %14s %10s %14s %8s %9s %6s\n", "target", "req/s", "p50 µs", "p99 µs", "÷ nginx", "(range)", "÷ haproxy", "(range)", "÷ direct", "(range)", "errors", "CPU µs", "idle"
+	printf "  %-31s %10s %9s %9s %10s %14s %10s %14s %10s %14s %8s %9s %9s %6s\n", "target", "req/s", "p50 µs", "p99 µs", "÷ nginx", "(range)", "÷ haproxy", "(range)", "÷ direct", "(range)", "errors", "CPU µs", "all µs", "idle"
 	for (k = 1; k <= n; k++) {
 		t = T[k]
-		for (r = 1; r <= rounds; r++) { a[r] = rps[t, r]; b[r] = p50[t, r]; c[r] = p99[t, r]; x[r] = rps[t, r] / rps[nginx, r]; y[r] = rps[t, r] / rps["direct", r]; z[r] = hap ? rps[t, r] / rps[haproxy, r] : 0; u[r] = cpu[t, r]; v[r] = idle[t, r] }
+		for (r = 1; r <= rounds; r++) { a[r] = rps[t, r]; b[r] = p50[t, r]; c[r] = p99[t, r]; x[r] = rps[t, r] / rps[nginx, r]; y[r] = rps[t, r] / rps["direct", r]; z[r] = hap ? rps[t, r] / rps[haproxy, r] : 0; u[r] = cpu[t, r]; v[r] = idle[t, r]; w[r] = all[t, r] }
 		m = median(a, rounds); m50 = median(b, rounds); m99 = median(c, rounds)
 		hm = hap ? median(z, rounds) : 0
-		printf "  %-31s %10.0f %9.0f %9.0f %10.2f %14s %10s %14s %10.2f %14s %8d %9s %5.0f%%\n", t, m, m50, m99, median(x, rounds), sprintf("%.2f–%.2f", least(x, rounds), most(x, rounds)), hap ? sprintf("%.2f", hm) : "–", hap ? sprintf("%.2f–%.2f", least(z, rounds), most(z, rounds)) : "–", median(y, rounds), sprintf("%.2f–%.2f", least(y, rounds), most(y, rounds)), bad[t], t == "direct" ? "–" : sprintf("%.1f", median(u, rounds)), median(v, rounds)
+		printf "  %-31s %10.0f %9.0f %9.0f %10.2f %14s %10s %14s %10.2f %14s %8d %9s %9.1f %5.0f%%\n", t, m, m50, m99, median(x, rounds), sprintf("%.2f–%.2f", least(x, rounds), most(x, rounds)), hap ? sprintf("%.2f", hm) : "–", hap ? sprintf("%.2f–%.2f", least(z, rounds), most(z, rounds)) : "–", median(y, rounds), sprintf("%.2f–%.2f", least(y, rounds), most(y, rounds)), bad[t], t == "direct" ? "–" : sprintf("%.1f", median(u, rounds)), median(w, rounds), median(v, rounds)
 	}
 }' "$f"
 }
