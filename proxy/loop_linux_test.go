@@ -728,8 +728,9 @@ func TestLoopsOption(t *testing.T) {
 // until the earliest deadline of its connections (here a keep-alive
 // client's idle timeout), at most loopIdleMax, rather than waking every
 // loopTick; the deadline still fires, and while a request waits for an
-// upstream connection (which only the sweep hands it) the loop still
-// wakes every loopTick. Wake-ups are counted in passes.
+// upstream connection (which only the sweep hands it) or a batch is out on
+// its mark reader (which only the sweep finds overdue) the loop still wakes
+// every loopTick. Wake-ups are counted in passes.
 func TestIdleLoopSleepsUntilItsNextDeadline(t *testing.T) {
 	up, u, st, l := newLeasedUpstream(t)
 	rules, _ := ParseRules(testRules)
@@ -788,6 +789,15 @@ func TestIdleLoopSleepsUntilItsNextDeadline(t *testing.T) {
 	})
 	if wait != loopTick {
 		t.Errorf("with a request waiting for an upstream connection, the loop sleeps %v, want loopTick (%v)", wait, loopTick)
+	}
+	onLoop(func() {
+		saved := lp.marks.conn
+		lp.marks.conn = &markConn{l: lp, batch: make([]pendingAdmit, 1)}
+		wait = lp.idleWait()
+		lp.marks.conn = saved
+	})
+	if wait != loopTick {
+		t.Errorf("with a batch out on its mark reader (which the sweep finds overdue), the loop sleeps %v, want loopTick (%v)", wait, loopTick)
 	}
 
 	// Asleep, the loop runs a few passes over a window of many loopTicks,
