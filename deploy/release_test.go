@@ -2,8 +2,11 @@ package deploy
 
 import (
 	"archive/tar"
+	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
+	"debug/elf"
+	"debug/macho"
 	"encoding/hex"
 	"io"
 	"io/fs"
@@ -134,5 +137,72 @@ func checkArchiveLinks(t *testing.T, root string) {
 	}
 	if pages < 2 {
 		t.Fatalf("the archive holds %d Markdown pages, want the README and docs/", pages)
+	}
+}
+
+// TestReleaseScriptBuildsForAnotherOS runs scripts/release.sh for a
+// platform of its default list on another operating system than this
+// machine's (macOS; Linux on a Mac) and checks that the archive holds a
+// binary for it. The event loops and several helpers are Linux-only: a
+// file without its build constraint breaks every other platform's build,
+// which TestReleaseScript, building for this machine, cannot see.
+func TestReleaseScriptBuildsForAnotherOS(t *testing.T) {
+	if os.Getenv("FENCEGATE_QUICK") == "1" {
+		t.Skip("FENCEGATE_QUICK: builds the binary for another platform")
+	}
+	goos, goarch := "darwin", "arm64"
+	if runtime.GOOS == "darwin" {
+		goos, goarch = "linux", "amd64"
+	}
+	dist := t.TempDir()
+	cmd := exec.Command("bash", "../scripts/release.sh", "v9.8.7-test")
+	cmd.Env = append(os.Environ(), "RELEASE_DIR="+dist, "RELEASE_PLATFORMS="+goos+"/"+goarch)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("release.sh for %s/%s: %v\n%s", goos, goarch, err, out)
+	}
+	name := "fencegate_v9.8.7-test_" + goos + "_" + goarch
+	f, err := os.Open(filepath.Join(dist, name+".tar.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			t.Fatalf("the %s/%s archive has no %s/fencegate", goos, goarch, name)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Name != name+"/fencegate" {
+			continue
+		}
+		bin, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cpu string
+		if goos == "darwin" {
+			m, err := macho.NewFile(bytes.NewReader(bin))
+			if err != nil {
+				t.Fatalf("the darwin binary is not Mach-O: %v", err)
+			}
+			cpu = m.Cpu.String()
+		} else {
+			e, err := elf.NewFile(bytes.NewReader(bin))
+			if err != nil {
+				t.Fatalf("the linux binary is not ELF: %v", err)
+			}
+			cpu = e.Machine.String()
+		}
+		if want := map[string]string{"darwin": "CpuArm64", "linux": "EM_X86_64"}[goos]; cpu != want {
+			t.Fatalf("the %s/%s binary is for %s, want %s", goos, goarch, cpu, want)
+		}
+		return
 	}
 }

@@ -108,6 +108,9 @@ type loopEngine struct {
 	handed map[*handedConn]bool // connections served by the fallback; true while idle
 }
 
+// count is how many event loops the engine runs.
+func (e *loopEngine) count() int { return len(e.loops) }
+
 // newLoopEngine returns the event loops for ln, or nil when ln cannot be
 // served by them (not a TCP listener, or an upstream spoken to over TLS or
 // HTTP/2: the loops speak HTTP/1.1 over plain TCP only).

@@ -207,7 +207,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Unlock()
 	s.loops.Store(e)
 	if e != nil {
-		s.g.log.Info("gate engine", "addr", ln.Addr().String(), "engine", "event loops", "loops", len(e.loops))
+		s.g.log.Info("gate engine", "addr", ln.Addr().String(), "engine", "event loops", "loops", e.count())
 		go func() { _ = s.hs.Serve(s.handoff) }()
 		return e.serve()
 	}

@@ -33,7 +33,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -207,7 +206,7 @@ func fsyncProbe(dir string, d time.Duration) (float64, error) {
 		if _, err := f.WriteAt(buf, 0); err != nil {
 			return 0, err
 		}
-		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+		if err := fdatasync(f); err != nil {
 			return 0, err
 		}
 		n++
