@@ -182,9 +182,9 @@ func (r *fakeMarkReader) Close() error {
 // every other write (a raise, stale, not issued, one needing a live lease)
 // and every write of a batch whose reader fails (closed, garbage, late)
 // is admitted by the worker, as is every write of a batch the reader
-// settles at once without reading. Whatever the reader does, each write gets the
-// answer it would get alone, and the upstream receives exactly the
-// admitted ones with their tokens.
+// settles at once without reading. Whatever the reader does, each write
+// gets the answer it would get alone, and the upstream receives exactly
+// the admitted ones with their tokens.
 func TestLoopMarkReaders(t *testing.T) {
 	for _, mode := range []string{"answer", "pending", "close", "stall", "garbage", "unread"} {
 		t.Run(mode, func(t *testing.T) {
