@@ -120,7 +120,7 @@ func New() (*Cluster, error) {
 	}
 	var startErr error
 	for range 3 { // the free port may be taken before the server binds it
-		if c.port, startErr = freePort(); startErr != nil {
+		if c.port, startErr = freeport.Port(); startErr != nil {
 			break
 		}
 		if startErr = c.Start(); startErr == nil {
@@ -164,14 +164,6 @@ func (c *Cluster) command(name string, args ...string) *exec.Cmd {
 	cmd.Dir = c.dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: c.cred}
 	return cmd
-}
-
-func freePort() (int, error) {
-	p, err := freeport.Port()
-	if err != nil {
-		return 0, fmt.Errorf("pgtest: find a free port: %w", err)
-	}
-	return p, nil
 }
 
 // Start starts the server on the cluster's port and waits until it accepts
