@@ -14,10 +14,14 @@ import (
 )
 
 // upstreamPool is one loop's upstream connections: those idle, the
-// requests waiting for one while UpstreamConns are all busy, and the dials
-// (on goroutines the engine waits for on stop). It runs on its loop's
-// goroutine only; the count of connections is the engine's (upConns),
-// shared by every loop. A connection's exchange is loopupstream_linux.go's.
+// requests waiting for one while UpstreamConns are all in use, and the
+// dials (on goroutines the engine waits for on stop). It runs on its
+// loop's goroutine only. The places under UpstreamConns are the engine's
+// (upConns), shared by every loop, while each loop keeps its own idle
+// connections: a loop whose requests wait at the cap asks the others to
+// close idle ones (reclaim), so that a place kept idle on one loop never
+// makes a request on another wait. A connection's exchange is
+// loopupstream_linux.go's.
 type upstreamPool struct {
 	l       *eventLoop
 	idle    []*upConn   // idle connections, most recent last
@@ -30,8 +34,58 @@ func (p *upstreamPool) sweep(now time.Time) {
 	for len(p.idle) > 0 && now.Sub(p.idle[0].idleSince) > upstreamIdle {
 		p.idle[0].close()
 	}
-	if len(p.waiting) > 0 && p.l.e.upConns.Load() < p.l.e.maxUp {
+	p.dialWaiting()
+	if len(p.waiting) > 0 {
+		p.reclaim(len(p.waiting))
+	}
+}
+
+// dialWaiting dials for the waiting requests, as many as there are
+// places free.
+func (p *upstreamPool) dialWaiting() {
+	for len(p.waiting) > 0 && p.reserve() {
 		p.dial(popFront(&p.waiting))
+	}
+}
+
+// reserve takes a place under UpstreamConns for a new connection, if one
+// is free.
+func (p *upstreamPool) reserve() bool {
+	e := p.l.e
+	for {
+		n := e.upConns.Load()
+		if n >= e.maxUp {
+			return false
+		}
+		if e.upConns.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// reclaim asks every other loop to close up to n of its idle upstream
+// connections, the longest idle first, and a loop that closed any to
+// wake this one, whose waiting requests then dial in the places freed. A
+// loop with requests of its own waiting has no idle connection (put gives
+// them to its requests), so only places nobody uses are taken. Called when
+// a request starts waiting, and from sweep while requests wait (every
+// loopTick).
+func (p *upstreamPool) reclaim(n int) {
+	l := p.l
+	for _, o := range l.e.loops {
+		if o == l {
+			continue
+		}
+		o.post(func() {
+			closed := 0
+			for closed < n && len(o.pool.idle) > 0 {
+				o.pool.idle[0].close()
+				closed++
+			}
+			if closed > 0 {
+				l.post(p.dialWaiting)
+			}
+		})
 	}
 }
 
@@ -62,9 +116,8 @@ func (p *upstreamPool) drop(u *upConn) {
 }
 
 // get gives c an upstream connection: an idle one, a new one, or a
-// place in the queue when UpstreamConns are all busy.
+// place in the queue when UpstreamConns are all in use.
 func (p *upstreamPool) get(c *loopConn) {
-	l := p.l
 	if n := len(p.idle); n > 0 {
 		// The one used last, as nginx's upstream keepalive and net/http
 		// take theirs: at low load the same few connections (warm in the
@@ -78,11 +131,22 @@ func (p *upstreamPool) get(c *loopConn) {
 		u.attach(c)
 		return
 	}
-	if l.e.upConns.Load() >= l.e.maxUp {
-		p.waiting = append(p.waiting, c)
+	p.dialNew(c)
+}
+
+// dialNew gives c a new connection, or a place in the queue when
+// UpstreamConns are all in use. A read sent again after its pooled
+// connection broke takes this way, not another idle connection, which may
+// be as stale.
+func (p *upstreamPool) dialNew(c *loopConn) {
+	if p.reserve() {
+		p.dial(c)
 		return
 	}
-	p.dial(c)
+	p.waiting = append(p.waiting, c)
+	if len(p.waiting) == 1 { // later ones: sweep asks again
+		p.reclaim(1)
+	}
 }
 
 // popFront removes the first element of *s and returns it. The rest moves
@@ -94,11 +158,11 @@ func popFront[T any](s *[]T) T {
 	return v
 }
 
-// dial opens a new upstream connection for c on a goroutine (name
-// resolution and connecting may block), then hands it to the loop.
+// dial opens a new upstream connection for c, in a place reserve took,
+// on a goroutine (name resolution and connecting may block), then hands
+// it to the loop.
 func (p *upstreamPool) dial(c *loopConn) {
 	l := p.l
-	l.e.upConns.Add(1)
 	c.dialing = true
 	g := l.e.g
 	l.e.goTracked(workDial, func() {

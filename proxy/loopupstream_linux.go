@@ -139,7 +139,7 @@ func (c *loopConn) upstreamBroke(err error) {
 		c.retried = true
 		c.sent = 0
 		c.enter(stUpstream)
-		c.l.pool.dial(c)
+		c.l.pool.dialNew(c)
 		return
 	}
 	c.upstreamFailed(err)

@@ -3,8 +3,16 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestLoopsSetting: FENCEGATE_LOOPS reaches the gate's event loops, and
@@ -35,5 +43,64 @@ func TestLoopsSetting(t *testing.T) {
 				t.Fatalf("logged %v; want the event loops, %v of them, on %s", rec, tc.loops, p.addr["gate"])
 			}
 		})
+	}
+}
+
+// TestUpstreamConnsSharedByLoops: with FENCEGATE_UPSTREAM_CONNS=1 and two
+// event loops, fenced writes on two client connections (one on each loop,
+// as accepted connections go round) take turns on the one upstream
+// connection: each is applied by the upstream, none waits for the other
+// loop's idle connection to time out.
+func TestUpstreamConnsSharedByLoops(t *testing.T) {
+	rec := &recorder{}
+	upstream := httptest.NewServer(rec)
+	defer upstream.Close()
+	p := start(t, t.TempDir(), []string{
+		"FENCEGATE_STORE=memory:",
+		"FENCEGATE_UPSTREAM=" + upstream.URL,
+		"FENCEGATE_RULES=PUT /jobs/{id} fence job:{id}",
+		"FENCEGATE_UPSTREAM_CONNS=1",
+		"FENCEGATE_LOOPS=2",
+	}, "api", "gate")
+	st, lease, _ := call(t, "POST", p.url("api", "/v1/leases/job:9/acquire"), nil, `{"owner":"w","ttl_seconds":60}`)
+	if st != 200 {
+		t.Fatalf("acquire: %d %v", st, lease)
+	}
+	tok := strconv.FormatInt(token(t, lease), 10)
+	var conns [2]net.Conn
+	var readers [2]*bufio.Reader
+	for i := range conns {
+		c, err := net.Dial("tcp", p.addr["gate"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns[i], readers[i] = c, bufio.NewReader(c)
+	}
+	var want []string
+	for turn := range 4 {
+		i := turn % 2
+		body := fmt.Sprintf(`{"turn":%d}`, turn)
+		c := conns[i]
+		if err := c.SetDeadline(time.Now().Add(20 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		req := fmt.Sprintf("PUT /jobs/9 HTTP/1.1\r\nHost: gate\r\nFencing-Token: %s\r\nContent-Length: %d\r\n\r\n%s", tok, len(body), body)
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(readers[i], nil)
+		if err != nil {
+			t.Fatalf("turn %d on client connection %d: %v (waiting for the upstream connection the other loop keeps?)", turn, i, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("turn %d on client connection %d: %d", turn, i, resp.StatusCode)
+		}
+		want = append(want, "PUT /jobs/9 token="+tok+" body="+body)
+	}
+	if got := rec.list(); !slices.Equal(got, want) {
+		t.Fatalf("the upstream received %q, want %q", got, want)
 	}
 }
