@@ -77,12 +77,7 @@ func (p *upstreamPool) reclaim(n int) {
 			continue
 		}
 		o.post(func() {
-			closed := 0
-			for closed < n && len(o.pool.idle) > 0 {
-				o.pool.idle[0].close()
-				closed++
-			}
-			if closed > 0 {
+			if o.pool.closeOldest(n) > 0 {
 				l.post(p.dialWaiting)
 			}
 		})
@@ -90,10 +85,17 @@ func (p *upstreamPool) reclaim(n int) {
 }
 
 // closeIdle closes every idle connection (the loop has stopped).
-func (p *upstreamPool) closeIdle() {
-	for len(p.idle) > 0 {
-		p.idle[0].close()
+func (p *upstreamPool) closeIdle() { p.closeOldest(len(p.idle)) }
+
+// closeOldest closes up to n idle connections, the longest idle first,
+// and returns how many it closed.
+func (p *upstreamPool) closeOldest(n int) int {
+	closed := 0
+	for closed < n && len(p.idle) > 0 {
+		p.idle[0].close() // drops it from p.idle
+		closed++
 	}
+	return closed
 }
 
 // put returns u to the pool, or gives it to a request waiting for one.

@@ -175,34 +175,21 @@ func TestUpstreamConnsCapUnderLoad(t *testing.T) {
 // for places nobody holds. The upstream answers the first request on each
 // connection and hangs up on the second, once it has read it.
 func TestUpstreamPlacesAreCountedThroughRetries(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	var answered atomic.Int64
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				answered.Add(1)
-				body := "answer " + req.URL.Path
-				if _, err := fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
-					return
-				}
-				_, _ = http.ReadRequest(br) // then hang up without an answer
-			}()
+	ln := serveRaw(t, func(c net.Conn) {
+		defer c.Close()
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
 		}
-	}()
+		answered.Add(1)
+		body := "answer " + req.URL.Path
+		if _, err := fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+			return
+		}
+		_, _ = http.ReadRequest(br) // then hang up without an answer
+	})
 	u, _ := url.Parse("http://" + ln.Addr().String())
 	g, err := New(Options{Upstream: u, Store: memstore.New(memstore.Options{}), UpstreamConns: 2})
 	if err != nil {
