@@ -4,7 +4,8 @@
 #   ./scripts/release.sh v0.1.0
 #
 # For each platform (default: linux/amd64 linux/arm64 darwin/amd64
-# darwin/arm64; RELEASE_PLATFORMS overrides, space-separated), a static,
+# darwin/arm64; RELEASE_PLATFORMS overrides, space-separated, and may name
+# windows/amd64, whose binary is fencegate.exe), a static,
 # stripped binary built as the Dockerfile builds it (CGO_ENABLED=0,
 # -trimpath, version, commit and date stamped), packed with LICENSE,
 # README.md, the docs/ pages and the files they link to (see docs below)
@@ -49,9 +50,11 @@ for p in $platforms; do
 	name="fencegate_${version}_${os}_${arch}"
 	echo "release.sh: building $name" >&2
 	mkdir -p "$work/$name"
+	exe=fencegate
+	[ "$os" = windows ] && exe=fencegate.exe
 	CGO_ENABLED=0 GOOS="$os" GOARCH="$arch" go build -trimpath \
 		-ldflags "-s -w -X main.version=$version -X main.commit=$commit -X main.date=$date" \
-		-o "$work/$name/fencegate" ./cmd/fencegate
+		-o "$work/$name/$exe" ./cmd/fencegate
 	tar -cf - "${docs[@]}" | tar -C "$work/$name" -xf -
 	tar -C "$work" --owner=0 --group=0 --numeric-owner -czf "$dist/$name.tar.gz" "$name"
 	archives+=("$name.tar.gz")

@@ -157,6 +157,9 @@ var forwardedSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGH
 // runUnderLease is `fencegate run`: acquire, start CMD, keep the lease
 // while CMD runs, release, and exit with CMD's status.
 func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) error {
+	if err := runAvailable(); err != nil {
+		return withExit(exitUsage, err)
+	}
 	client, err := c.client()
 	if err != nil {
 		return err
@@ -170,7 +173,7 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 	defer signal.Stop(sigc)
 	// A stopped fencegate run could not renew the lease while CMD, in a
 	// process group of its own, went on: the job-control stop is ignored.
-	signal.Ignore(syscall.SIGTSTP)
+	ignoreJobStop()
 
 	sess, sig, err := c.acquireUnlessSignalled(ctx, client, o, sigc)
 	if sig != nil {
@@ -349,11 +352,6 @@ func (c *cli) release(ctx context.Context, sess *leaseapi.Session, finished bool
 		fmt.Fprintf(c.stderr, "fencegate run: releasing the lease: %v\n", err)
 	}
 	return false
-}
-
-// signalGroup sends sig to CMD's process group (CMD leads it).
-func signalGroup(pid int, sig syscall.Signal) {
-	_ = syscall.Kill(-pid, sig)
 }
 
 // childStatus is the exit status a shell would report for CMD.

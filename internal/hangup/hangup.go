@@ -53,7 +53,9 @@ func Release() {
 	signal.Stop(early)
 	select {
 	case <-early:
-		_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
+		if self, err := os.FindProcess(os.Getpid()); err == nil {
+			_ = self.Signal(syscall.SIGHUP) // where there is no SIGHUP, none came
+		}
 	default:
 	}
 }
