@@ -7,8 +7,8 @@ import (
 	"net"
 )
 
-// loopEngine: the event loops run on Linux only; elsewhere the fasthttp
-// server serves every connection.
+// loopEngine: the event loops run on Linux only; elsewhere the general
+// engine (net/http's server) serves every connection.
 type loopEngine struct{ closing interface{ Load() bool } }
 
 func newLoopEngine(*Server, net.Listener) (*loopEngine, error) { return nil, nil }
