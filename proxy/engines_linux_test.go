@@ -179,8 +179,8 @@ func (e *engineGate) exchange(t *testing.T, raw string) []string {
 }
 
 // TestEnginesAgree sends the same requests through a gate served by the
-// event loops and one served by fasthttp alone, and finds the same bytes
-// at the upstream and the same answers at the client.
+// event loops and one served by the general engine alone, and finds the
+// same bytes at the upstream and the same answers at the client.
 func TestEnginesAgree(t *testing.T) {
 	for _, kind := range []engine{engineLoops, engineLoopsPlainIO} {
 		// Each kind has its own two gates and upstreams, and the engines
@@ -198,14 +198,14 @@ func TestEnginesAgree(t *testing.T) {
 					wg.Go(func() { want = plain.exchange(t, tc.raw) })
 					wg.Wait()
 					if strings.Join(got, "\n") != strings.Join(want, "\n") {
-						t.Errorf("answers differ\n%s:\n%s\nfasthttp:\n%s", kind, strings.Join(got, "\n"), strings.Join(want, "\n"))
+						t.Errorf("answers differ\n%s:\n%s\ngeneral engine:\n%s", kind, strings.Join(got, "\n"), strings.Join(want, "\n"))
 					}
 					if len(want) == 0 {
 						t.Error("no answer at all")
 					}
 					gotUp, wantUp := canonicalRequests(t, loops.up.take()), canonicalRequests(t, plain.up.take())
 					if strings.Join(gotUp, "\n--\n") != strings.Join(wantUp, "\n--\n") {
-						t.Errorf("the upstream got different requests\n%s:\n%q\nfasthttp:\n%q", kind, gotUp, wantUp)
+						t.Errorf("the upstream got different requests\n%s:\n%q\ngeneral engine:\n%q", kind, gotUp, wantUp)
 					}
 				})
 			}
@@ -241,7 +241,7 @@ func canonicalRequests(t *testing.T, raws []string) []string {
 // fields the gate keeps reach the upstream in the order the client sent
 // them, even when a dropped field came before them (repeated fields are
 // a list whose order matters). Read from what the upstream received, on
-// the event loops and on the fasthttp engine.
+// the event loops and on the general engine.
 func TestClaimsAndOrderOnBothEngines(t *testing.T) {
 	raw := "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nConnection: X-Hop\r\nX-Hop: 1\r\nX-Request-Id: mine\r\n" +
 		"X-Forwarded-For: 6.6.6.6\r\nX-List: a\r\nx-forwarded-for: 7.7.7.7\r\nForwarded: for=6.6.6.6\r\nX-List: b\r\n" +
@@ -281,7 +281,7 @@ func TestClaimsAndOrderOnBothEngines(t *testing.T) {
 // in any case) never reaches the client, the fields around it keep their
 // order, and the client gets the gate's request id only, never the
 // upstream's; read from the client's answer on the event loops and on the
-// fasthttp engine.
+// general engine.
 func TestResponseConnectionFieldsOnBothEngines(t *testing.T) {
 	for _, kind := range engines {
 		e := newEngineGate(t, kind)

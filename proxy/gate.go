@@ -74,7 +74,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -219,7 +218,7 @@ func New(opts Options) (*Gate, error) {
 // exchange is one request's passage through the gate: what telemetry, the
 // audit log and the problem writer need to know about it.
 type exchange struct {
-	c *fasthttp.RequestCtx // the event loops' request, or nil
+	c *loopRequest // the event loops' request, or nil
 	// w and r are the general engine's (net/http) request, or nil.
 	w        *answerWriter
 	r        *http.Request
@@ -253,14 +252,12 @@ type exchange struct {
 // decisionHeader). start is when the request arrived: its duration is
 // measured from then. ctx bounds x's admission and its wait for a turn
 // (the event loops': cancelled when they stop).
-func (g *Gate) open(ctx context.Context, c *fasthttp.RequestCtx, scratch http.Header, start time.Time) (*exchange, Decision) {
+func (g *Gate) open(ctx context.Context, c *loopRequest, scratch http.Header, start time.Time) (*exchange, Decision) {
 	x := &exchange{c: c, ctx: ctx, start: start}
-	x.id = reqid.Choose(c.Request.Header.Peek(reqid.Header))
-	c.Response.Header.Set(reqid.Header, x.id)
-	target := string(c.Request.Header.RequestURI())
-	x.method = methodString(c.Request.Header.Method())
-	return x, g.judge(x, Incoming{Method: x.method, Target: target, Host: string(requestHost(c.Request.Header.RequestURI(), c.Request.Header.Host())),
-		Header: decisionHeader(&c.Request.Header, scratch)})
+	x.id = reqid.Choose(c.value(reqid.Header))
+	x.method = methodString(c.method())
+	return x, g.judge(x, Incoming{Method: x.method, Target: string(c.head.Target), Host: string(c.head.Host),
+		Header: decisionHeader(c, scratch)})
 }
 
 // judge decides on x's request, as in, and begins its telemetry and audit
@@ -365,16 +362,17 @@ func (g *Gate) writeProblem(x *exchange, p *problem.Error) {
 		g.writeProblemHTTP(x, p)
 		return
 	}
-	h := &x.c.Response.Header
+	if x.c.answer == nil {
+		x.c.answer = make(http.Header, 4)
+	}
+	h := x.c.answer
 	for k, vs := range p.Headers {
-		for _, v := range vs {
-			h.Add(k, v)
-		}
+		h[http.CanonicalHeaderKey(k)] = append(h[http.CanonicalHeaderKey(k)], vs...)
 	}
 	h.Set("X-Content-Type-Options", "nosniff")
-	x.c.SetStatusCode(p.Status)
-	x.c.SetContentType(problem.ContentType)
-	x.c.SetBody(p.Body())
+	h.Set("Content-Type", problem.ContentType)
+	x.c.status = p.Status
+	x.c.answerBody = p.Body()
 }
 
 // Rules are the rules in force.

@@ -172,7 +172,7 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 	}
 	for _, k := range [...]string{"User-Agent", "Content-Type"} {
 		if v := h[k]; len(v) > 1 {
-			h[k] = v[len(v)-1:] // the last, as the loops' parser keeps
+			h[k] = v[len(v)-1:] // the last, as the loops send
 		}
 	}
 	if h.Get("Content-Type") == "" {
@@ -297,9 +297,7 @@ func (g *Gate) writeProblemHTTP(x *exchange, p *problem.Error) {
 
 // delUpgrade drops the request's Upgrade header (an h2c offer on a read).
 func (x *exchange) delUpgrade() {
-	if x.c != nil {
-		x.c.Request.Header.Del("Upgrade")
-	} else {
+	if x.c == nil { // the loops take no request with an Upgrade field
 		x.r.Header.Del("Upgrade")
 	}
 }
@@ -307,7 +305,7 @@ func (x *exchange) delUpgrade() {
 // upgrade reports whether the request asks for a protocol upgrade.
 func (x *exchange) upgrade() bool {
 	if x.c != nil {
-		return len(x.c.Request.Header.Peek("Upgrade")) > 0
+		return false // the loops take no request with an Upgrade field
 	}
 	return x.r.Header.Get("Upgrade") != ""
 }
@@ -315,7 +313,10 @@ func (x *exchange) upgrade() bool {
 // remoteAddr is the client's address.
 func (x *exchange) remoteAddr() net.Addr {
 	if x.c != nil {
-		return x.c.RemoteAddr()
+		if x.c.remote == nil {
+			return &net.TCPAddr{}
+		}
+		return x.c.remote
 	}
 	if ap, err := netip.ParseAddrPort(x.r.RemoteAddr); err == nil {
 		return net.TCPAddrFromAddrPort(ap)

@@ -3,8 +3,6 @@
 package proxy
 
 import (
-	"bufio"
-	"bytes"
 	"crypto/tls"
 	"errors"
 	"net"
@@ -44,11 +42,8 @@ type eventLoop struct {
 
 	batchIO loopBatchIO // the pass's reads and writes batched through io_uring (loopring_linux.go)
 
-	buf       []byte        // one read
-	rd        bytes.Reader  // parsing: a head's bytes...
-	br        *bufio.Reader // ...as fasthttp's header parser reads them
-	hdr       http.Header   // the headers decide reads, reused (see decisionHeader)
-	head      h1.Request    // the request head parsed last (parseHead), reused
+	buf       []byte      // one read
+	hdr       http.Header // the headers decide reads, reused (see decisionHeader)
 	lastSweep time.Time
 	lastYield time.Time   // when the loop last went through the Go scheduler (see loopYield)
 	passes    uint64      // passes run, a count for tests
@@ -68,7 +63,6 @@ func newEventLoop(e *loopEngine) (*eventLoop, error) {
 	l := &eventLoop{e: e, p: p, fds: make(map[int]fdOwner), clients: make(map[*loopConn]struct{}),
 		buf: make([]byte, loopReadBuffer), exited: make(chan struct{})}
 	l.pool.l = l
-	l.br = bufio.NewReaderSize(&l.rd, upstreamReadBuffer+1)
 	l.hdr = make(http.Header, 2)
 	if e.lnFD < 0 {
 		return l, nil // a TLS listener: acceptTLS adds the connections
@@ -244,11 +238,7 @@ func (l *eventLoop) accept() {
 // holds its place under the cap), or nil.
 func (l *eventLoop) add(fd int, remote *net.TCPAddr, client netip.Addr, tlsState *tls.ConnectionState) {
 	c := &loopConn{Sock: evloop.Sock{FD: fd}, l: l, remote: remote, client: client, tls: tlsState}
-	if tlsState != nil {
-		c.ctx.Init2(loopTLSConn{c}, nil, false) // IsTLS: X-Forwarded-Proto https
-	} else {
-		c.ctx.Init2(c, nil, false)
-	}
+	c.request.remote, c.request.tls = remote, tlsState != nil // TLS: X-Forwarded-Proto https
 	c.enter(stHead)
 	l.clients[c] = struct{}{}
 	l.fds[fd] = c

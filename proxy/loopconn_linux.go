@@ -4,13 +4,11 @@ package proxy
 
 import (
 	"crypto/tls"
-	"io"
 	"net"
 	"net/netip"
 	"os"
 	"time"
 
-	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
 	"github.com/fencegate/fencegate/internal/evloop"
@@ -75,9 +73,7 @@ func (c *loopConn) enter(st connState) {
 	}
 }
 
-// loopConn is a client connection served by an event loop. It implements
-// net.Conn only as far as fasthttp.RequestCtx asks (the addresses): the
-// loop does the I/O.
+// loopConn is a client connection served by an event loop.
 type loopConn struct {
 	evloop.Sock
 	l        *eventLoop
@@ -93,7 +89,7 @@ type loopConn struct {
 	out    []byte // to write to the client
 	served int    // requests answered on this connection
 
-	ctx      fasthttp.RequestCtx // the current request, reused
+	request  loopRequest // the current request, reused
 	x        *exchange
 	t        flight // the write's place at the barrier, or nil
 	bodyLen  int
@@ -271,23 +267,6 @@ func (c *loopConn) close() {
 	}
 }
 
-// The loop's net.Conn, for fasthttp.RequestCtx: addresses only.
-func (c *loopConn) Read([]byte) (int, error) { return 0, io.EOF }
-
-func (c *loopConn) Write(p []byte) (int, error) { return 0, io.ErrClosedPipe }
-
-func (c *loopConn) Close() error { return nil }
-
-func (c *loopConn) LocalAddr() net.Addr { return &net.TCPAddr{} }
-
-func (c *loopConn) RemoteAddr() net.Addr { return c.remote }
-
-func (c *loopConn) SetDeadline(time.Time) error { return nil }
-
-func (c *loopConn) SetReadDeadline(time.Time) error { return nil }
-
-func (c *loopConn) SetWriteDeadline(time.Time) error { return nil }
-
 // releaseSlot gives back c's place under the connection cap, when c holds
 // it: a connection whose TLS a relay terminates holds none (its relay
 // does, until the client's connection is closed).
@@ -296,11 +275,3 @@ func (c *loopConn) releaseSlot() {
 		c.l.e.s.limit.Release(c.client)
 	}
 }
-
-// loopTLSConn is a loopConn whose TLS a relay terminates, for
-// fasthttp.RequestCtx: IsTLS and TLSConnectionState see its TLS.
-type loopTLSConn struct{ *loopConn }
-
-func (c loopTLSConn) Handshake() error { return nil }
-
-func (c loopTLSConn) ConnectionState() tls.ConnectionState { return *c.tls }

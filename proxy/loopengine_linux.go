@@ -26,9 +26,9 @@ import (
 // it is done.
 //
 // The loops forward only the plainest requests, and only after internal/h1's
-// strict parser, which accepts only heads net/http reads the same way, and
-// fasthttp's header parser, which fills the request the gate decides on,
-// have both read their head: HTTP/1.1, strict CRLF line ends, no
+// strict parser, which accepts only heads net/http reads the same way, has
+// read their head into the request the gate decides on (loopRequest):
+// HTTP/1.1, strict CRLF line ends, a head under MaxHeaderBytes, no
 // Transfer-Encoding, no Upgrade or Expect, a Content-Length body of at most
 // Options.BodyBuffer bytes, an http upstream. Anything else (a malformed
 // head, a large or chunked body, an upgrade) hands the connection, with the

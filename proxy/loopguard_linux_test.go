@@ -28,7 +28,7 @@ import (
 // the test binary would exit.
 func TestLoopsContainAPanic(t *testing.T) {
 	hook := func(c *loopConn) {
-		if string(c.ctx.Request.URI().Path()) == "/boom" {
+		if string(c.request.head.Target) == "/boom" {
 			panic("provoked by the test")
 		}
 	}

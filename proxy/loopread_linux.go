@@ -4,13 +4,14 @@ package proxy
 
 import (
 	"io"
+	"net/http"
 
 	"github.com/fencegate/fencegate/fencing/barrier"
 	"github.com/fencegate/fencegate/internal/h1"
 )
 
-// Reading a request and deciding on it: the head (checked by h1, parsed
-// for the gate by fasthttp), its Content-Length body, the gate's decision
+// Reading a request and deciding on it: the head (parsed by h1 into the
+// connection's loopRequest), its Content-Length body, the gate's decision
 // and admission, and the hand-over to the upstream phase
 // (loopupstream_linux.go) at the end of the pass.
 
@@ -44,47 +45,43 @@ func (c *loopConn) readHead() bool {
 	}
 }
 
-// parseHead parses the head in c.In[:n]: first with h1's strict parser,
-// which accepts only heads net/http reads the same way (one valid Host
-// among them), then with fasthttp's request parser, which fills the
-// request the gate decides on; the two must agree on the body's length. A
-// request outside the loop's plain subset goes to the fallback, whose
-// parser and answers then judge it.
+// parseHead parses the head in c.In[:n] into the connection's request,
+// with h1's strict parser, which accepts only heads net/http reads the
+// same way (one valid Host among them). A head of MaxHeaderBytes or more
+// (431 there), and a request outside the loop's plain subset, go to the
+// fallback, whose parser and answers then judge them.
 func (c *loopConn) parseHead(n int) bool {
-	l := c.l
-	head := c.In[:n]
-	if err := h1.ParseRequest(head, &l.head); err != nil || l.head.ContentLength < 0 {
-		l.handoff(c)
+	if n >= c.l.e.s.maxHead {
+		c.l.handoff(c)
 		return false
 	}
-	req := &c.ctx.Request
-	req.Reset()
-	c.ctx.Response.Reset()
-	l.rd.Reset(head)
-	l.br.Reset(&l.rd)
-	err := req.Header.Read(l.br)
-	if err != nil || l.br.Buffered() != 0 || l.rd.Len() != 0 || !c.plain() ||
-		int64(max(req.Header.ContentLength(), 0)) != l.head.ContentLength {
-		l.handoff(c)
+	if err := c.request.parse(c.In[:n]); err != nil || !c.plain() {
+		c.l.handoff(c)
 		return false
 	}
 	c.In = c.In[n:]
-	c.bodyLen = max(req.Header.ContentLength(), 0)
+	c.bodyLen = int(c.request.head.ContentLength)
 	c.enter(stBody)
 	return true
 }
 
 // plain reports whether the parsed request is one the loop forwards
-// itself.
+// itself: a body of at most FENCEGATE_BODY_BUFFER bytes framed by its
+// length, no CONNECT, and no Transfer-Encoding, Upgrade or Expect field,
+// even empty.
 func (c *loopConn) plain() bool {
-	h := &c.ctx.Request.Header
-	n := h.ContentLength()
-	g := c.l.e.g
+	r := &c.request
 	switch {
-	case !h.IsHTTP11(), n < 0 && n != -2, n > g.bodyBuffer, h.IsConnect():
+	case r.head.ContentLength < 0, r.head.ContentLength > int64(c.l.e.g.bodyBuffer):
 		return false
-	case len(h.Peek("Transfer-Encoding")) > 0, len(h.Peek("Upgrade")) > 0, len(h.Peek("Expect")) > 0:
+	case string(r.head.Method) == http.MethodConnect:
 		return false
+	}
+	for k := range r.fields() {
+		switch string(k) {
+		case "Transfer-Encoding", "Upgrade", "Expect":
+			return false
+		}
 	}
 	return true
 }
@@ -101,7 +98,7 @@ func (c *loopConn) readBody() bool {
 		}
 	}
 	if c.bodyLen > 0 {
-		c.ctx.Request.SetBody(c.In[:c.bodyLen])
+		c.request.setBody(c.In[:c.bodyLen])
 		c.In = c.In[c.bodyLen:]
 	}
 	c.start(nil)
@@ -113,7 +110,7 @@ func (c *loopConn) readBody() bool {
 func (c *loopConn) start(bodyErr error) {
 	g := c.l.e.g
 	c.enter(stAdmit)
-	x, d := g.open(c.l.e.ctx, &c.ctx, c.l.hdr, c.l.now) // the start of the loop's pass: one clock read less, as exact as a pass
+	x, d := g.open(c.l.e.ctx, &c.request, c.l.hdr, c.l.now) // the start of the loop's pass: one clock read less, as exact as a pass
 	x.bodyErr = bodyErr
 	c.x = x
 	if hook := loopPanicHook.Load(); hook != nil {

@@ -3,12 +3,11 @@
 package proxy
 
 import (
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/valyala/fasthttp"
 
 	"github.com/fencegate/fencegate/fencing/reqid"
 	"github.com/fencegate/fencegate/internal/h1"
@@ -34,11 +33,11 @@ func (c *loopConn) answered() {
 		g.count(x, CodeAdmitted)
 	}
 	r := relayState{left: rh.ContentLength}
-	r.noBody = c.ctx.Request.Header.IsHead() || status == http.StatusNoContent || status == http.StatusNotModified
+	r.noBody = c.request.isHead() || status == http.StatusNoContent || status == http.StatusNotModified
 	c.up.reusable = !rh.Close && (r.left != h1.UntilClose || r.noBody)
 	c.relay = r
-	x.c.Response.SetStatusCode(status) // for the telemetry of end
-	if c.ctx.Request.Header.ConnectionClose() || c.l.e.closing.Load() {
+	x.c.status = status // for the telemetry of end
+	if c.request.closeAfter() || c.l.e.closing.Load() {
 		c.closeEnd = true
 	}
 	c.out = appendRelayHead(c.out, rh, x.id, r, c.closeEnd)
@@ -86,15 +85,20 @@ func appendRelayHead(dst []byte, h *h1.Response, id string, r relayState, closeC
 // reqIDName is the request id's header name as the gate writes it.
 var reqIDName = []byte(reqid.Header)
 
-// appendStatusLine writes a status line as the general path does: the
-// reason given, or fasthttp's for the status.
+// appendStatusLine writes a status line: the reason given, or else as
+// net/http writes one (the status's text, or "status code N").
 func appendStatusLine(dst []byte, status int, reason []byte) []byte {
 	if len(reason) > 0 {
 		return h1.AppendStatusLine(dst, status, reason)
 	}
 	dst = append(dst, "HTTP/1.1 "...)
 	dst = strconv.AppendInt(dst, int64(status), 10)
-	dst = append(append(dst, ' '), fasthttp.StatusMessage(status)...)
+	dst = append(dst, ' ')
+	if text := http.StatusText(status); text != "" {
+		dst = append(dst, text...)
+	} else {
+		dst = strconv.AppendInt(append(dst, "status code "...), int64(status), 10)
+	}
 	return append(dst, "\r\n"...)
 }
 
@@ -119,17 +123,21 @@ func appendFraming(dst []byte, status int, r relayState, hasLength, closeConn bo
 }
 
 // appendAnswerHead serializes the head of an answer the gate made itself
-// (a refusal, a problem): its status and fields, then the framing r says.
-func appendAnswerHead(dst []byte, h *fasthttp.ResponseHeader, r relayState, closeConn bool) []byte {
-	dst = appendStatusLine(dst, h.StatusCode(), h.StatusMessage())
-	for k, v := range h.All() {
-		switch string(k) {
-		case "Content-Length", "Transfer-Encoding", "Connection":
+// (a refusal, a problem): its status, the request id, its fields in the
+// order of their names, then the framing r says.
+func appendAnswerHead(dst []byte, status int, id string, h http.Header, r relayState, closeConn bool) []byte {
+	dst = appendStatusLine(dst, status, nil)
+	dst = h1.AppendField(dst, reqIDName, []byte(id))
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		switch k {
+		case "Content-Length", "Transfer-Encoding", "Connection", reqid.Header:
 			continue
 		}
-		dst = h1.AppendField(dst, k, v)
+		for _, v := range h[k] {
+			dst = h1.AppendField(dst, []byte(k), []byte(v))
+		}
 	}
-	return appendFraming(dst, h.StatusCode(), r, len(h.Peek("Content-Length")) > 0, closeConn)
+	return appendFraming(dst, status, r, false, closeConn)
 }
 
 // relayWindow is the most of an answer's body a connection holds for its
@@ -238,14 +246,12 @@ func (c *loopConn) take() bool {
 // answer sends the answer the gate set on the exchange (a refusal, a
 // problem) and ends it.
 func (c *loopConn) answer() {
-	resp := &c.x.c.Response
-	h := &resp.Header
-	h.SetNoDefaultContentType(true)
-	body := resp.Body()
-	if h.ConnectionClose() || c.ctx.Request.Header.ConnectionClose() || c.x.bodyErr != nil || c.l.e.closing.Load() {
+	r := &c.request
+	body := r.answerBody
+	if r.answerClose() || r.closeAfter() || c.x.bodyErr != nil || c.l.e.closing.Load() {
 		c.closeEnd = true // asked for, the body's framing is lost, or the server is stopping
 	}
-	c.out = appendAnswerHead(c.out, h, relayState{left: int64(len(body))}, c.closeEnd)
+	c.out = appendAnswerHead(c.out, r.status, c.x.id, r.answer, relayState{left: int64(len(body))}, c.closeEnd)
 	c.out = append(c.out, body...)
 	c.finish()
 }
@@ -265,8 +271,7 @@ func (c *loopConn) finish() {
 		c.x = nil
 	}
 	c.served++
-	c.ctx.Request.Reset()
-	c.ctx.Response.Reset()
+	c.request.reset()
 	if c.closeEnd || c.EOF {
 		c.enter(stClosing)
 		return

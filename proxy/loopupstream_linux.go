@@ -23,7 +23,7 @@ func (c *loopConn) forward(t flight) {
 	g := c.l.e.g
 	l := c.l
 	c.t = t
-	body := c.ctx.Request.Body()
+	body := c.request.body
 	c.req = append(g.appendUpstreamHead(c.req[:0], c.x, len(body)), body...)
 	c.sent = 0
 	c.retried = false

@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/fencegate/fencegate/fencing/problem"
 	"github.com/fencegate/fencegate/internal/canned"
 	"github.com/fencegate/fencegate/internal/connlimit"
@@ -365,10 +363,10 @@ func (h *handoffListener) Addr() net.Addr { return &net.TCPAddr{} }
 // fencing header; nil when
 // there are none. into, when not nil, is cleared and filled instead of a
 // new map (an event loop reuses one).
-func decisionHeader(h *fasthttp.RequestHeader, into http.Header) http.Header {
+func decisionHeader(r *loopRequest, into http.Header) http.Header {
 	out := into
 	clear(out)
-	for k, v := range h.All() {
+	for k, v := range r.fields() {
 		if !decisionHeaderName(k) {
 			continue
 		}

@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/textproto"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -266,7 +266,7 @@ func (g *Gate) begin(x *exchange) {
 	}
 	var carrier propagation.TextMapCarrier
 	if x.c != nil {
-		carrier = headerCarrier{&x.c.Request.Header}
+		carrier = headerCarrier{x.c}
 	} else {
 		carrier = propagation.HeaderCarrier(x.r.Header)
 	}
@@ -283,7 +283,7 @@ func (g *Gate) begin(x *exchange) {
 func (g *Gate) end(x *exchange) {
 	var status int
 	if x.c != nil {
-		status = x.c.Response.StatusCode()
+		status = x.c.status
 	} else {
 		status = x.w.status
 	}
@@ -408,17 +408,19 @@ func (s *Server) ActiveConnections() int64 { return s.limit.Active() }
 // ObserveConnections.
 func (s *Server) RefusedConnections() (total, perClient int64) { return s.limit.Refused() }
 
-// headerCarrier reads and writes W3C trace context in the event loops'
-// request header.
-type headerCarrier struct{ h *fasthttp.RequestHeader }
+// headerCarrier reads W3C trace context from the event loops' request
+// header (the gate only extracts it).
+type headerCarrier struct{ r *loopRequest }
 
-func (c headerCarrier) Get(key string) string { return string(c.h.Peek(key)) }
+func (c headerCarrier) Get(key string) string {
+	return string(c.r.value(textproto.CanonicalMIMEHeaderKey(key)))
+}
 
-func (c headerCarrier) Set(key, value string) { c.h.Set(key, value) }
+func (c headerCarrier) Set(string, string) {}
 
 func (c headerCarrier) Keys() []string {
 	var keys []string
-	for k := range c.h.All() {
+	for k := range c.r.fields() {
 		keys = append(keys, string(k))
 	}
 	return keys

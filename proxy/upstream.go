@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"iter"
 	"net"
 	"net/http"
 	"net/netip"
@@ -34,14 +33,13 @@ func isHopHeader(k []byte) bool { return nameIn(k, hopHeaders) }
 // general engine sends for the same client request (TestUpstreamHeadAgrees
 // holds the two together).
 func (g *Gate) appendUpstreamHead(dst []byte, x *exchange, bodyLen int) []byte {
-	in := &x.c.Request.Header
-	dst = append(dst, in.Method()...)
+	in := x.c
+	dst = append(dst, in.method()...)
 	dst = append(dst, ' ')
-	dst = appendUpstreamTarget(dst, g.upstreamBase, g.upstream.RawQuery, in.RequestURI())
-	dst = append(dst, ' ')
-	dst = append(dst, in.Protocol()...)
-	dst = append(dst, "\r\n"...)
-	contentLength := bodyLen > 0 || !in.IsGet() && !in.IsHead()
+	dst = appendUpstreamTarget(dst, g.upstreamBase, g.upstream.RawQuery, in.head.Target)
+	dst = append(dst, " HTTP/1.1\r\n"...)
+	method := string(in.method())
+	contentLength := bodyLen > 0 || method != http.MethodGet && method != http.MethodHead
 	g.upstreamHeaders(x, false, func(k, v []byte) {
 		if contentLength && string(k) != "User-Agent" && string(k) != "Host" && string(k) != "Content-Type" {
 			// Where AppendBytes puts it: after those three.
@@ -58,7 +56,8 @@ func (g *Gate) appendUpstreamHead(dst []byte, x *exchange, bodyLen int) []byte {
 // upstreamHeaders calls add with each header field of x's request as the
 // upstream gets it, in the order it gets them, Content-Length aside (the
 // engine sending the body sets it):
-//   - User-Agent, then Host (the upstream's), then Content-Type;
+//   - User-Agent, then Host (the upstream's), then Content-Type (of each
+//     the client's last, when not empty);
 //   - the client's other fields, in the order it sent them, minus the
 //     hop-by-hop ones (with upgrade, Connection and Upgrade stay), those
 //     any of the client's Connection fields names (never the fencing
@@ -68,15 +67,16 @@ func (g *Gate) appendUpstreamHead(dst []byte, x *exchange, bodyLen int) []byte {
 //   - X-Forwarded-For, -Host and -Proto stating what the gate saw, and the
 //     request id: every one of these the client sent was left out, as
 //     the gate does not relay claims;
-//   - the client's cookies, in one Cookie field.
+//   - the client's Cookie fields, in the order it sent them, empty ones
+//     left out.
 //
 // The general engine sends the same fields (rewrite, in httpengine.go),
 // in net/http's order; TestUpstreamHeadAgrees holds the two together.
 func (g *Gate) upstreamHeaders(x *exchange, upgrade bool, add func(k, v []byte)) {
-	in := &x.c.Request.Header
+	in := x.c
 	var named []string // what every Connection field names
 	trailers := false
-	for k, v := range in.All() {
+	for k, v := range in.fields() {
 		switch string(k) {
 		case "Connection":
 			named = append(named, connectionOptions(v)...)
@@ -93,21 +93,19 @@ func (g *Gate) upstreamHeaders(x *exchange, upgrade bool, add func(k, v []byte))
 		}
 		return nameIn(k, fencingHeaders) || !nameIn(k, named)
 	}
-	if ua := in.UserAgent(); len(ua) > 0 && keep(hdrUserAgent) {
+	if ua := in.last("User-Agent"); len(ua) > 0 && keep(hdrUserAgent) {
 		add(hdrUserAgent, ua)
 	}
 	add(hdrHost, g.upstreamHost)
-	if ct := in.ContentType(); len(ct) > 0 && keep(hdrContentType) {
+	if ct := in.last("Content-Type"); len(ct) > 0 && keep(hdrContentType) {
 		add(hdrContentType, ct)
 	}
-	var cookie []byte
-	for k, v := range in.All() {
+	for k, v := range in.fields() {
 		switch string(k) {
 		case "Host", "Content-Length", "Content-Type", "User-Agent":
 			continue // added above, or by the engine
 		case "Cookie":
-			cookie = v // the cookies, collected: they go last
-			continue
+			continue // the cookies go last
 		}
 		if keep(k) {
 			if x.destination != "" && strings.EqualFold(string(k), HeaderDestination) {
@@ -122,19 +120,25 @@ func (g *Gate) upstreamHeaders(x *exchange, upgrade bool, add func(k, v []byte))
 	// The values made here are built in x's own buffer: add's arguments
 	// escape, and a buffer of this call's would be allocated for each.
 	vals := x.headerBuf[:0]
-	if a, ok := netip.AddrFromSlice(x.c.RemoteIP()); ok {
-		vals = a.Unmap().AppendTo(vals)
-		add(hdrForwardedFor, vals)
+	if in.remote != nil {
+		if a, ok := netip.AddrFromSlice(in.remote.IP); ok {
+			vals = a.Unmap().AppendTo(vals)
+			add(hdrForwardedFor, vals)
+		}
 	}
-	add(hdrForwardedHost, requestHost(in.RequestURI(), in.Host()))
-	if x.c.IsTLS() { // a connection whose TLS a relay terminates (looptls_linux.go)
+	add(hdrForwardedHost, in.head.Host)
+	if in.tls { // a connection whose TLS a relay terminates (looptls_linux.go)
 		add(hdrForwardedProto, hdrHTTPS)
 	} else {
 		add(hdrForwardedProto, hdrHTTP)
 	}
 	add(hdrRequestID, append(vals[len(vals):], x.id...))
-	if len(cookie) > 0 && keep(hdrCookie) {
-		add(hdrCookie, cookie)
+	if keep(hdrCookie) {
+		for k, v := range in.fields() {
+			if string(k) == "Cookie" && len(v) > 0 {
+				add(hdrCookie, v)
+			}
+		}
 	}
 }
 
@@ -220,35 +224,6 @@ func originForm(target []byte) []byte {
 		}
 	}
 	return []byte("/")
-}
-
-// requestHost is the host a request names (RFC 9112 §3.2.2): the
-// authority of an absolute-form target, otherwise the Host header.
-func requestHost(target, host []byte) []byte {
-	if len(target) > 0 && target[0] == '/' {
-		return host
-	}
-	if i := bytes.Index(target, []byte("://")); i >= 0 {
-		rest := target[i+3:]
-		if j := bytes.IndexAny(rest, "/?"); j >= 0 {
-			rest = rest[:j]
-		}
-		return rest
-	}
-	return host
-}
-
-// connectionNamed is every header name a head's Connection fields list:
-// all of them, since a field may be repeated (RFC 9110 §7.6.1), whatever
-// the case of their name.
-func connectionNamed(all iter.Seq2[[]byte, []byte]) []string {
-	var named []string
-	for k, v := range all {
-		if strings.EqualFold(string(k), "Connection") {
-			named = append(named, connectionOptions(v)...)
-		}
-	}
-	return named
 }
 
 // connectionOptions are the header names a Connection header lists.
