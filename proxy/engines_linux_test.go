@@ -33,6 +33,7 @@ var engineCases = []struct{ name, raw string }{
 	{"hop-by-hop answer", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r8\r\nX-Respond: hop2\r\n\r\n"},
 	{"hop-by-hop", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r7\r\nConnection: X-Secret, Fencing-Token\r\nX-Secret: s\r\nTe: trailers, deflate\r\nKeep-Alive: 5\r\nProxy-Authorization: x\r\nX-Respond: hop\r\n\r\n"},
 	{"head", "HEAD /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r8\r\n\r\n"},
+	{"head refused, then a read", "HEAD /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r32\r\nX-HTTP-Method-Override: PUT\r\n\r\nGET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r33\r\n\r\n"},
 	{"chunked answer", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r9\r\nX-Respond: chunked\r\n\r\n"},
 	{"close-delimited answer", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r10\r\nX-Respond: close\r\n\r\n"},
 	{"204", "GET /r HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r11\r\nX-Respond: 204\r\n\r\n"},

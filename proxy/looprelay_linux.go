@@ -124,7 +124,8 @@ func appendFraming(dst []byte, status int, r relayState, hasLength, closeConn bo
 
 // appendAnswerHead serializes the head of an answer the gate made itself
 // (a refusal, a problem): its status, the request id, its fields in the
-// order of their names, then the framing r says.
+// order of their names, then the framing r says (an answer to a HEAD,
+// r.noBody, still says its body's length).
 func appendAnswerHead(dst []byte, status int, id string, h http.Header, r relayState, closeConn bool) []byte {
 	dst = appendStatusLine(dst, status, nil)
 	dst = h1.AppendField(dst, reqIDName, []byte(id))
@@ -137,7 +138,7 @@ func appendAnswerHead(dst []byte, status int, id string, h http.Header, r relayS
 			dst = h1.AppendField(dst, []byte(k), []byte(v))
 		}
 	}
-	return appendFraming(dst, status, r, false, closeConn)
+	return appendFraming(dst, status, r, r.noBody, closeConn)
 }
 
 // relayWindow is the most of an answer's body a connection holds for its
@@ -251,8 +252,13 @@ func (c *loopConn) answer() {
 	if r.answerClose() || r.closeAfter() || c.x.bodyErr != nil || c.l.e.closing.Load() {
 		c.closeEnd = true // asked for, the body's framing is lost, or the server is stopping
 	}
-	c.out = appendAnswerHead(c.out, r.status, c.x.id, r.answer, relayState{left: int64(len(body))}, c.closeEnd)
-	c.out = append(c.out, body...)
+	// A HEAD's answer says the body's length and sends none, as net/http
+	// answers it: a body after it would be read as the next answer.
+	head := r.isHead()
+	c.out = appendAnswerHead(c.out, r.status, c.x.id, r.answer, relayState{left: int64(len(body)), noBody: head}, c.closeEnd)
+	if !head {
+		c.out = append(c.out, body...)
+	}
 	c.finish()
 }
 
