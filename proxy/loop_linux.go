@@ -28,7 +28,7 @@ import (
 type eventLoop struct {
 	e       *loopEngine
 	p       *evloop.Poller // its epoll instance and inbox
-	fds     map[int]fdOwner
+	fds     fdTable
 	clients map[*loopConn]struct{}
 	pool    upstreamPool // its upstream connections (looppool_linux.go)
 	stopped bool
@@ -55,12 +55,37 @@ type eventLoop struct {
 // fdOwner is a socket of a loop: a client or an upstream connection.
 type fdOwner interface{ ready(events uint32) }
 
+// fdTable maps a loop's descriptors to their owners, nil for none: a
+// slice indexed by descriptor (small integers, reused after a close),
+// which a pass looks up several times a request.
+type fdTable []fdOwner
+
+func (t fdTable) get(fd int) fdOwner {
+	if fd >= 0 && fd < len(t) {
+		return t[fd]
+	}
+	return nil
+}
+
+func (t *fdTable) set(fd int, o fdOwner) {
+	if fd >= len(*t) {
+		*t = append(*t, make(fdTable, max(fd+1, 2*len(*t), 64)-len(*t))...)
+	}
+	(*t)[fd] = o
+}
+
+func (t fdTable) del(fd int) {
+	if fd >= 0 && fd < len(t) {
+		t[fd] = nil
+	}
+}
+
 func newEventLoop(e *loopEngine) (*eventLoop, error) {
 	p, err := evloop.New()
 	if err != nil {
 		return nil, err
 	}
-	l := &eventLoop{e: e, p: p, fds: make(map[int]fdOwner), clients: make(map[*loopConn]struct{}),
+	l := &eventLoop{e: e, p: p, clients: make(map[*loopConn]struct{}),
 		buf: make([]byte, loopReadBuffer), exited: make(chan struct{})}
 	l.pool.l = l
 	l.hdr = make(http.Header, 2)
@@ -151,7 +176,7 @@ func (l *eventLoop) pass(events []unix.EpollEvent) (woken bool) {
 		case fd == l.e.lnFD:
 			l.accept()
 		default:
-			if o := l.fds[fd]; o != nil {
+			if o := l.fds.get(fd); o != nil {
 				l.step(func() { o.ready(events[i].Events) })
 			}
 		}
@@ -241,7 +266,7 @@ func (l *eventLoop) add(fd int, remote *net.TCPAddr, client netip.Addr, tlsState
 	c.request.remote, c.request.tls = remote, tlsState != nil // TLS: X-Forwarded-Proto https
 	c.enter(stHead)
 	l.clients[c] = struct{}{}
-	l.fds[fd] = c
+	l.fds.set(fd, c)
 	c.Writable = true
 	if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
 		c.close()
@@ -349,7 +374,7 @@ func (l *eventLoop) closeAll() {
 // forget drops c from the loop's tables.
 func (l *eventLoop) forget(c *loopConn) {
 	delete(l.clients, c)
-	delete(l.fds, c.FD)
+	l.fds.del(c.FD)
 	l.pool.unqueue(c)
 }
 

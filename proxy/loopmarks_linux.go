@@ -106,7 +106,7 @@ func (lm *loopMarks) attach(l *eventLoop) {
 		return
 	}
 	lm.conn = &markConn{l: l, r: r}
-	l.fds[fd] = lm.conn
+	l.fds.set(fd, lm.conn)
 }
 
 // failed schedules the next reader after a failure.
@@ -276,7 +276,7 @@ func (m *markConn) fail(err error) {
 	m.batch = nil
 	fd := m.r.Fd()
 	_ = l.p.Remove(fd) // closing fd below removes it from the set anyway
-	delete(l.fds, fd)
+	l.fds.del(fd)
 	_ = m.r.Close()
 	l.marks.conn = nil
 	l.marks.failed(l, err)

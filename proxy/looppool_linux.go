@@ -183,7 +183,7 @@ func (p *upstreamPool) dial(c *loopConn) {
 				return
 			}
 			u := &upConn{Sock: evloop.Sock{FD: fd}, l: l}
-			l.fds[fd] = u
+			l.fds.set(fd, u)
 			if err := l.watch(fd, unix.EPOLL_CTL_ADD, false); err != nil {
 				u.close()
 				fail(&net.OpError{Op: "dial", Net: "tcp", Err: err})

@@ -68,7 +68,7 @@ func (l *eventLoop) readAhead(events []unix.EpollEvent) {
 			continue
 		}
 		var s *evloop.Sock
-		switch o := l.fds[int(events[i].Fd)].(type) {
+		switch o := l.fds.get(int(events[i].Fd)).(type) {
 		case *loopConn:
 			s = &o.Sock
 		case *upConn:
@@ -163,7 +163,7 @@ func (l *eventLoop) writeQueued() {
 // owns reports whether c is still l's to move on: not closed, nor handed
 // to the fallback server.
 func (l *eventLoop) owns(c *loopConn) bool {
-	return !c.closed && l.fds[c.FD] == fdOwner(c)
+	return !c.closed && l.fds.get(c.FD) == fdOwner(c)
 }
 
 // wroteOne takes the result of a write out in the ring.

@@ -153,8 +153,8 @@ func (l *eventLoop) addTLS(loopFD int, remote *net.TCPAddr, st *tls.ConnectionSt
 		return
 	}
 	p.l = l
-	l.fds[p.tcp.FD] = pumpTCP{p}
-	l.fds[p.pair.FD] = pumpPair{p}
+	l.fds.set(p.tcp.FD, pumpTCP{p})
+	l.fds.set(p.pair.FD, pumpPair{p})
 	p.tcp.Readable, p.tcp.Writable, p.pair.Writable = true, true, true
 	if l.watch(p.tcp.FD, unix.EPOLL_CTL_ADD, false) != nil || l.watch(p.pair.FD, unix.EPOLL_CTL_ADD, false) != nil {
 		unix.Close(loopFD)
@@ -332,8 +332,8 @@ func (p *tlsPump) close() {
 		p.stall.Stop()
 	}
 	if p.l != nil {
-		delete(p.l.fds, p.tcp.FD)
-		delete(p.l.fds, p.pair.FD)
+		p.l.fds.del(p.tcp.FD)
+		p.l.fds.del(p.pair.FD)
 	}
 	unix.Close(p.tcp.FD)
 	unix.Close(p.pair.FD)

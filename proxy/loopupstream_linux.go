@@ -196,7 +196,7 @@ func (u *upConn) close() {
 	u.closed = true
 	l := u.l
 	l.pool.drop(u)
-	delete(l.fds, u.FD)
+	l.fds.del(u.FD)
 	unix.Close(u.FD)
 	l.e.upConns.Add(-1)
 }
