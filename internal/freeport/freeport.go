@@ -37,27 +37,41 @@ var (
 // 32768 where that cannot be read), never the same twice in one process.
 // Where the range starts too low to leave room below it, Port asks the
 // kernel for an ephemeral port.
-func Port() (int, error) {
-	top := ephemeralStart()
+func Port() (int, error) { return PortPair(0) }
+
+// PortPair is Port for a server that also binds the port offset above
+// its own, such as a Valkey cluster node's bus (offset 10000): both ports
+// lie below the kernel's ephemeral range and were free a moment ago, and
+// neither is given out again in this process. Offset 0 is Port.
+func PortPair(offset int) (int, error) {
+	top := ephemeralStart() - offset
 	if top-lowest < 1000 {
+		if offset != 0 {
+			return 0, fmt.Errorf("freeport: no room for a pair %d apart below the ephemeral range", offset)
+		}
 		return kernelPort()
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	for range 100 {
 		p := lowest + rand.IntN(top-lowest)
-		if given[p] {
+		if given[p] || given[p+offset] || !free(p) || offset != 0 && !free(p+offset) {
 			continue
 		}
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		given[p] = true
+		given[p], given[p+offset] = true, true
 		return p, nil
 	}
 	return 0, errors.New("freeport: no free port found below the ephemeral range in 100 tries")
+}
+
+// free reports whether loopback port p can be bound now.
+func free(p int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
 }
 
 // Addr is Port as "127.0.0.1:port".

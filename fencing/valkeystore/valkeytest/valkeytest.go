@@ -102,10 +102,17 @@ func binaries(t testing.TB) (server, cli string) {
 }
 
 // freePort is a free loopback port (freeport). Another process may take
-// it before the server binds; start retries with a new port.
-func freePort(t testing.TB) int {
+// it before the server binds; start retries with a new port. For a
+// cluster node (bus), the port 10000 above it, where the node listens for
+// its cluster bus, is free and below the ephemeral range too: outgoing
+// connections on a busy machine would otherwise take it.
+func freePort(t testing.TB, bus bool) int {
 	t.Helper()
-	p, err := freeport.Port()
+	offset := 0
+	if bus {
+		offset = 10000
+	}
+	p, err := freeport.PortPair(offset)
 	if err != nil {
 		t.Fatalf("valkeytest: %v", err)
 	}
@@ -137,8 +144,9 @@ func start(t testing.TB, bin string, c config, extra []string) *Server {
 	args = append(args, c.args...)
 	s := &Server{t: t, bin: bin, dir: dir, args: args, pass: c.password}
 	var err error
+	bus := slices.Contains(extra, "--cluster-enabled")
 	for range 3 {
-		s.port = freePort(t)
+		s.port = freePort(t, bus)
 		if err = s.launch(); err == nil {
 			t.Cleanup(s.Kill)
 			return s
