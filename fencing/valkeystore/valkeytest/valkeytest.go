@@ -144,7 +144,7 @@ func start(t testing.TB, bin string, c config, extra []string) *Server {
 	args = append(args, c.args...)
 	s := &Server{t: t, bin: bin, dir: dir, args: args, pass: c.password}
 	var err error
-	bus := slices.Contains(extra, "--cluster-enabled")
+	bus := slices.Contains(args, "--cluster-enabled")
 	for range 3 {
 		s.port = freePort(t, bus)
 		if err = s.launch(); err == nil {
