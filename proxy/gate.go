@@ -255,7 +255,7 @@ type exchange struct {
 func (g *Gate) open(ctx context.Context, c *loopRequest, scratch http.Header, start time.Time) (*exchange, Decision) {
 	x := &exchange{c: c, ctx: ctx, start: start}
 	x.id = reqid.Choose(c.value(reqid.Header))
-	x.method = methodString(c.method())
+	x.method = methodString(c.head.Method)
 	return x, g.judge(x, Incoming{Method: x.method, Target: string(c.head.Target), Host: string(c.head.Host),
 		Header: decisionHeader(c, scratch)})
 }
@@ -367,7 +367,8 @@ func (g *Gate) writeProblem(x *exchange, p *problem.Error) {
 	}
 	h := x.c.answer
 	for k, vs := range p.Headers {
-		h[http.CanonicalHeaderKey(k)] = append(h[http.CanonicalHeaderKey(k)], vs...)
+		k = http.CanonicalHeaderKey(k)
+		h[k] = append(h[k], vs...)
 	}
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Type", problem.ContentType)

@@ -98,9 +98,6 @@ func (r *loopRequest) fields() iter.Seq2[[]byte, []byte] {
 	}
 }
 
-// method is the request's method, as sent.
-func (r *loopRequest) method() []byte { return r.head.Method }
-
 // isHead reports whether the request is a HEAD, whose answer has no body.
 func (r *loopRequest) isHead() bool { return string(r.head.Method) == http.MethodHead }
 

@@ -34,11 +34,11 @@ func isHopHeader(k []byte) bool { return nameIn(k, hopHeaders) }
 // holds the two together).
 func (g *Gate) appendUpstreamHead(dst []byte, x *exchange, bodyLen int) []byte {
 	in := x.c
-	dst = append(dst, in.method()...)
+	dst = append(dst, in.head.Method...)
 	dst = append(dst, ' ')
 	dst = appendUpstreamTarget(dst, g.upstreamBase, g.upstream.RawQuery, in.head.Target)
 	dst = append(dst, " HTTP/1.1\r\n"...)
-	method := string(in.method())
+	method := string(in.head.Method)
 	contentLength := bodyLen > 0 || method != http.MethodGet && method != http.MethodHead
 	g.upstreamHeaders(x, false, func(k, v []byte) {
 		if contentLength && string(k) != "User-Agent" && string(k) != "Host" && string(k) != "Content-Type" {
