@@ -3,6 +3,7 @@ package h1
 import (
 	"bytes"
 	"errors"
+	"strings"
 )
 
 // Errors of the head parsers. A caller that may hand a head to a general
@@ -202,30 +203,33 @@ func cutLine(b []byte) (line, rest []byte, ok bool) {
 }
 
 // parseFields parses the field lines of a head after its start line, up
-// to and including the empty line that ends it, which must end b.
+// to and including the empty line that ends it, which must end b. Each
+// line is read in one pass: a name of token bytes, a colon, value bytes up
+// to CRLF (a lone CR or LF, or any other control, is not one).
 func parseFields(b []byte, fields []Field) ([]Field, error) {
 	for {
-		line, rest, ok := cutLine(b)
-		if !ok {
-			return fields, ErrHead
-		}
-		if len(line) == 0 {
-			if len(rest) != 0 {
+		if len(b) >= 2 && b[0] == '\r' && b[1] == '\n' {
+			if len(b) != 2 {
 				return fields, ErrHead
 			}
 			return fields, nil
 		}
-		name, value, ok := bytes.Cut(line, []byte(":"))
-		if !ok || !isToken(name) {
+		i := 0
+		for i < len(b) && tokenBytes[b[i]] {
+			i++
+		}
+		if i == 0 || i == len(b) || b[i] != ':' {
 			return fields, ErrHead // also obs-fold: a line that starts blank
 		}
-		for _, c := range value {
-			if !isValueByte(c) {
-				return fields, ErrHead // CR, LF, NUL and other controls
-			}
+		j := i + 1
+		for j < len(b) && isValueByte(b[j]) {
+			j++
 		}
-		fields = append(fields, Field{Name: name, Value: trimBlanks(value)})
-		b = rest
+		if j+1 >= len(b) || b[j] != '\r' || b[j+1] != '\n' {
+			return fields, ErrHead // CR, LF, NUL and other controls
+		}
+		fields = append(fields, Field{Name: b[:i], Value: trimBlanks(b[i+1 : j])})
+		b = b[j+2:]
 	}
 }
 
@@ -388,17 +392,16 @@ func isToken(b []byte) bool {
 }
 
 // isTokenByte reports whether c is a tchar.
-func isTokenByte(c byte) bool {
-	switch {
-	case isDigit(c), isLetter(c):
-		return true
+func isTokenByte(c byte) bool { return tokenBytes[c] }
+
+// tokenBytes holds true for each tchar (RFC 9110 §5.6.2): digits, letters
+// and these: !#$%&'*+-.^_`|~
+var tokenBytes = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = isDigit(byte(c)) || isLetter(byte(c)) || strings.IndexByte("!#$%&'*+-.^_`|~", byte(c)) >= 0
 	}
-	switch c {
-	case '!', '#', '$', '%', '&', '\'', '*', '+', '-', '.', '^', '_', '`', '|', '~':
-		return true
-	}
-	return false
-}
+	return t
+}()
 
 // isValueByte reports whether c may appear in a field value: HTAB, SP,
 // VCHAR and obs-text, as net/textproto accepts.

@@ -3,6 +3,8 @@ package h1
 import (
 	"strings"
 	"testing"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 func TestHeadEndAndBareLineEnd(t *testing.T) {
@@ -144,6 +146,27 @@ func BenchmarkParseResponse(b *testing.B) {
 	for b.Loop() {
 		if err := ParseResponse(head, &r); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseRequest: the loops parse one request head per request.
+func BenchmarkParseRequest(b *testing.B) {
+	head := []byte("PUT /jobs/17 HTTP/1.1\r\nHost: app:8080\r\nUser-Agent: worker/1.0\r\nContent-Type: application/json\r\nFencing-Token: 1796631549936590\r\nContent-Length: 10\r\n\r\n")
+	var r Request
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := ParseRequest(head, &r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestTokenBytes holds the table of tchars to net/http's own.
+func TestTokenBytes(t *testing.T) {
+	for c := range 256 {
+		if got, want := isTokenByte(byte(c)), httpguts.IsTokenRune(rune(c)); got != want {
+			t.Errorf("isTokenByte(%q) = %v, net/http says %v", byte(c), got, want)
 		}
 	}
 }
