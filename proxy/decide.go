@@ -74,6 +74,10 @@ type Incoming struct {
 	Host string
 	// Header holds the other request headers, keys in canonical form.
 	Header http.Header
+
+	// targets, when not nil, is where the decision's Targets are
+	// appended (an exchange's own array: one allocation less a write).
+	targets []Target
 }
 
 // Decision is the gate's judgement of a request, made from its shape alone
@@ -146,14 +150,15 @@ func (g *Gate) decide(in Incoming) Decision {
 		return refusal(http.StatusBadRequest, "invalid-request",
 			fmt.Sprintf("Host %q is not a host name, IPv4 address or [IPv6] address with an optional port", truncate(in.Host)))
 	}
-	if name := overrideHeader(in.Header, methodOverrideHeaders); name != "" || queryHasMethod(in.Target) {
+	suspect := suspectHeaders(in.Header)
+	if name := suspect.methodOverride; name != "" || queryHasMethod(in.Target) {
 		if name == "" {
 			name = "a " + methodParam + " query parameter"
 		}
 		return refusal(http.StatusForbidden, "method-override-denied",
 			fmt.Sprintf("the gate judges a request by the method it was sent with, and an upstream may honour %s instead: send the method itself", name))
 	}
-	if name := overrideHeader(in.Header, pathOverrideHeaders); name != "" {
+	if name := suspect.pathOverride; name != "" {
 		return refusal(http.StatusBadRequest, "path-not-canonical",
 			fmt.Sprintf("the gate judges a request by the path it was sent to, and an upstream may honour %s instead: send the path itself", name))
 	}
@@ -167,7 +172,7 @@ func (g *Gate) decide(in Incoming) Decision {
 	if safeMethod(in.Method) {
 		return Decision{Verdict: Forward}
 	}
-	if name := fencingAlias(in.Header); name != "" {
+	if name := suspect.fencingAlias; name != "" {
 		return refusal(http.StatusBadRequest, "invalid-request",
 			fmt.Sprintf("header %q: an upstream may read it as the fencing header of that name, which the gate judges spelt with hyphens only; send that one alone", truncate(name)))
 	}
@@ -177,7 +182,7 @@ func (g *Gate) decide(in Incoming) Decision {
 	if p != nil {
 		return Decision{Verdict: Refuse, Problem: p}
 	}
-	d := Decision{Verdict: Fence}
+	d := Decision{Verdict: Fence, Targets: in.targets}
 	// One rule set for the whole decision: a reload between the source's
 	// route and the Destination's would judge them by two sets (a source
 	// passed by the old, a Destination by the new), which neither allows.
@@ -420,40 +425,47 @@ func upgradeRequested(h http.Header) ([]string, bool) {
 	return protos, true
 }
 
-// overrideHeader returns the name of a header of h that is one of names
-// (lower case) in any spelling an upstream might normalize to it ("_" for
-// "-", any case), or "".
-func overrideHeader(h http.Header, names []string) string {
-	for k := range h {
-		if len(k) < len("x-http-method") || (k[0] != 'X' && k[0] != 'x') {
-			continue
-		}
-		n := strings.ToLower(strings.ReplaceAll(k, "_", "-"))
-		if slices.Contains(names, n) {
-			return k
-		}
-	}
-	return ""
-}
-
 // fencingNames are the names of the headers the gate judges a write by,
 // in lower case.
 var fencingNames = []string{"fencing-token", "fencing-resource", "fencing-destination-token"}
 
-// fencingAlias returns the name of a header in h spelt as a fencing header
-// with underscores for hyphens (Fencing_Token), or "". CGI, WSGI, Rack and
-// PHP servers map both spellings to one variable (HTTP_FENCING_TOKEN) and
-// may hand the application the value the gate did not judge.
-func fencingAlias(h http.Header) string {
+// suspects are the names of headers of a request that an upstream might
+// honour in place of what the gate judges, one of each kind ("" for none).
+type suspects struct {
+	// methodOverride is one of methodOverrideHeaders, pathOverride one of
+	// pathOverrideHeaders, in any spelling an upstream might normalize to
+	// it ("_" for "-", any case).
+	methodOverride, pathOverride string
+	// fencingAlias is a fencing header spelt with underscores for hyphens
+	// (Fencing_Token). CGI, WSGI, Rack and PHP servers map both spellings
+	// to one variable (HTTP_FENCING_TOKEN) and may hand the application
+	// the value the gate did not judge.
+	fencingAlias string
+}
+
+// suspectHeaders finds h's suspects in one walk over its names.
+func suspectHeaders(h http.Header) suspects {
+	var s suspects
 	for k := range h {
-		if len(k) < len("fencing-token") || (k[0] != 'F' && k[0] != 'f') || strings.IndexByte(k, '_') < 0 {
+		if len(k) < min(len("x-http-method"), len("fencing-token")) {
 			continue
 		}
-		if slices.Contains(fencingNames, strings.ToLower(strings.ReplaceAll(k, "_", "-"))) {
-			return k
+		switch k[0] {
+		case 'X', 'x':
+			n := strings.ToLower(strings.ReplaceAll(k, "_", "-"))
+			switch {
+			case slices.Contains(methodOverrideHeaders, n):
+				s.methodOverride = cmp.Or(s.methodOverride, k)
+			case slices.Contains(pathOverrideHeaders, n):
+				s.pathOverride = cmp.Or(s.pathOverride, k)
+			}
+		case 'F', 'f':
+			if strings.IndexByte(k, '_') >= 0 && slices.Contains(fencingNames, strings.ToLower(strings.ReplaceAll(k, "_", "-"))) {
+				s.fencingAlias = cmp.Or(s.fencingAlias, k)
+			}
 		}
 	}
-	return ""
+	return s
 }
 
 // queryHasMethod reports whether target's query has a _method parameter,

@@ -271,3 +271,68 @@ func TestResourceHeaderFollowsTheRulesInForce(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDecide is the decision alone for a fenced write: as the event
+// loops give it (the headers decide reads: the token), and as the general
+// engine gives it (every header the client sent).
+//
+//	go test -run '^$' -bench Decide -benchmem ./proxy
+func BenchmarkDecide(b *testing.B) {
+	rules, err := ParseRules("PUT /jobs/{id} fence job:{id}")
+	if err != nil {
+		b.Fatal(err)
+	}
+	up, _ := url.Parse("http://upstream:1")
+	g, err := New(Options{Upstream: up, Store: memstore.New(memstore.Options{}), Rules: rules})
+	if err != nil {
+		b.Fatal(err)
+	}
+	full := http.Header{
+		"Accept": {"*/*"}, "Content-Type": {"application/json"}, "User-Agent": {"bench/1"},
+		"X-Request-Id": {"abc"}, "X-Forwarded-For": {"10.0.0.1"}, "Accept-Encoding": {"gzip"},
+		HeaderToken: {"1796631549936590"},
+	}
+	for name, h := range map[string]http.Header{"loops": {HeaderToken: {"1796631549936590"}}, "general": full} {
+		b.Run(name, func(b *testing.B) {
+			in := Incoming{Method: http.MethodPut, Target: "/jobs/17", Host: "app:8080", Header: h}
+			for b.Loop() {
+				if d := g.decide(in); d.Verdict != Fence {
+					b.Fatalf("verdict %v: %v", d.Verdict, d.Problem)
+				}
+			}
+		})
+	}
+}
+
+// TestSuspectHeaders: one walk over a request's header names finds each
+// kind of header an upstream might honour in place of what the gate
+// judges, in any spelling, beside any number of innocent ones.
+func TestSuspectHeaders(t *testing.T) {
+	innocent := []string{"Accept", "Fencing-Token", "Fencing-Resource", "X-Forwarded-For", "X-Request-Id", "Fencing-Tokens", "X-Http-Method-Overrides", "Xhttp-Method", "F", "X"}
+	for _, c := range []struct {
+		names []string
+		want  suspects
+	}{
+		{nil, suspects{}},
+		{[]string{"X-Http-Method-Override"}, suspects{methodOverride: "X-Http-Method-Override"}},
+		{[]string{"x_http_method"}, suspects{methodOverride: "x_http_method"}},
+		{[]string{"X-METHOD-OVERRIDE"}, suspects{methodOverride: "X-METHOD-OVERRIDE"}},
+		{[]string{"X-Original-Url"}, suspects{pathOverride: "X-Original-Url"}},
+		{[]string{"x_rewrite_url"}, suspects{pathOverride: "x_rewrite_url"}},
+		{[]string{"Fencing_Token"}, suspects{fencingAlias: "Fencing_Token"}},
+		{[]string{"fencing_destination-token"}, suspects{fencingAlias: "fencing_destination-token"}},
+		{[]string{"FENCING_RESOURCE", "X-Rewrite-Url", "X_Http_Method"},
+			suspects{methodOverride: "X_Http_Method", pathOverride: "X-Rewrite-Url", fencingAlias: "FENCING_RESOURCE"}},
+	} {
+		h := http.Header{}
+		for _, n := range innocent {
+			h[n] = []string{"1"}
+		}
+		for _, n := range c.names {
+			h[n] = []string{"1"}
+		}
+		if got := suspectHeaders(h); got != c.want {
+			t.Errorf("%q: got %+v, want %+v", c.names, got, c.want)
+		}
+	}
+}

@@ -243,6 +243,9 @@ type exchange struct {
 	// headerBuf holds the values upstreamHeaders makes: an address and a
 	// request id (at most reqid.MaxBytes) fit.
 	headerBuf [64 + reqid.MaxBytes]byte
+	// targets holds the decision's targets (at most two: a write's own
+	// resource and its Destination's).
+	targets [2]Target
 }
 
 // open begins x's passage through the gate on the event loops: its
@@ -264,6 +267,7 @@ func (g *Gate) open(ctx context.Context, c *loopRequest, scratch http.Header, st
 // record: the part of opening an exchange every engine shares.
 func (g *Gate) judge(x *exchange, in Incoming) Decision {
 	x.path, _, _ = strings.Cut(in.Target, "?")
+	in.targets = x.targets[:0]
 	d := g.decide(in)
 	x.destination = d.Destination
 	if d.Rule != nil {
