@@ -3,10 +3,8 @@ package proxy
 import (
 	"context"
 	"log/slog"
-	"maps"
 	"math/rand/v2"
 	"net"
-	"slices"
 	"sync"
 	"time"
 
@@ -82,6 +80,11 @@ type auditRecord struct {
 	token, highWater, issue fencing.Token
 	status                  int
 	cutOff                  bool // LogCutOff wrote its line: no audit line
+
+	// The record's place in the gate's set of writes in flight, written
+	// under the shard's lock.
+	shard      *auditShard
+	prev, next *auditRecord
 }
 
 // openAudit gives a write an audit record and registers it as in flight
@@ -273,37 +276,78 @@ func (g *Gate) InFlight() int64 {
 	return int64(g.inFlight.len())
 }
 
-// auditSet is the audit records of the writes in the gate. A map under a
-// lock, not a sync.Map: adding and removing allocate nothing once the map
-// has grown, and LogCutOff, which lists them, runs once.
+// auditSet is the audit records of the writes in the gate, in shards: each
+// a list threaded through its records, under a lock of its own, so that
+// adding and removing allocate nothing and writes on different CPUs (the
+// event loops) seldom meet at one lock. LogCutOff, which lists them, runs
+// once.
 type auditSet struct {
+	shards [auditShards]auditShard
+}
+
+// auditShards is the number of an auditSet's shards.
+const auditShards = 8
+
+type auditShard struct {
 	mu   sync.Mutex
-	recs map[*auditRecord]struct{}
+	head *auditRecord
+	n    int
+	_    [64 - 24]byte // a cache line of its own
 }
 
+// add registers rec, which is in no set, in a shard chosen by its start.
 func (s *auditSet) add(rec *auditRecord) {
-	s.mu.Lock()
-	if s.recs == nil {
-		s.recs = make(map[*auditRecord]struct{})
+	sh := &s.shards[uint(rec.start.Nanosecond()>>10)%auditShards]
+	sh.mu.Lock()
+	rec.shard, rec.prev, rec.next = sh, nil, sh.head
+	if sh.head != nil {
+		sh.head.prev = rec
 	}
-	s.recs[rec] = struct{}{}
-	s.mu.Unlock()
+	sh.head = rec
+	sh.n++
+	sh.mu.Unlock()
 }
 
+// remove takes rec out of the set, if it is in it.
 func (s *auditSet) remove(rec *auditRecord) {
-	s.mu.Lock()
-	delete(s.recs, rec)
-	s.mu.Unlock()
+	sh := rec.shard
+	if sh == nil {
+		return
+	}
+	sh.mu.Lock()
+	if rec.prev != nil {
+		rec.prev.next = rec.next
+	} else {
+		sh.head = rec.next
+	}
+	if rec.next != nil {
+		rec.next.prev = rec.prev
+	}
+	rec.shard, rec.prev, rec.next = nil, nil, nil
+	sh.n--
+	sh.mu.Unlock()
 }
 
 func (s *auditSet) len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.recs)
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.n
+		sh.mu.Unlock()
+	}
+	return n
 }
 
 func (s *auditSet) list() []*auditRecord {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Collect(maps.Keys(s.recs))
+	var recs []*auditRecord
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for r := sh.head; r != nil; r = r.next {
+			recs = append(recs, r)
+		}
+		sh.mu.Unlock()
+	}
+	return recs
 }

@@ -2,8 +2,10 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -223,4 +225,66 @@ func TestAccessLineForReads(t *testing.T) {
 			t.Fatalf("%d audit lines, want the write's", n)
 		}
 	}
+}
+
+// TestAuditSetUnderManyGoroutines adds and removes records from many
+// goroutines at once (run it under -race) and checks that the set lists
+// exactly the records still in it, whatever shard each landed in.
+func TestAuditSetUnderManyGoroutines(t *testing.T) {
+	var s auditSet
+	const workers, each = 16, 500
+	kept := make([][]*auditRecord, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				rec := &auditRecord{start: time.Now(), id: fmt.Sprintf("%d-%d", w, i)}
+				s.add(rec)
+				if i%3 == 0 {
+					kept[w] = append(kept[w], rec)
+					continue
+				}
+				s.remove(rec)
+				s.remove(rec) // a second removal changes nothing
+			}
+		})
+	}
+	wg.Wait()
+	want := map[string]bool{}
+	for _, recs := range kept {
+		for _, r := range recs {
+			want[r.id] = true
+		}
+	}
+	got := s.list()
+	if len(got) != len(want) || s.len() != len(want) {
+		t.Fatalf("set lists %d records, counts %d, want %d", len(got), s.len(), len(want))
+	}
+	for _, r := range got {
+		if !want[r.id] {
+			t.Fatalf("set lists %s, which was removed", r.id)
+		}
+		delete(want, r.id)
+	}
+	for _, recs := range kept {
+		for _, r := range recs {
+			s.remove(r)
+		}
+	}
+	if n := s.len(); n != 0 || len(s.list()) != 0 {
+		t.Fatalf("after removing every record the set counts %d", n)
+	}
+}
+
+// BenchmarkAuditSet is a write's registration as in flight, added and
+// removed, from as many goroutines as GOMAXPROCS (the event loops).
+func BenchmarkAuditSet(b *testing.B) {
+	var s auditSet
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			rec := &auditRecord{start: time.Now()}
+			s.add(rec)
+			s.remove(rec)
+		}
+	})
 }
