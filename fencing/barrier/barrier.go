@@ -25,6 +25,7 @@ package barrier
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"sync"
 	"time"
 
@@ -46,7 +47,23 @@ var ErrClosed = errors.New("barrier closed")
 // nothing registered are dropped from the map, so its size is bounded by
 // the number of writes in flight (plus those held for a grace period after
 // an ambiguous upstream outcome).
+//
+// The resources are spread over shards by a hash of their names, each
+// with its own lock, so that writes on different resources from different
+// CPUs (a gate's event loops) seldom wait for one lock. A resource's
+// writes all live in one shard: nothing the barrier decides involves two.
 type Barrier struct {
+	seed   maphash.Seed
+	shards [shardCount]shard
+}
+
+// shardCount is the number of a Barrier's shards, a power of two.
+const shardCount = 16
+
+// shard is the part of a Barrier that holds the resources whose names hash
+// to it. closed and allUntil are the same in every shard, set in each
+// under its lock.
+type shard struct {
 	mu     sync.Mutex
 	seq    uint64 // registration counter; Ticket.seq values come from it
 	res    map[string]*inflight
@@ -58,6 +75,7 @@ type Barrier struct {
 	// one: a gate whose writes rarely overlap reuses one entry rather
 	// than allocating one per write.
 	spare *inflight
+	_     [64]byte // keeps shards' locks off each other's cache lines
 }
 
 type inflight struct {
@@ -72,19 +90,31 @@ type inflight struct {
 }
 
 // New returns an empty barrier. It is safe for concurrent use.
-func New() *Barrier { return &Barrier{res: map[string]*inflight{}} }
+func New() *Barrier {
+	b := &Barrier{seed: maphash.MakeSeed()}
+	for i := range b.shards {
+		b.shards[i].res = map[string]*inflight{}
+	}
+	return b
+}
+
+// shard is resource's shard.
+func (b *Barrier) shard(resource string) *shard {
+	return &b.shards[maphash.String(b.seed, resource)&(shardCount-1)]
+}
 
 // Ticket is one write's place in the barrier. Its methods are safe to call
 // more than once and from any goroutine: only the first Leave or Hold
 // counts.
 type Ticket struct {
-	b        *Barrier
+	s        *shard
 	resource string
 	token    fencing.Token
 	once     sync.Once
 	seq      uint64 // registration order; set once by Register
 
-	// Guarded by b.mu.
+	// Guarded by s.mu.
+	f          *inflight // the resource's entry, while the ticket is linked in it
 	prev, next *Ticket
 	horizon    uint64    // Wait's snapshot: tickets with seq < horizon are waited for; 0 until Wait
 	passed     bool      // Wait returned nil: the write may be forwarded
@@ -95,26 +125,27 @@ type Ticket struct {
 // before the write's admission check. The caller must end the Ticket with
 // Leave or Hold.
 func (b *Barrier) Register(resource string, token fencing.Token) *Ticket {
-	t := &Ticket{b: b, resource: resource, token: token}
-	b.mu.Lock()
-	b.link(t)
-	b.mu.Unlock()
+	t := &Ticket{s: b.shard(resource), resource: resource, token: token}
+	t.s.mu.Lock()
+	t.s.link(t)
+	t.s.mu.Unlock()
 	return t
 }
 
-// link appends t to its resource's list. b.mu must be held.
-func (b *Barrier) link(t *Ticket) {
-	f := b.res[t.resource]
+// link appends t to its resource's list. s.mu must be held.
+func (s *shard) link(t *Ticket) {
+	f := s.res[t.resource]
 	if f == nil {
-		f = b.spare
-		b.spare = nil
+		f = s.spare
+		s.spare = nil
 		if f == nil {
 			f = &inflight{}
 		}
-		b.res[t.resource] = f
+		s.res[t.resource] = f
 	}
-	b.seq++
-	t.seq = b.seq
+	s.seq++
+	t.seq = s.seq
+	t.f = f
 	if f.tail == nil {
 		f.head = t
 	} else {
@@ -125,9 +156,9 @@ func (b *Barrier) link(t *Ticket) {
 
 // blocked reports whether t must still wait: a write with a lower token
 // registered before t's horizon is still registered, or every write is
-// held. b.mu must be held.
-func (b *Barrier) blocked(f *inflight, t *Ticket) bool {
-	if b.allHeld() {
+// held. s.mu must be held.
+func (s *shard) blocked(f *inflight, t *Ticket) bool {
+	if s.allHeld() {
 		return true
 	}
 	for x := f.head; x != nil && x.seq < t.horizon; x = x.next {
@@ -145,13 +176,13 @@ func (b *Barrier) blocked(f *inflight, t *Ticket) bool {
 // check has returned and admitted it: that moment is the snapshot the
 // package comment explains. The Ticket stays registered either way.
 func (t *Ticket) Wait(ctx context.Context, timeout time.Duration) error {
-	b := t.b
+	s := t.s
 	var timer *time.Timer
 	for {
-		b.mu.Lock()
+		s.mu.Lock()
 		f, ok, err := t.pass()
 		if err != nil || ok {
-			b.mu.Unlock()
+			s.mu.Unlock()
 			if timer != nil {
 				timer.Stop()
 			}
@@ -161,7 +192,7 @@ func (t *Ticket) Wait(ctx context.Context, timeout time.Duration) error {
 			f.changed = make(chan struct{})
 		}
 		ch := f.changed
-		b.mu.Unlock()
+		s.mu.Unlock()
 		if timer == nil {
 			timer = time.NewTimer(timeout)
 		}
@@ -181,24 +212,24 @@ func (t *Ticket) Wait(ctx context.Context, timeout time.Duration) error {
 // reports false, a later Wait waits for the same writes: those registered
 // before Pass was called.
 func (t *Ticket) Pass() (bool, error) {
-	t.b.mu.Lock()
-	defer t.b.mu.Unlock()
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
 	_, ok, err := t.pass()
 	return ok, err
 }
 
 // pass is one check of Wait: ErrClosed, or whether t may pass now, with
-// the resource's entry to wait on when it may not. b.mu must be held.
+// the resource's entry to wait on when it may not. s.mu must be held.
 func (t *Ticket) pass() (*inflight, bool, error) {
-	b := t.b
-	if b.closed {
+	s := t.s
+	if s.closed {
 		return nil, false, ErrClosed
 	}
 	if t.horizon == 0 {
-		t.horizon = b.seq + 1
+		t.horizon = s.seq + 1
 	}
-	f := b.res[t.resource]
-	if b.blocked(f, t) {
+	f := s.res[t.resource]
+	if s.blocked(f, t) {
 		return f, false, nil
 	}
 	t.passed = true
@@ -220,12 +251,10 @@ func (t *Ticket) Hold(d time.Duration) {
 			t.leave()
 			return
 		}
-		t.b.mu.Lock()
+		t.s.mu.Lock()
 		t.holdUntil = time.Now().Add(d)
-		if f := t.b.res[t.resource]; f != nil {
-			f.heldUntil = later(f.heldUntil, t.holdUntil)
-		}
-		t.b.mu.Unlock()
+		t.f.heldUntil = later(t.f.heldUntil, t.holdUntil)
+		t.s.mu.Unlock()
 		time.AfterFunc(d, t.leave)
 	})
 }
@@ -247,14 +276,20 @@ func (b *Barrier) HoldAll(d time.Duration) {
 		return
 	}
 	until := time.Now().Add(d)
-	b.mu.Lock()
-	b.allUntil = later(b.allUntil, until)
-	b.mu.Unlock()
+	for i := range b.shards {
+		s := &b.shards[i]
+		s.mu.Lock()
+		s.allUntil = later(s.allUntil, until)
+		s.mu.Unlock()
+	}
 	time.AfterFunc(d, func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		for _, f := range b.res {
-			f.wake()
+		for i := range b.shards {
+			s := &b.shards[i]
+			s.mu.Lock()
+			for _, f := range s.res {
+				f.wake()
+			}
+			s.mu.Unlock()
 		}
 	})
 }
@@ -262,10 +297,11 @@ func (b *Barrier) HoldAll(d time.Duration) {
 // AllHeldUntil is when the last HoldAll ends, or the zero time when none
 // is pending.
 func (b *Barrier) AllHeldUntil() time.Time {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if time.Now().Before(b.allUntil) {
-		return b.allUntil
+	s := &b.shards[0] // HoldAll sets every shard's alike
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if time.Now().Before(s.allUntil) {
+		return s.allUntil
 	}
 	return time.Time{}
 }
@@ -281,10 +317,11 @@ func later(a, b time.Time) time.Time {
 // zero time when none is pending: a refused writer can be told when to
 // retry.
 func (b *Barrier) HeldUntil(resource string) time.Time {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	until := b.allUntil
-	if f := b.res[resource]; f != nil {
+	s := b.shard(resource)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	until := s.allUntil
+	if f := s.res[resource]; f != nil {
 		until = later(until, f.heldUntil)
 	}
 	if time.Now().Before(until) {
@@ -302,10 +339,10 @@ func (f *inflight) wake() {
 
 // leave deregisters t and wakes the writes waiting on its resource.
 func (t *Ticket) leave() {
-	b := t.b
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	f := b.res[t.resource]
+	s := t.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := t.f
 	if t.prev == nil {
 		f.head = t.next
 	} else {
@@ -316,13 +353,13 @@ func (t *Ticket) leave() {
 	} else {
 		t.next.prev = t.prev
 	}
-	t.prev, t.next = nil, nil
+	t.f, t.prev, t.next = nil, nil, nil
 	f.wake()
 	if f.head == nil {
-		delete(b.res, t.resource)
-		if b.spare == nil {
-			*f = inflight{} // nothing outside b.mu holds an entry
-			b.spare = f
+		delete(s.res, t.resource)
+		if s.spare == nil {
+			*f = inflight{} // nothing outside s.mu holds an entry
+			s.spare = f
 		}
 	}
 }
@@ -334,37 +371,41 @@ func (t *Ticket) leave() {
 // (its outcome will not be seen). Writes that never passed Wait are left
 // out: they were never forwarded. Holds keep running their course.
 func (b *Barrier) Close(grace time.Duration) map[string]time.Time {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.closed = true
 	now := time.Now()
 	out := map[string]time.Time{}
-	for res, f := range b.res {
-		f.wake()
-		for x := f.head; x != nil; x = x.next {
-			var until time.Time
-			switch {
-			case !x.holdUntil.IsZero():
-				until = x.holdUntil
-			case x.passed:
-				until = now.Add(grace)
-			default:
-				continue
-			}
-			if until.After(now) {
-				out[res] = later(out[res], until)
+	for i := range b.shards {
+		s := &b.shards[i]
+		s.mu.Lock()
+		s.closed = true
+		for res, f := range s.res {
+			f.wake()
+			for x := f.head; x != nil; x = x.next {
+				var until time.Time
+				switch {
+				case !x.holdUntil.IsZero():
+					until = x.holdUntil
+				case x.passed:
+					until = now.Add(grace)
+				default:
+					continue
+				}
+				if until.After(now) {
+					out[res] = later(out[res], until)
+				}
 			}
 		}
+		s.mu.Unlock()
 	}
 	return out
 }
 
 // Registered is how many writes with token are registered for resource.
 func (b *Barrier) Registered(resource string, token fencing.Token) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	s := b.shard(resource)
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	n := 0
-	if f := b.res[resource]; f != nil {
+	if f := s.res[resource]; f != nil {
 		for x := f.head; x != nil; x = x.next {
 			if x.token == token {
 				n++
@@ -382,20 +423,26 @@ func (b *Barrier) Registered(resource string, token fencing.Token) int {
 // admission check, a write not yet registered when InFlight answers false
 // is admitted, if at all, after that answer.
 func (b *Barrier) InFlight(resource string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.res[resource] != nil || b.allHeld()
+	s := b.shard(resource)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.res[resource] != nil || s.allHeld()
 }
 
 // allHeld reports whether a HoldAll is still running (the clock is read
-// only when one was ever set). b.mu must be held.
-func (b *Barrier) allHeld() bool {
-	return !b.allUntil.IsZero() && time.Now().Before(b.allUntil)
+// only when one was ever set). s.mu must be held.
+func (s *shard) allHeld() bool {
+	return !s.allUntil.IsZero() && time.Now().Before(s.allUntil)
 }
 
 // Size is the number of resources with writes in flight.
 func (b *Barrier) Size() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.res)
+	n := 0
+	for i := range b.shards {
+		s := &b.shards[i]
+		s.mu.Lock()
+		n += len(s.res)
+		s.mu.Unlock()
+	}
+	return n
 }

@@ -3,9 +3,11 @@ package barrier
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -186,7 +188,7 @@ func TestBarrierClose(t *testing.T) {
 	unadmitted := b.Register("never", 1)
 	errc := make(chan error, 1)
 	go func() { errc <- waiting.Wait(context.Background(), time.Hour) }()
-	waitUntil(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return waiting.horizon != 0 })
+	waitUntil(t, func() bool { waiting.s.mu.Lock(); defer waiting.s.mu.Unlock(); return waiting.horizon != 0 })
 	before := time.Now()
 	holds := b.Close(time.Minute)
 	if err := <-errc; !errors.Is(err, ErrClosed) {
@@ -333,4 +335,27 @@ func TestTicketPass(t *testing.T) {
 	if ok, err := b.Register("r", 3).Pass(); ok || !errors.Is(err, ErrClosed) {
 		t.Fatalf("Pass on a closed barrier: %v %v", ok, err)
 	}
+}
+
+// BenchmarkBarrier is a write's passage through the barrier (Register,
+// Pass, Leave) from as many goroutines as GOMAXPROCS (a gate's event
+// loops), on 64 resources taken in turn.
+func BenchmarkBarrier(b *testing.B) {
+	bar := New()
+	var names [64]string
+	for i := range names {
+		names[i] = fmt.Sprintf("job:%d", i)
+	}
+	var next atomic.Uint32
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(next.Add(17))
+		for pb.Next() {
+			i++
+			t := bar.Register(names[i%len(names)], 7)
+			if ok, err := t.Pass(); !ok || err != nil {
+				b.Fatalf("pass: %v %v", ok, err)
+			}
+			t.Leave()
+		}
+	})
 }
