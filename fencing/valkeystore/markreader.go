@@ -155,6 +155,18 @@ type markCall struct {
 	known  bool
 }
 
+// snapshot records in each call of calls that is sent what was seen of its
+// request's resource (see lost), under one hold of the lock.
+func (m *seenMarks) snapshot(reqs []fencing.AdmitRequest, calls []markCall) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range calls {
+		if c := &calls[i]; c.sent {
+			c.before, c.known = m.byRes[reqs[i].Resource]
+		}
+	}
+}
+
 // markReplies settles a batch from its replies, in the order the reads
 // were sent; it is the part of a mark reader that does no I/O.
 type markReplies struct {
@@ -185,10 +197,10 @@ func (m *markReplies) start(dst []byte, reqs []fencing.AdmitRequest) []byte {
 			continue // only admit.lua can answer it
 		}
 		c.sent = true
-		c.before, c.known = s.seen.resource(req.Resource)
 		dst = appendCommand(dst, "HMGET", s.recKey(req.Resource), "issued", "hw", "floor")
 		m.sent++
 	}
+	s.seen.snapshot(reqs, m.calls) // before the reads go out
 	return dst
 }
 

@@ -165,7 +165,9 @@ func (m *seenMarks) observe(res string, issued, hw, floor fencing.Token) {
 		if ok && floor == seen.floor {
 			rec.hw = max(hw, seen.hw)
 		}
-		m.put(res, rec)
+		if !ok || rec != seen { // most answers change nothing
+			m.put(res, rec)
+		}
 	case floor == seen.floor && hw > seen.hw:
 		seen.hw = hw
 		m.byRes[res] = seen
