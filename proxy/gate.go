@@ -259,8 +259,9 @@ func (g *Gate) open(ctx context.Context, c *loopRequest, scratch http.Header, st
 	x := &exchange{c: c, ctx: ctx, start: start}
 	x.id = reqid.Choose(c.value(reqid.Header))
 	x.method = methodString(c.head.Method)
-	return x, g.judge(x, Incoming{Method: x.method, Target: string(c.head.Target), Host: string(c.head.Host),
-		Header: decisionHeader(c, scratch)})
+	th := string(c.head.Target) + string(c.head.Host) // the target and the host in one allocation
+	target, host := th[:len(c.head.Target)], th[len(c.head.Target):]
+	return x, g.judge(x, Incoming{Method: x.method, Target: target, Host: host, Header: decisionHeader(c, scratch)})
 }
 
 // judge decides on x's request, as in, and begins its telemetry and audit
