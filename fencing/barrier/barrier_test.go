@@ -360,3 +360,46 @@ func BenchmarkBarrier(b *testing.B) {
 		}
 	})
 }
+
+// TestBarrierShardsActAsOne: resources in every shard are held by HoldAll,
+// closed by Close and counted by Size, as one barrier.
+func TestBarrierShardsActAsOne(t *testing.T) {
+	b := New()
+	var names []string // one resource in each shard
+	covered := map[*shard]bool{}
+	for i := 0; len(covered) < shardCount; i++ {
+		if i > 10000 {
+			t.Fatalf("%d of %d shards reached", len(covered), shardCount)
+		}
+		res := fmt.Sprintf("job:%d", i)
+		if s := b.shard(res); !covered[s] {
+			covered[s] = true
+			names = append(names, res)
+		}
+	}
+	var tickets []*Ticket
+	for _, res := range names {
+		tickets = append(tickets, b.Register(res, 5))
+	}
+	if n := b.Size(); n != shardCount {
+		t.Fatalf("Size %d, want %d", n, shardCount)
+	}
+	for _, tk := range tickets {
+		tk.Leave()
+	}
+	b.HoldAll(time.Hour)
+	for _, res := range names {
+		if !b.InFlight(res) || b.HeldUntil(res).IsZero() {
+			t.Fatalf("%s not held by HoldAll", res)
+		}
+		if ok, err := b.Register(res, 9).Pass(); ok || err != nil {
+			t.Fatalf("%s passed HoldAll: %v %v", res, ok, err)
+		}
+	}
+	b.Close(0)
+	for _, res := range names {
+		if _, err := b.Register(res, 9).Pass(); !errors.Is(err, ErrClosed) {
+			t.Fatalf("%s after Close: %v", res, err)
+		}
+	}
+}
