@@ -360,9 +360,9 @@ func (h *handoffListener) Addr() net.Addr { return &net.TCPAddr{} }
 // decisionHeader is the subset of a request's headers decide reads, as an
 // http.Header: Connection, Upgrade, Destination, the fencing headers, and
 // any that an upstream might take for a method or path override or for a
-// fencing header; nil when
-// there are none. into, when not nil, is cleared and filled instead of a
-// new map (an event loop reuses one).
+// fencing header (suspectHeaders); nil when there are none. into, when not
+// nil, is cleared and filled instead of a new map (an event loop reuses
+// one).
 func decisionHeader(r *loopRequest, into http.Header) http.Header {
 	out := into
 	clear(out)
@@ -401,9 +401,9 @@ func decisionHeaderName(k []byte) bool {
 	}
 	switch k[0] {
 	case 'X', 'x':
-		return true // overrideHeader decides, on the normalized name
+		return true // suspectHeaders decides, on the normalized name
 	case 'F', 'f':
-		return bytes.IndexByte(k, '_') >= 0 // fencingAlias decides
+		return bytes.IndexByte(k, '_') >= 0 // suspectHeaders decides
 	}
 	return false
 }
