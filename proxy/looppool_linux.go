@@ -63,25 +63,38 @@ func (p *upstreamPool) reserve() bool {
 	}
 }
 
-// reclaim asks every other loop to close up to n of its idle upstream
-// connections, the longest idle first, and a loop that closed any to
-// wake this one, whose waiting requests then dial in the places freed. A
-// loop with requests of its own waiting has no idle connection (put gives
-// them to its requests), so only places nobody uses are taken. Called when
-// a request starts waiting, and from sweep while requests wait (every
-// loopTick).
+// reclaim asks the other loops, one after another in the engine's order,
+// to close n of their idle upstream connections in all, the longest idle
+// first; each loop that closed any wakes this one, whose waiting requests
+// then dial in the places freed. Asking in turn closes no more than the n
+// places needed, however many loops there are (asking every loop at once
+// could close n on each). A loop with requests of its own waiting has no
+// idle connection (put gives them to its requests), so only places nobody
+// uses are taken. Called when a request starts waiting, and from sweep
+// while requests wait (every loopTick).
 func (p *upstreamPool) reclaim(n int) {
+	p.reclaimFrom(1, n)
+}
+
+// reclaimFrom asks the loop step places after p's to close up to n idle
+// connections, and passes what it could not close on to the next loop,
+// until every other loop was asked. The loop asked runs the rest of the
+// chain: it reads only what never changes after the loops start (p.l and
+// the engine's loops) and posts to p's loop what touches p.
+func (p *upstreamPool) reclaimFrom(step, n int) {
 	l := p.l
-	for _, o := range l.e.loops {
-		if o == l {
-			continue
-		}
-		o.post(func() {
-			if o.pool.closeOldest(n) > 0 {
-				l.post(p.dialWaiting)
-			}
-		})
+	loops := l.e.loops
+	if n <= 0 || step >= len(loops) {
+		return
 	}
+	o := loops[(slices.Index(loops, l)+step)%len(loops)]
+	o.post(func() { // refused once o has stopped: its connections are closed anyway
+		closed := o.pool.closeOldest(n)
+		if closed > 0 {
+			l.post(p.dialWaiting)
+		}
+		p.reclaimFrom(step+1, n-closed)
+	})
 }
 
 // closeIdle closes every idle connection (the loop has stopped).

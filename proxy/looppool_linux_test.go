@@ -10,11 +10,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/internal/evloop"
 )
 
 // TestUpstreamConnsAreSharedByTheLoops: UpstreamConns caps the upstream
@@ -218,5 +222,60 @@ func TestUpstreamPlacesAreCountedThroughRetries(t *testing.T) {
 	e.loops[0].call(func() { idle = len(e.loops[0].pool.idle) })
 	if n := e.upConns.Load(); n != int64(idle) || idle != 1 {
 		t.Fatalf("%d places counted in use, %d connections idle; want 1 and 1", n, idle)
+	}
+}
+
+// TestReclaimClosesOnlyThePlacesNeeded: a loop whose requests wait at the
+// UpstreamConns cap asks the other loops for n places; they close n idle
+// connections in all, asked one after another, not up to n each. Four
+// loops, two idle connections (socket pairs standing in for upstream
+// connections) on each of the other three, three places asked for: the
+// first loop asked closes its two, the second one (its longest idle), the
+// third none.
+func TestReclaimClosesOnlyThePlacesNeeded(t *testing.T) {
+	g, err := New(Options{Upstream: &url.URL{Scheme: "http", Host: "127.0.0.1:9"}, Store: memstore.New(memstore.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := serveGateWith(t, g, ServerOptions{Loops: 4})
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	e := gs.srv.engine()
+	if len(e.loops) != 4 {
+		t.Fatalf("%d loops, want 4", len(e.loops))
+	}
+	idleOn := func(lp *eventLoop) (n int) {
+		lp.call(func() { n = len(lp.pool.idle) })
+		return n
+	}
+	for _, lp := range e.loops[1:] {
+		for range 2 {
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Close(fds[1]) })
+			lp.call(func() {
+				e.upConns.Add(1)
+				lp.pool.put(&upConn{Sock: evloop.Sock{FD: fds[0]}, l: lp})
+			})
+		}
+	}
+	requester := e.loops[0]
+	requester.call(func() { requester.pool.reclaim(3) })
+	waitFor(t, "three idle connections closed", func() bool { return e.upConns.Load() <= 3 })
+	for range 2 { // what the loops were asked is done when their inboxes are
+		for _, lp := range e.loops {
+			lp.call(func() {})
+		}
+	}
+	var got []int
+	for _, lp := range e.loops[1:] {
+		got = append(got, idleOn(lp))
+	}
+	if want := []int{0, 1, 2}; !slices.Equal(got, want) {
+		t.Errorf("idle connections left on the other loops: %v, want %v", got, want)
+	}
+	if n := e.upConns.Load(); n != 3 {
+		t.Errorf("%d places in use, want 3", n)
 	}
 }
