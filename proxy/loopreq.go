@@ -4,7 +4,8 @@ import (
 	"iter"
 	"net"
 	"net/http"
-	"strings"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/fencegate/fencegate/internal/h1"
 )
@@ -125,12 +126,5 @@ func canonicalize(name []byte) {
 // answerClose reports whether the gate's own answer asks to close the
 // connection (a Connection field naming close).
 func (r *loopRequest) answerClose() bool {
-	for _, v := range r.answer["Connection"] {
-		for o := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(o), "close") {
-				return true
-			}
-		}
-	}
-	return false
+	return httpguts.HeaderValuesContainsToken(r.answer["Connection"], "close")
 }

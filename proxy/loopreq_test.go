@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net/http"
 	"net/textproto"
 	"testing"
 
@@ -45,5 +46,30 @@ func TestLoopRequestOwnsItsHead(t *testing.T) {
 	}
 	if err := r.parse([]byte("GET / HTTP/1.0\r\n\r\n")); err != h1.ErrHead {
 		t.Fatalf("HTTP/1.0: %v, want h1's refusal", err)
+	}
+}
+
+// TestAnswerClose: the gate's own answer closes the connection when one of
+// its Connection fields names close, in any case and list position, and
+// only then.
+func TestAnswerClose(t *testing.T) {
+	for _, tc := range []struct {
+		conn []string
+		want bool
+	}{
+		{nil, false},
+		{[]string{"close"}, true},
+		{[]string{"keep-alive, Close"}, true},
+		{[]string{"keep-alive", " close "}, true},
+		{[]string{"closed"}, false},
+		{[]string{"keep-alive, x-close"}, false},
+	} {
+		r := loopRequest{answer: http.Header{}}
+		if tc.conn != nil {
+			r.answer["Connection"] = tc.conn
+		}
+		if got := r.answerClose(); got != tc.want {
+			t.Errorf("Connection %q: answerClose() = %v, want %v", tc.conn, got, tc.want)
+		}
 	}
 }
