@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,6 +73,12 @@ type ServerOptions struct {
 	// Loops is how many event loops serve the listener (Linux); zero
 	// means one per GOMAXPROCS (see loopCount).
 	Loops int
+	// SpareProcessor gives the Go runtime one processor more than the
+	// event loops hold, when they would hold all of them and the
+	// GOMAXPROCS environment variable is unset (see spareProcessor;
+	// FENCEGATE_SPARE_PROCESSOR). It changes GOMAXPROCS for the whole
+	// process, once, when the loops start.
+	SpareProcessor bool
 	// TLS, when set, makes the listener serve HTTPS (TLS 1.2 or later),
 	// HTTP/2 by ALPN beside HTTP/1.1; with ClientCAs and
 	// RequireAndVerifyClientCert it is mutual TLS. Its GetCertificate or
@@ -121,6 +128,8 @@ type Server struct {
 	noMarks bool
 	// loopsWanted: ServerOptions.Loops.
 	loopsWanted int
+	// spareProcessor: ServerOptions.SpareProcessor.
+	spareProcessor bool
 	// handoff gives the general engine the connections the loops hand it.
 	handoff *handoffListener
 
@@ -136,16 +145,17 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
-		g:             g,
-		headerTimeout: cmp.Or(opts.HeaderTimeout, DefaultHeaderTimeout),
-		idleTimeout:   cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
-		maxHead:       cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
-		limit:         connlimit.NewCounter(opts.MaxConns, 0, opts.MaxConnsPerClient),
-		noRing:        opts.NoIOURing,
-		noMarks:       opts.NoMarkReaders,
-		loopsWanted:   opts.Loops,
-		noLoops:       opts.NoEventLoops || opts.TLS != nil && opts.NoTLSLoops,
-		handoff:       newHandoffListener(),
+		g:              g,
+		headerTimeout:  cmp.Or(opts.HeaderTimeout, DefaultHeaderTimeout),
+		idleTimeout:    cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
+		maxHead:        cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
+		limit:          connlimit.NewCounter(opts.MaxConns, 0, opts.MaxConnsPerClient),
+		noRing:         opts.NoIOURing,
+		noMarks:        opts.NoMarkReaders,
+		loopsWanted:    opts.Loops,
+		spareProcessor: opts.SpareProcessor,
+		noLoops:        opts.NoEventLoops || opts.TLS != nil && opts.NoTLSLoops,
+		handoff:        newHandoffListener(),
 	}
 	protos := new(http.Protocols)
 	protos.SetHTTP1(true)
@@ -205,7 +215,8 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Unlock()
 	s.loops.Store(e)
 	if e != nil {
-		s.g.log.Info("gate engine", "addr", ln.Addr().String(), "engine", "event loops", "loops", e.count())
+		s.g.log.Info("gate engine", "addr", ln.Addr().String(), "engine", "event loops", "loops", e.count(),
+			"gomaxprocs", runtime.GOMAXPROCS(0))
 		go func() { _ = s.hs.Serve(s.handoff) }()
 		return e.serve()
 	}

@@ -69,6 +69,7 @@ func (l *listener) listen() error {
 			NoMarkReaders:     !l.cfg.MarkReaders,
 			NoTLSLoops:        !l.cfg.TLSLoops,
 			Loops:             l.cfg.Loops,
+			SpareProcessor:    l.cfg.SpareProcessor,
 		}
 		if l.tls != nil {
 			opts.TLS = l.tls.TLSConfig() // HTTP/2 by ALPN; certificates re-read on SIGHUP

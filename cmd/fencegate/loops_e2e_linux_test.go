@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,16 +18,30 @@ import (
 
 // TestLoopsSetting: FENCEGATE_LOOPS reaches the gate's event loops, and
 // its default is one loop per CPU Go uses (GOMAXPROCS, set here so that
-// the machine's own count does not matter); the binary logs the engine and
-// loop count of each gate listener.
+// the machine's own count does not matter); the binary logs the engine, the
+// loop count and GOMAXPROCS of each gate listener. With GOMAXPROCS unset,
+// Go gets one processor more than the loops when they would hold them all
+// (FENCEGATE_SPARE_PROCESSOR), not otherwise: N loops on fewer CPUs run
+// with N+1, and with the switch off Go keeps its own count, one per CPU at
+// most; a GOMAXPROCS the operator sets is kept.
 func TestLoopsSetting(t *testing.T) {
+	many := runtime.NumCPU() + 1 // more loops than Go's default processors
+	is := func(want float64) func(procs, loops float64) bool {
+		return func(procs, _ float64) bool { return procs == want }
+	}
 	for _, tc := range []struct {
-		env   []string
-		loops float64
+		env        []string
+		loops      float64 // 0: any count
+		gomaxprocs func(procs, loops float64) bool
 	}{
-		{[]string{"FENCEGATE_LOOPS=3", "GOMAXPROCS=2"}, 3},
-		{[]string{"GOMAXPROCS=4"}, 4},
-		{[]string{"GOMAXPROCS=1"}, 1},
+		{[]string{"FENCEGATE_LOOPS=3", "GOMAXPROCS=2"}, 3, is(2)},
+		{[]string{"GOMAXPROCS=4"}, 4, is(4)},
+		{[]string{"GOMAXPROCS=1"}, 1, is(1)},
+		{[]string{"FENCEGATE_LOOPS=" + strconv.Itoa(many)}, float64(many), is(float64(many + 1))},
+		{[]string{"FENCEGATE_LOOPS=" + strconv.Itoa(many), "FENCEGATE_SPARE_PROCESSOR=false"}, float64(many),
+			func(procs, _ float64) bool { return procs >= 1 && procs <= float64(runtime.NumCPU()) }},
+		// The defaults: a loop per CPU Go uses, and one processor more.
+		{nil, 0, func(procs, loops float64) bool { return procs == loops+1 }},
 	} {
 		t.Run(strings.Join(tc.env, ","), func(t *testing.T) {
 			p := start(t, t.TempDir(), append([]string{"FENCEGATE_STORE=memory:", "FENCEGATE_UPSTREAM=http://127.0.0.1:1"}, tc.env...), "api", "gate")
@@ -39,8 +54,13 @@ func TestLoopsSetting(t *testing.T) {
 					rec = r
 				}
 			}
-			if rec["engine"] != "event loops" || rec["loops"] != tc.loops || rec["addr"] != p.addr["gate"] {
+			loops, _ := rec["loops"].(float64)
+			procs, _ := rec["gomaxprocs"].(float64)
+			if rec["engine"] != "event loops" || loops < 1 || tc.loops != 0 && loops != tc.loops || rec["addr"] != p.addr["gate"] {
 				t.Fatalf("logged %v; want the event loops, %v of them, on %s", rec, tc.loops, p.addr["gate"])
+			}
+			if !tc.gomaxprocs(procs, loops) {
+				t.Fatalf("logged %v: GOMAXPROCS %v with %v loops is not what %q asks for", rec, procs, loops, tc.env)
 			}
 		})
 	}
