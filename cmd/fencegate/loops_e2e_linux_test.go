@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -43,7 +44,7 @@ func TestLoopsSetting(t *testing.T) {
 		// The defaults: a loop per CPU Go uses, and one processor more.
 		{nil, 0, func(procs, loops float64) bool { return procs == loops+1 }},
 	} {
-		t.Run(strings.Join(tc.env, ","), func(t *testing.T) {
+		t.Run(cmp.Or(strings.Join(tc.env, ","), "defaults"), func(t *testing.T) {
 			p := start(t, t.TempDir(), append([]string{"FENCEGATE_STORE=memory:", "FENCEGATE_UPSTREAM=http://127.0.0.1:1"}, tc.env...), "api", "gate")
 			p.waitLog(`"msg":"gate engine"`, 1)
 			var rec map[string]any
