@@ -171,9 +171,10 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 // what one did on the local stores at 50 connections and 1.26 x at 1,000,
 // for about the same CPU per write (7 % less to 3 % more), the same
 // latency at one connection and the same memory; on Valkey beside its
-// server on those CPUs, as much as one for more CPU (docs/performance.md
-// has the runs). FENCEGATE_LOOPS set lower leaves CPUs to the service the
-// gate sits beside.
+// server on those CPUs, as much as one for more CPU, and 1.08 x once the
+// loops had a processor to spare (spareProcessor; docs/performance.md has
+// the runs). FENCEGATE_LOOPS set lower leaves CPUs to the service the gate
+// sits beside.
 func loopCount(wanted, procs int) int {
 	if wanted > 0 {
 		return wanted
