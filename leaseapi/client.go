@@ -274,10 +274,10 @@ type LeasePage struct {
 	NextCursor string
 }
 
-// ListPage returns one page of the live leases whose resource starts with
-// prefix: at most limit (0: the server's maximum, fencing.MaxListLimit),
-// after cursor ("" for the first page, else a NextCursor the server gave).
-func (c *Client) ListPage(ctx context.Context, prefix string, limit int, cursor string) (LeasePage, error) {
+// ListQuery is the query of GET /v1/leases for a page of the live leases
+// whose resource starts with prefix: at most limit (0: the server's
+// maximum), after cursor ("": the first page). Zero values are left out.
+func ListQuery(prefix string, limit int, cursor string) url.Values {
 	q := url.Values{}
 	if prefix != "" {
 		q.Set("prefix", prefix)
@@ -288,8 +288,15 @@ func (c *Client) ListPage(ctx context.Context, prefix string, limit int, cursor 
 	if cursor != "" {
 		q.Set("cursor", cursor)
 	}
+	return q
+}
+
+// ListPage returns one page of the live leases whose resource starts with
+// prefix: at most limit (0: the server's maximum, fencing.MaxListLimit),
+// after cursor ("" for the first page, else a NextCursor the server gave).
+func (c *Client) ListPage(ctx context.Context, prefix string, limit int, cursor string) (LeasePage, error) {
 	var out listJSON
-	if err := c.do(ctx, http.MethodGet, "/v1/leases", "", q, nil, &out); err != nil {
+	if err := c.do(ctx, http.MethodGet, "/v1/leases", "", ListQuery(prefix, limit, cursor), nil, &out); err != nil {
 		return LeasePage{}, err
 	}
 	p := LeasePage{Leases: make([]fencing.Lease, 0, len(out.Leases))}

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -319,16 +318,7 @@ meanwhile may or may not.
 			if all && cursor != "" {
 				return usageError(cmd, "--all lists from the start: it does not take --cursor")
 			}
-			q := url.Values{}
-			if prefix != "" {
-				q.Set("prefix", prefix)
-			}
-			if limit != 0 {
-				q.Set("limit", strconv.Itoa(limit))
-			}
-			if cursor != "" {
-				q.Set("cursor", cursor)
-			}
+			q := leaseapi.ListQuery(prefix, limit, cursor)
 			if all {
 				return c.listAll(cmd, q)
 			}
