@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -653,6 +654,40 @@ func TestLoopsReuseTheUpstreamConnectionUsedLast(t *testing.T) {
 	}
 	if len(conns) != 12 || len(used) != 1 {
 		t.Fatalf("12 requests in turn reached the upstream as %d requests over %d connections, want one connection: %v", len(conns), len(used), conns)
+	}
+}
+
+// TestSpareProcessorCountsTheCPUsOnce: with SpareProcessor, the first
+// listener's loops raise GOMAXPROCS to one more than they are, and a
+// second listener in the same process still runs one loop per CPU (not
+// one per processor, the spare one included), without raising it again.
+// Not parallel: it changes the test process's GOMAXPROCS, and restores it.
+func TestSpareProcessorCountsTheCPUsOnce(t *testing.T) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		t.Skip("GOMAXPROCS is set: the spare processor leaves it alone")
+	}
+	procs := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() {
+		runtime.GOMAXPROCS(procs)
+		spare.Lock()
+		spare.before = 0
+		spare.Unlock()
+	})
+	_, u, st, _ := newLeasedUpstream(t)
+	rules, _ := ParseRules(testRules)
+	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		gs := serveGateWith(t, g, ServerOptions{SpareProcessor: true})
+		waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+		if n := len(gs.srv.engine().loops); n != procs {
+			t.Errorf("listener %d: %d loops, want %d (one per CPU)", i+1, n, procs)
+		}
+		if got := runtime.GOMAXPROCS(0); got != procs+1 {
+			t.Errorf("after listener %d: GOMAXPROCS %d, want %d (the loops and one to spare)", i+1, got, procs+1)
+		}
 	}
 }
 

@@ -144,7 +144,7 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 		e.tlsLn = ln
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	n := loopCount(s.loopsWanted, runtime.GOMAXPROCS(0))
+	n := loopCount(s.loopsWanted, cpuProcs())
 	for range n {
 		l, err := newEventLoop(e)
 		if err != nil {
@@ -165,7 +165,7 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 
 // loopCount is how many event loops serve a listener: wanted
 // (ServerOptions.Loops, FENCEGATE_LOOPS) when set, else one per CPU Go
-// uses (procs, GOMAXPROCS), as nginx, HAProxy and Envoy run one worker per
+// uses (procs: GOMAXPROCS without the spare processor, cpuProcs), as nginx, HAProxy and Envoy run one worker per
 // CPU. On two CPUs shared with the client and the upstream, once idle
 // loops stopped waking every 20 ms, two loops forwarded 1.09 to 1.24 x
 // what one did on the local stores at 50 connections and 1.26 x at 1,000,
@@ -199,9 +199,33 @@ func loopCount(wanted, procs int) int {
 // following a change of the container's CPU limit, which the loops, one
 // per processor at start, do not follow either.
 func spareProcessor(n int) {
-	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) <= n {
+	spare.Lock()
+	defer spare.Unlock()
+	if procs := runtime.GOMAXPROCS(0); os.Getenv("GOMAXPROCS") == "" && procs <= n {
+		if spare.before == 0 {
+			spare.before = procs
+		}
 		runtime.GOMAXPROCS(n + 1)
 	}
+}
+
+// spare remembers GOMAXPROCS as it was before spareProcessor first raised
+// it (0: never raised), so that the loops of a listener started later in
+// the process are counted from the CPUs, not from the spare processor.
+var spare struct {
+	sync.Mutex
+	before int
+}
+
+// cpuProcs is GOMAXPROCS without the spare processor: the processors Go
+// would use, one loop each (loopCount).
+func cpuProcs() int {
+	spare.Lock()
+	defer spare.Unlock()
+	if spare.before > 0 {
+		return spare.before
+	}
+	return runtime.GOMAXPROCS(0)
 }
 
 // serve runs the loops until Shutdown or Close, and returns once stop has

@@ -77,7 +77,8 @@ type ServerOptions struct {
 	// event loops hold, when they would hold all of them and the
 	// GOMAXPROCS environment variable is unset (see spareProcessor;
 	// FENCEGATE_SPARE_PROCESSOR). It changes GOMAXPROCS for the whole
-	// process, once, when the loops start.
+	// process, once, when the loops start; the loops of a listener served
+	// later in the process are still counted one per CPU.
 	SpareProcessor bool
 	// TLS, when set, makes the listener serve HTTPS (TLS 1.2 or later),
 	// HTTP/2 by ALPN beside HTTP/1.1; with ClientCAs and
