@@ -46,10 +46,9 @@ func newLeasedUpstream(t *testing.T) (*rawUpstream, *url.URL, *memstore.Store, f
 	return up, u, st, l
 }
 
-// serveLeasedGate serves a gate with the test rules in front of a raw
-// upstream and a memory store holding a lease on job:1 (see
-// newLeasedUpstream), once its event loops run.
-func serveLeasedGate(t *testing.T) (*rawUpstream, fencing.Lease, *gateServer) {
+// newLeasedGate is a gate with the test rules in front of a raw upstream
+// and a memory store holding a lease on job:1 (see newLeasedUpstream).
+func newLeasedGate(t *testing.T) (*rawUpstream, fencing.Lease, *Gate) {
 	t.Helper()
 	up, u, st, l := newLeasedUpstream(t)
 	rules, _ := ParseRules(testRules)
@@ -57,6 +56,15 @@ func serveLeasedGate(t *testing.T) (*rawUpstream, fencing.Lease, *gateServer) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return up, l, g
+}
+
+// serveLeasedGate serves a gate with the test rules in front of a raw
+// upstream and a memory store holding a lease on job:1 (see
+// newLeasedUpstream), once its event loops run.
+func serveLeasedGate(t *testing.T) (*rawUpstream, fencing.Lease, *gateServer) {
+	t.Helper()
+	up, l, g := newLeasedGate(t)
 	gs := serveGate(t, g)
 	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
 	return up, l, gs
@@ -673,12 +681,7 @@ func TestSpareProcessorCountsTheCPUsOnce(t *testing.T) {
 		spare.before = 0
 		spare.Unlock()
 	})
-	_, u, st, _ := newLeasedUpstream(t)
-	rules, _ := ParseRules(testRules)
-	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, g := newLeasedGate(t)
 	for i := range 2 {
 		gs := serveGateWith(t, g, ServerOptions{SpareProcessor: true})
 		waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
@@ -705,12 +708,7 @@ func TestLoopsOption(t *testing.T) {
 	if got := loopCount(0, 1); got != 1 {
 		t.Errorf("loopCount(0, 1) = %d, want 1", got)
 	}
-	up, u, st, l := newLeasedUpstream(t)
-	rules, _ := ParseRules(testRules)
-	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
-	if err != nil {
-		t.Fatal(err)
-	}
+	up, l, g := newLeasedGate(t)
 	const loops = 3
 	gs := serveGateWith(t, g, ServerOptions{Loops: loops})
 	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
@@ -767,12 +765,7 @@ func TestLoopsOption(t *testing.T) {
 // its mark reader (which only the sweep finds overdue) the loop still wakes
 // every loopTick. Wake-ups are counted in passes.
 func TestIdleLoopSleepsUntilItsNextDeadline(t *testing.T) {
-	up, u, st, l := newLeasedUpstream(t)
-	rules, _ := ParseRules(testRules)
-	g, err := New(Options{Upstream: u, Store: st, Rules: rules})
-	if err != nil {
-		t.Fatal(err)
-	}
+	up, l, g := newLeasedGate(t)
 	const idle = 400 * time.Millisecond
 	gs := serveGateWith(t, g, ServerOptions{Loops: 1, IdleTimeout: idle})
 	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
