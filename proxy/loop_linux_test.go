@@ -678,7 +678,7 @@ func TestSpareProcessorCountsTheCPUsOnce(t *testing.T) {
 	t.Cleanup(func() {
 		runtime.GOMAXPROCS(procs)
 		spare.Lock()
-		spare.before = 0
+		spare.before, spare.set = 0, 0
 		spare.Unlock()
 	})
 	_, _, g := newLeasedGate(t)
@@ -691,6 +691,16 @@ func TestSpareProcessorCountsTheCPUsOnce(t *testing.T) {
 		if got := runtime.GOMAXPROCS(0); got != procs+1 {
 			t.Errorf("after listener %d: GOMAXPROCS %d, want %d (the loops and one to spare)", i+1, got, procs+1)
 		}
+	}
+	// A GOMAXPROCS the program sets itself afterwards is its count.
+	runtime.GOMAXPROCS(procs + 2)
+	gs := serveGateWith(t, g, ServerOptions{SpareProcessor: true})
+	waitFor(t, "the server to start", func() bool { return gs.srv.engine() != nil })
+	if n := len(gs.srv.engine().loops); n != procs+2 {
+		t.Errorf("after GOMAXPROCS(%d): %d loops, want %d", procs+2, n, procs+2)
+	}
+	if got := runtime.GOMAXPROCS(0); got != procs+3 {
+		t.Errorf("after GOMAXPROCS(%d) and a listener: GOMAXPROCS %d, want %d", procs+2, got, procs+3)
 	}
 }
 

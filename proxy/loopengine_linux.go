@@ -165,8 +165,8 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 
 // loopCount is how many event loops serve a listener: wanted
 // (ServerOptions.Loops, FENCEGATE_LOOPS) when set, else one per CPU Go
-// uses (procs: GOMAXPROCS without the spare processor, cpuProcs), as nginx, HAProxy and Envoy run one worker per
-// CPU. On two CPUs shared with the client and the upstream, once idle
+// uses (procs: GOMAXPROCS without the spare processor, cpuProcs), as
+// nginx, HAProxy and Envoy run one worker per CPU. On two CPUs shared with the client and the upstream, once idle
 // loops stopped waking every 20 ms, two loops forwarded 1.09 to 1.24 x
 // what one did on the local stores at 50 connections and 1.26 x at 1,000,
 // for about the same CPU per write (7 % less to 3 % more), the same
@@ -202,30 +202,32 @@ func spareProcessor(n int) {
 	spare.Lock()
 	defer spare.Unlock()
 	if procs := runtime.GOMAXPROCS(0); os.Getenv("GOMAXPROCS") == "" && procs <= n {
-		if spare.before == 0 {
-			spare.before = procs
+		if procs != spare.set {
+			spare.before = procs // not a count of spareProcessor's own
 		}
+		spare.set = n + 1
 		runtime.GOMAXPROCS(n + 1)
 	}
 }
 
-// spare remembers GOMAXPROCS as it was before spareProcessor first raised
-// it (0: never raised), so that the loops of a listener started later in
-// the process are counted from the CPUs, not from the spare processor.
+// spare remembers what spareProcessor last set GOMAXPROCS to and what it
+// was before, so that the loops of a listener started later in the
+// process are counted from the CPUs, not from the spare processor.
 var spare struct {
 	sync.Mutex
-	before int
+	before, set int // 0: never raised
 }
 
 // cpuProcs is GOMAXPROCS without the spare processor: the processors Go
-// would use, one loop each (loopCount).
+// would use, one loop each (loopCount). A GOMAXPROCS that the program
+// set since is taken as it is.
 func cpuProcs() int {
 	spare.Lock()
 	defer spare.Unlock()
-	if spare.before > 0 {
-		return spare.before
+	if procs := runtime.GOMAXPROCS(0); procs != spare.set {
+		return procs
 	}
-	return runtime.GOMAXPROCS(0)
+	return spare.before
 }
 
 // serve runs the loops until Shutdown or Close, and returns once stop has
