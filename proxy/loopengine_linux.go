@@ -166,15 +166,15 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 // loopCount is how many event loops serve a listener: wanted
 // (ServerOptions.Loops, FENCEGATE_LOOPS) when set, else one per CPU Go
 // uses (procs: GOMAXPROCS without the spare processor, cpuProcs), as
-// nginx, HAProxy and Envoy run one worker per CPU. On two CPUs shared with the client and the upstream, once idle
-// loops stopped waking every 20 ms, two loops forwarded 1.09 to 1.24 x
-// what one did on the local stores at 50 connections and 1.26 x at 1,000,
-// for about the same CPU per write (7 % less to 3 % more), the same
-// latency at one connection and the same memory; on Valkey beside its
-// server on those CPUs, as much as one for more CPU, and 1.08 x once the
-// loops had a processor to spare (spareProcessor; docs/performance.md has
-// the runs). FENCEGATE_LOOPS set lower leaves CPUs to the service the gate
-// sits beside.
+// nginx, HAProxy and Envoy run one worker per CPU. On two CPUs shared with
+// the client and the upstream, once idle loops stopped waking every 20 ms,
+// two loops forwarded 1.09 to 1.24 x what one did on the local stores at
+// 50 connections and 1.26 x at 1,000, for about the same CPU per write (7
+// % less to 3 % more), the same latency at one connection and the same
+// memory; on Valkey beside its server on those CPUs, as much as one for
+// more CPU, and 1.08 x once the loops had a processor to spare
+// (spareProcessor; docs/performance.md has the runs). FENCEGATE_LOOPS set
+// lower leaves CPUs to the service the gate sits beside.
 func loopCount(wanted, procs int) int {
 	if wanted > 0 {
 		return wanted
