@@ -46,6 +46,10 @@ type loaded struct {
 	cert      *tls.Certificate
 	clientCAs *x509.CertPool // nil without mutual TLS
 	stamp     []fileStamp    // the files as they were when read, for Watch
+	// handshake is what every handshake gets while this set is in force:
+	// one configuration, never changed once made, so a handshake
+	// allocates none and a connection keeps none of its own.
+	handshake *tls.Config
 }
 
 // Source serves the current certificate pair (and client CAs) to TLS
@@ -101,17 +105,7 @@ func (s *Source) Certificate() *tls.Certificate { return s.cur.Load().cert }
 func (s *Source) TLSConfig() *tls.Config {
 	base := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: NextProtos}
 	base.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
-		l := s.cur.Load()
-		c := &tls.Config{
-			MinVersion:   tls.VersionTLS12,
-			NextProtos:   NextProtos,
-			Certificates: []tls.Certificate{*l.cert},
-		}
-		if l.clientCAs != nil {
-			c.ClientAuth = tls.RequireAndVerifyClientCert
-			c.ClientCAs = l.clientCAs
-		}
-		return c, nil
+		return s.cur.Load().handshake, nil
 	}
 	// Used only by code that inspects the base configuration (such as
 	// net/http deciding whether a certificate is configured): every
@@ -166,6 +160,15 @@ func load(files Files) (*loaded, error) {
 		if l.clientCAs, err = LoadPool(files.ClientCAFile); err != nil {
 			return nil, &ClientCAError{Err: err}
 		}
+	}
+	l.handshake = &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		NextProtos:   NextProtos,
+		Certificates: []tls.Certificate{cert},
+	}
+	if l.clientCAs != nil {
+		l.handshake.ClientAuth = tls.RequireAndVerifyClientCert
+		l.handshake.ClientCAs = l.clientCAs
 	}
 	return l, nil
 }

@@ -131,6 +131,47 @@ func TestReloadRotatesForNewConnectionsOnly(t *testing.T) {
 	}
 }
 
+// TestHandshakesShareTheConfigurationInForce: a handshake is handed the
+// configuration of the pair in force without allocating one (a listener
+// with many connections keeps one per pair, not one per connection), and
+// a reload hands later handshakes the new pair's.
+func TestHandshakesShareTheConfigurationInForce(t *testing.T) {
+	set := certstest.New(t)
+	src, err := certs.New(certs.Files{CertFile: set.ServerCert, KeyFile: set.ServerKey, ClientCAFile: set.CAFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, hello := src.TLSConfig(), &tls.ClientHelloInfo{}
+	forClient := func() *tls.Config {
+		c, err := base.GetConfigForClient(hello)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	if n := testing.AllocsPerRun(100, func() { forClient() }); n != 0 {
+		t.Errorf("a handshake's configuration allocated %v times; want none", n)
+	}
+	c := forClient()
+	if got := c.Certificates[0].Leaf.SerialNumber.String(); got != set.Server.Cert.SerialNumber.String() {
+		t.Errorf("handshake configuration serves serial %s, want the file's", got)
+	}
+	if c.ClientAuth != tls.RequireAndVerifyClientCert || c.ClientCAs == nil || c.MinVersion != tls.VersionTLS12 {
+		t.Errorf("handshake configuration: client auth %v, client CAs %v, min version %x", c.ClientAuth, c.ClientCAs != nil, c.MinVersion)
+	}
+	next := set.CA.Server(t)
+	next.Write(t, set.Dir, "server")
+	if err := src.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := forClient().Certificates[0].Leaf.SerialNumber.String(); got != next.Cert.SerialNumber.String() {
+		t.Errorf("after reload the handshake configuration serves serial %s, want the new %s", got, next.Cert.SerialNumber)
+	}
+	if forClient().Certificates[0].Leaf.SerialNumber.String() == set.Server.Cert.SerialNumber.String() {
+		t.Error("the old pair is still handed out after reload")
+	}
+}
+
 func TestReloadOfBadPairKeepsTheOneInForce(t *testing.T) {
 	set := certstest.New(t)
 	src, err := certs.New(certs.Files{CertFile: set.ServerCert, KeyFile: set.ServerKey})
