@@ -1,12 +1,14 @@
 package deploy
 
 import (
+	"errors"
 	"fmt"
 	iofs "io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -322,6 +324,13 @@ func checkSidecarDeployment(t *testing.T, where string, deps []appsv1.Deployment
 	if req.Cmp(measuredRSS) < 0 || lim.Cmp(req) <= 0 {
 		t.Errorf("memory request %s / limit %s: want a request of at least the measured %s and a limit above it", req.String(), lim.String(), measuredRSS.String())
 	}
+	// Go's soft memory limit below the container's, above what it uses.
+	if soft, err := goMemLimit(env["GOMEMLIMIT"]); err != nil {
+		t.Errorf("GOMEMLIMIT: %v", err)
+	} else if soft <= measuredRSS.Value() || float64(soft) > 0.95*float64(lim.Value()) {
+		t.Errorf("GOMEMLIMIT %s: want it above the measured %s and at most 95 %% of the memory limit %s, so the collector acts before the kernel does",
+			env["GOMEMLIMIT"], measuredRSS.String(), lim.String())
+	}
 
 	// Probes ask the lease API's port: livez for liveness, readyz for
 	// readiness and start-up.
@@ -412,4 +421,25 @@ func checkAlertsSelect(t *testing.T, podLabels map[string]string) {
 	if !found {
 		t.Error("no alert watches up{...} for the manifests' targets")
 	}
+}
+
+// goMemLimit parses a GOMEMLIMIT value as the Go runtime does: a number
+// of bytes with an optional unit B, KiB, MiB, GiB or TiB.
+func goMemLimit(v string) (int64, error) {
+	if v == "" {
+		return 0, errors.New("not set: the sidecar has a memory limit and no soft limit for Go's collector")
+	}
+	num, unit := v, ""
+	for _, u := range []string{"KiB", "MiB", "GiB", "TiB", "B"} {
+		if n, ok := strings.CutSuffix(v, u); ok {
+			num, unit = n, u
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%q is not a number of bytes with a unit the Go runtime reads", v)
+	}
+	shift := map[string]uint{"": 0, "B": 0, "KiB": 10, "MiB": 20, "GiB": 30, "TiB": 40}[unit]
+	return n << shift, nil
 }
