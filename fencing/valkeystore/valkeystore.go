@@ -319,6 +319,12 @@ func clientOption(opts Options) (valkey.ClientOption, error) {
 	// operation's own deadline (CommandTimeout) usually ends it first.
 	copt.ConnWriteTimeout = max(opts.CommandTimeout, time.Second)
 	copt.DisableCache = true // no client-side caching: every read is from the server
+	// valkey-go gives each connection a read and a write buffer of 0.5
+	// MiB; the store's commands and answers are small (a checkpoint's
+	// state, up to its limit, goes through in several reads or writes), so
+	// 64 KiB each keeps a few MiB out of the heap (and the collector's
+	// headroom twice that: docs/performance.md).
+	copt.ReadBufferEachConn, copt.WriteBufferEachConn = clientBuffer, clientBuffer
 	// In a cluster, re-read the slot map periodically too, not only after a
 	// command failed: so the client forgets failed replicas and learns
 	// promoted ones (ignored by a single-node client).
@@ -328,6 +334,10 @@ func clientOption(opts Options) (valkey.ClientOption, error) {
 	}
 	return copt, nil
 }
+
+// clientBuffer is the size of each valkey-go connection's read buffer
+// and of its write buffer.
+const clientBuffer = 64 << 10
 
 // urlParams are the query parameters a store URL may carry: addr (more
 // seeds), client_name (the connections' CLIENT SETNAME) and skip_verify
