@@ -322,8 +322,8 @@ func clientOption(opts Options) (valkey.ClientOption, error) {
 	// valkey-go gives each connection a read and a write buffer of 0.5
 	// MiB; the store's commands and answers are small (a checkpoint's
 	// state, up to its limit, goes through in several reads or writes), so
-	// 64 KiB each keeps a few MiB out of the heap (and the collector's
-	// headroom twice that: docs/performance.md).
+	// 64 KiB each keeps a few MiB out of the heap, and as much again out
+	// of the garbage the collector lets pile up (docs/performance.md).
 	copt.ReadBufferEachConn, copt.WriteBufferEachConn = clientBuffer, clientBuffer
 	// In a cluster, re-read the slot map periodically too, not only after a
 	// command failed: so the client forgets failed replicas and learns
