@@ -71,7 +71,8 @@ type ServerOptions struct {
 	// NoEventLoops serves every connection with the general engine.
 	NoEventLoops bool
 	// Loops is how many event loops serve the listener (Linux); zero
-	// means one per GOMAXPROCS (see loopCount).
+	// means one per GOMAXPROCS, a spare processor not counted (see
+	// loopCount and cpuProcs).
 	Loops int
 	// SpareProcessor gives the Go runtime one processor more than the
 	// event loops hold, when they would hold all of them and the
