@@ -39,7 +39,8 @@ import (
 //
 // --wait D keeps asking, every healthRetry, until the answer is ready or D
 // has passed (each attempt bounded by --timeout and by what is left of
-// D), and fails with the last attempt's reason: the one line a script
+// D), and fails with the last attempt's reason (an attempt that the end
+// of D cut short does not hide the answer before it): the one line a script
 // needs after starting fencegate in the background, in place of a loop
 // of its own that goes on silently when the server never comes up.
 func health(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
@@ -90,6 +91,7 @@ func health(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		return withExit(exitUsage, fmt.Errorf("health: --url: %w", err))
 	}
 	deadline := time.Now().Add(*wait)
+	var reason error // why the server is not ready, as the attempts tell
 	for {
 		limit := *timeout
 		if *wait > 0 {
@@ -100,14 +102,17 @@ func health(ctx context.Context, args, environ []string, stdout, stderr io.Write
 			_, err = fmt.Fprintln(stdout, "ready")
 			return err
 		}
+		if cutShort := limit < *timeout && errors.Is(err, context.DeadlineExceeded); reason == nil || !cutShort {
+			reason = err
+		}
 		pause := min(healthRetry, time.Until(deadline))
 		if pause <= 0 || ctx.Err() != nil {
-			return withExit(exitFailure, fmt.Errorf("health: not ready: %w", err))
+			return withExit(exitFailure, fmt.Errorf("health: not ready: %w", reason))
 		}
 		select {
 		case <-time.After(pause):
 		case <-ctx.Done():
-			return withExit(exitFailure, fmt.Errorf("health: not ready: %w", err))
+			return withExit(exitFailure, fmt.Errorf("health: not ready: %w", reason))
 		}
 	}
 }

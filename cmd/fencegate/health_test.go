@@ -43,9 +43,25 @@ func TestHealthWait(t *testing.T) {
 	}
 
 	srv, asked = notReadyFor(1 << 40)
-	_, err := run("--url", srv.URL, "--wait", "50ms")
+	_, err := run("--url", srv.URL, "--wait", "500ms")
 	if code, _ := exitCode(err); code != exitFailure || !strings.Contains(err.Error(), "503") || asked.Load() < 2 {
 		t.Fatalf("--wait on a server never ready: %v (exit %d) after %d requests, want exit 1 naming the 503 after several", err, code, asked.Load())
+	}
+
+	// An attempt that the end of the wait cuts short does not hide the
+	// answer before it: a server that answered 503 and then stalls.
+	var stalled atomic.Int64
+	stall := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if stalled.Add(1) == 1 {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		<-r.Context().Done()
+	}))
+	t.Cleanup(stall.Close)
+	_, err = run("--url", stall.URL, "--wait", "300ms")
+	if code, _ := exitCode(err); code != exitFailure || !strings.Contains(err.Error(), "503") || stalled.Load() < 2 {
+		t.Fatalf("--wait on a server that answered 503, then stalled: %v (exit %d) after %d requests, want exit 1 naming the 503", err, code, stalled.Load())
 	}
 
 	srv, asked = notReadyFor(1)
@@ -58,7 +74,7 @@ func TestHealthWait(t *testing.T) {
 	if ferr != nil {
 		t.Fatal(ferr)
 	}
-	_, err = run("--url", "http://"+addr+"/readyz", "--wait", "20ms")
+	_, err = run("--url", "http://"+addr+"/readyz", "--wait", "200ms")
 	if code, _ := exitCode(err); code != exitFailure || !strings.Contains(err.Error(), "connect") {
 		t.Fatalf("--wait with nothing listening: %v (exit %d), want exit 1 naming the connection", err, code)
 	}
