@@ -35,18 +35,18 @@ func inFlightStore(t *testing.T, b *barrier.Barrier) (*boltstore.Store, *fencing
 }
 
 // TestWriteInFlightKeepsItsRecord: a write admitted at the mark (which
-// writes no touch: the record was touched less than half the retention
-// before) and still in flight through the gate when the record has been
+// writes no touch: the record was touched less than the slack before,
+// record.TouchSlack) and still in flight through the gate when the record has been
 // untouched for the retention keeps its record, however long it stays in
 // flight: the sweep removes nothing, the holder's next write is admitted,
 // and once the write has left the barrier the next sweep removes the
-// record. Without KeepInFlight the sweep removed the record 7 s into the
+// record. Without KeepInFlight the sweep removed the record 12 s into the
 // write, and the holder's next write was refused as stale.
 func TestWriteInFlightKeepsItsRecord(t *testing.T) {
 	b := barrier.New()
 	st, clock, token := inFlightStore(t, b)
 	ctx := context.Background()
-	clock.Advance(4 * time.Second) // lease ended; touched 4 s ago: no touch to write
+	clock.Advance(time.Second) // lease ended, now: within the slack (1.25 s) of its end, no touch to write
 	tk := b.Register("job", token)
 	if a, err := st.Admit(ctx, fencing.AdmitRequest{Resource: "job", Token: token}); err != nil || a.Raised {
 		t.Fatalf("write at the mark: %+v, %v", a, err)
@@ -54,18 +54,18 @@ func TestWriteInFlightKeepsItsRecord(t *testing.T) {
 	if err := tk.Wait(ctx, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 { // in flight 7 s, then 37 s, then 67 s: 6.7 retentions
-		clock.Advance(7 * time.Second)
+	for range 3 { // in flight 12 s, then 42 s, then 72 s: 7.2 retentions
+		clock.Advance(12 * time.Second)
 		if n, err := st.Sweep(ctx); err != nil || n != 0 {
 			t.Fatalf("sweep with the write in flight removed %d records (%v), want 0", n, err)
 		}
-		clock.Advance(23 * time.Second)
+		clock.Advance(18 * time.Second)
 	}
 	if _, err := st.Admit(ctx, fencing.AdmitRequest{Resource: "job", Token: token}); err != nil {
 		t.Fatalf("the holder's next write: %v, want it admitted on its kept record", err)
 	}
 	tk.Leave()
-	clock.Advance(11 * time.Second)
+	clock.Advance(12 * time.Second) // the retention and its slack after that write's touch
 	if n, err := st.Sweep(ctx); err != nil || n != 1 {
 		t.Fatalf("sweep after the write left removed %d records (%v), want 1", n, err)
 	}
@@ -99,8 +99,8 @@ func TestWriteHeldKeepsItsRecord(t *testing.T) {
 // as stale, not admitted from the record being removed. With the clock
 // running forward the rule of the stale touch already sends such an
 // admission to the group commit (an idle record's touch is stale); the
-// clock stepped back here by more than half the retention, so the record
-// reads as freshly touched. Without the removal's set of resources
+// clock stepped back here by most of the retention, so the record reads
+// as freshly touched. Without the removal's set of resources
 // (Store.removing) the admission then read the record as last committed,
 // admitted the write, and the record went under it.
 func TestWriteRegisteredDuringRemoval(t *testing.T) {
@@ -121,7 +121,7 @@ func TestWriteRegisteredDuringRemoval(t *testing.T) {
 		// In the sweep call's group, after it asked the barrier and
 		// before its commit: the clock steps back, a write registers and
 		// is admitted.
-		clock.Rewind(6 * time.Second)
+		clock.Rewind(11500 * time.Millisecond)
 		tk := b.Register("job", token)
 		go func() {
 			defer tk.Leave()
@@ -138,7 +138,7 @@ func TestWriteRegisteredDuringRemoval(t *testing.T) {
 			}
 		}
 	})
-	clock.Advance(11 * time.Second)
+	clock.Advance(13 * time.Second) // the lease's 1 s, the retention and its slack
 	if n, err := st.Sweep(ctx); err != nil || n != 1 {
 		t.Fatalf("sweep removed %d records (%v), want 1", n, err)
 	}

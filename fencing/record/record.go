@@ -318,22 +318,32 @@ func (r *Record) lastTouched() int64 {
 }
 
 // Idle reports whether retention may remove the record at now: no live
-// lease, and untouched for at least retention. A zero or negative
-// retention keeps every record.
+// lease, and untouched for at least retention plus TouchSlack(retention)
+// as far as the record tells. The slack covers the admissions a store
+// left unwritten (TouchStale): whatever the store wrote, a record goes
+// only once a whole retention has passed since its last operation, and at
+// most the slack after that. A zero or negative retention keeps every
+// record.
 func (r *Record) Idle(now time.Time, retention time.Duration) bool {
 	if retention <= 0 {
 		return false
 	}
 	n := millis(now)
-	return !r.live(n) && r.lastTouched() <= n-retention.Milliseconds()
+	return !r.live(n) && r.lastTouched() <= n-(retention+TouchSlack(retention)).Milliseconds()
 }
 
-// TouchStale reports whether the record's last touch is older than half
-// the retention at now: a store that skips writing admissions at the mark
-// writes one then, so that a resource written to keeps its record. A zero
-// retention never goes stale.
+// TouchSlack is how long after the record's last touch an admission at the
+// mark may go unwritten: an eighth of the retention. A store that does not
+// write such admissions writes the touch once it is older (TouchStale), so
+// a resource written to keeps its record, for one write per resource per
+// slack; Idle adds the slack to the retention.
+func TouchSlack(retention time.Duration) time.Duration { return max(retention, 0) / 8 }
+
+// TouchStale reports whether the record's last touch is older than
+// TouchSlack(retention) at now: a store that skips writing admissions at
+// the mark writes one then. A zero retention never goes stale.
 func (r *Record) TouchStale(now time.Time, retention time.Duration) bool {
-	return retention > 0 && r.lastTouched() < millis(now)-retention.Milliseconds()/2
+	return retention > 0 && r.lastTouched() < millis(now)-TouchSlack(retention).Milliseconds()
 }
 
 // Touch records an operation at now that changed nothing else (an

@@ -182,7 +182,7 @@ func TestAcquireAtClock(t *testing.T) {
 }
 
 // TestIdle: retention removes only an ended lease's record untouched for
-// the retention; a stale touch is one older than half of it.
+// the retention and its slack; a stale touch is one older than the slack.
 func TestIdle(t *testing.T) {
 	var r record.Record
 	l, _ := r.AcquireAt(fencing.AcquireRequest{Resource: "r", Owner: "a", TTL: 2 * time.Hour}, t0, 0)
@@ -190,14 +190,43 @@ func TestIdle(t *testing.T) {
 		t.Fatal("a live lease's record is idle")
 	}
 	r.Release(fencing.ReleaseRequest{Resource: "r", Owner: "a", Token: l.Token}, t0.Add(time.Minute))
-	if r.Idle(t0.Add(time.Hour), time.Hour) || !r.Idle(t0.Add(61*time.Minute), time.Hour) || r.Idle(t0.Add(100*time.Hour), 0) {
+	// Released at 1 min; an hour's retention, 7.5 min of slack.
+	if r.Idle(t0.Add(68*time.Minute), time.Hour) || !r.Idle(t0.Add(69*time.Minute), time.Hour) || r.Idle(t0.Add(100*time.Hour), 0) {
 		t.Fatal("idleness not measured from the release")
 	}
-	if r.TouchStale(t0.Add(31*time.Minute), time.Hour) || !r.TouchStale(t0.Add(32*time.Minute), time.Hour) {
-		t.Fatal("stale touch not at half the retention")
+	if r.TouchStale(t0.Add(8*time.Minute), time.Hour) || !r.TouchStale(t0.Add(9*time.Minute), time.Hour) {
+		t.Fatal("stale touch not at the slack, an eighth of the retention")
 	}
 	r.Touch(t0.Add(2 * time.Hour))
 	if r.Idle(t0.Add(150*time.Minute), time.Hour) {
 		t.Fatal("a touched record is idle")
+	}
+}
+
+// TestIdleKeepsUnwrittenAdmissions: a store that writes an admission at the
+// mark only when the record's touch is stale leaves some admissions
+// unwritten; whichever it left, the record stays idle-free for a whole
+// retention after that admission (DESIGN §12: an admitted write is a
+// touch).
+func TestIdleKeepsUnwrittenAdmissions(t *testing.T) {
+	for _, retention := range []time.Duration{time.Second, time.Hour, 720 * time.Hour} {
+		var r record.Record
+		l, _ := r.AcquireAt(fencing.AcquireRequest{Resource: "r", Owner: "a", TTL: time.Second}, t0, 0)
+		r.Release(fencing.ReleaseRequest{Resource: "r", Owner: "a", Token: l.Token}, t0)
+		step := max(retention/64, time.Millisecond)
+		unwritten := 0
+		for at := t0; at.Before(t0.Add(3 * retention)); at = at.Add(step) {
+			if r.TouchStale(at, retention) {
+				r.Touch(at) // the store writes this admission
+				continue
+			}
+			unwritten++
+			if r.Idle(at.Add(retention-time.Millisecond), retention) {
+				t.Fatalf("retention %v: an admission at +%v, left unwritten, is idle %v later", retention, at.Sub(t0), retention-time.Millisecond)
+			}
+		}
+		if unwritten == 0 {
+			t.Fatalf("retention %v: every admission written, nothing checked", retention)
+		}
 	}
 }

@@ -92,6 +92,7 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 	before, known := s.seen.resource(req.Resource)
 	top := s.seen.floor()
 	args := []string{req.Token.String(), live, "0", s.retention, id, strconv.FormatInt(hold.Milliseconds(), 10)}
+	sent := s.now()
 	r, err := s.run(ctx, "admit", admitRegisterScript, s.admitKeys(req.Resource), args)
 	if err != nil {
 		return fencing.Admission{}, none, false, err
@@ -105,7 +106,7 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 		}
 		return fencing.Admission{}, none, false, corrupt("admit", r)
 	}
-	adm, err := s.admitted(ctx, req, a.admit, top, before, known, true)
+	adm, err := s.admitted(ctx, req, a.admit, top, before, known, sent)
 	if err != nil {
 		if a.admit.kind == admitOK {
 			// Registered, but the write will not be forwarded: remove the

@@ -111,7 +111,7 @@ func (b *batch) readMarks(ctx context.Context, calls []batchCall) []batchCall {
 			rest = append(rest, c) // not at the mark, or not plainly, or the retention is due: the script judges
 			continue
 		}
-		b.out[c.i], b.errs[c.i] = s.admitted(b.ctx, req, admitReply{kind: admitOK, issued: issued, hw: hw, floor: floor}, b.top, c.before, c.known, false)
+		b.out[c.i], b.errs[c.i] = s.admitted(b.ctx, req, admitReply{kind: admitOK, issued: issued, hw: hw, floor: floor}, b.top, c.before, c.known, 0)
 	}
 	return rest
 }
@@ -132,6 +132,7 @@ func (b *batch) runScripts(ctx context.Context, calls []batchCall) {
 		keys := s.admitKeys(req.Resource)
 		cmds[k] = s.client.B().Evalsha().Sha1(admitSrcSHA1).Numkeys(int64(len(keys))).Key(keys...).Arg(req.Token.String(), live, "0", s.retention).Build()
 	}
+	sent := s.now()
 	for k, res := range s.client.DoMulti(ctx, cmds...) {
 		c := calls[k]
 		req := b.reqs[c.i]
@@ -149,6 +150,6 @@ func (b *batch) runScripts(ctx context.Context, calls []batchCall) {
 			b.errs[c.i] = corrupt("admit", r)
 			continue
 		}
-		b.out[c.i], b.errs[c.i] = s.admitted(b.ctx, req, a, b.top, c.before, c.known, true)
+		b.out[c.i], b.errs[c.i] = s.admitted(b.ctx, req, a, b.top, c.before, c.known, sent)
 	}
 }

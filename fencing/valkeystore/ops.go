@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/fencegate/fencegate/fencing"
 )
@@ -183,6 +184,7 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 	args := []string{req.Token.String(), live, mode, s.retention}
 	before, known := s.seen.resource(req.Resource)
 	top := s.seen.floor()
+	sent := s.now()
 	r, err := s.run(ctx, "admit", admitScript, s.admitKeys(req.Resource), args)
 	if err != nil {
 		return fencing.Admission{}, err
@@ -196,22 +198,23 @@ func (s *Store) Admit(ctx context.Context, req fencing.AdmitRequest) (fencing.Ad
 			return fencing.Admission{}, err
 		}
 	}
-	return s.admitted(ctx, req, a, top, before, known, true)
+	return s.admitted(ctx, req, a, top, before, known, sent)
 }
 
 // admitted is the answer to an admission from admit.lua's reply (also
 // admit_register.lua's), checked against what this Store had seen before
-// sending the call (top, before, known: see checkNotLost). script says
-// the reply is a script's, which applied the retention (see keptRecently),
-// not one read from the record's marks.
-func (s *Store) admitted(ctx context.Context, req fencing.AdmitRequest, a admitReply, top fencing.Token, before seenRecord, known, script bool) (fencing.Admission, error) {
+// sending the call (top, before, known: see checkNotLost). sent is the
+// Store.now at which a script was sent that applied the retention (see
+// keptRecently): the script ran after it; 0 for an answer read from the
+// record's marks.
+func (s *Store) admitted(ctx context.Context, req fencing.AdmitRequest, a admitReply, top fencing.Token, before seenRecord, known bool, sent time.Duration) (fencing.Admission, error) {
 	switch a.kind {
 	case admitOK:
 		if err := s.checkNotLost(ctx, req.Resource, top, before, known, a.issued, a.hw, a.floor); err != nil {
 			return fencing.Admission{}, err
 		}
-		if script {
-			s.seen.kept(req.Resource, s.now())
+		if sent > 0 {
+			s.seen.kept(req.Resource, sent)
 		}
 		return fencing.Admission{Resource: req.Resource, Token: req.Token, HighWater: a.hw, Issued: a.issued, Raised: a.raised}, nil
 	case admitNotIssued:

@@ -7,7 +7,8 @@ import "time"
 //
 //   - Every script that changes a record (acquire, renew, release,
 //     checkpoint, lift) sets the TTL of the record hash P:{R} and of its
-//     checkpoint state P:{R}:state to the retention past the later of now
+//     checkpoint state P:{R}:state to keptFor(retention) (the retention
+//     and a margin of two slacks, below) past the later of now
 //     and the end of the live lease, and not before the last entry of
 //     P:{R}:bar (lua/lib.lua, fg_keep; the scripts receive all three
 //     keys in KEYS). A live lease
@@ -21,8 +22,10 @@ import "time"
 //     without a script (AdmitBatch's read of the marks, the mark readers)
 //     are answered so only for a resource whose TTL this Store had a script
 //     check less than the slack ago (keptRecently); the others run
-//     admit.lua. A record admitted on keeps at least retention - 2 × slack
-//     ahead of it.
+//     admit.lua, whose Store.now when sent is the check's time. So a
+//     record admitted on keeps at least keptFor(retention) - 2 × slack,
+//     never less than the retention, ahead of the admission: a whole
+//     retention after its last operation, at most 2 s more.
 //   - A record removed by expiry reads as never used (status with zeros,
 //     no checkpoint). Tokens follow the server clock, so every token issued
 //     before the removal is below the clock: admit.lua refuses it as stale
@@ -34,9 +37,21 @@ import "time"
 //   - Removals are counted by the server (INFO stats, expired_keys; three
 //     keys at most per resource), not by the store.
 
-// keepSlack is how far a record's TTL may fall behind the retention before
-// an admission rewrites it: a sixteenth of the retention, at most one
-// second (fg_slack in lua/lib.lua is the same rule).
+// keptFor is how long the scripts keep a record past its last operation
+// (the TTL they give it, and the retention argument they get): the
+// retention, and two of keepSlack(keptFor) on top for the admissions that
+// do not rewrite it: a quarter of the retention, at most 2 s. 0 (keep
+// forever) stays 0.
+func keptFor(retention time.Duration) time.Duration {
+	if retention <= 0 {
+		return 0
+	}
+	return (retention + min(retention/4, 2*time.Second)).Truncate(time.Millisecond)
+}
+
+// keepSlack is how far a record's TTL may fall behind keptFor's before an
+// admission rewrites it: a sixteenth of it, at most one second (fg_slack
+// in lua/lib.lua is the same rule, on the same argument).
 func keepSlack(retention time.Duration) time.Duration {
 	if retention <= 0 {
 		return time.Second

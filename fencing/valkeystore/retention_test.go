@@ -48,13 +48,13 @@ func TestRetentionTTLs(t *testing.T) {
 		}
 	}
 	for _, k := range []string{s.recKey("r"), s.stateKey("r")} {
-		within(k+" with a live lease", pttl(t, srv, k), ret+ttl)
+		within(k+" with a live lease", pttl(t, srv, k), keptFor(ret)+ttl)
 	}
 	if _, err := s.Release(ctx, fencing.ReleaseRequest{Resource: "r", Owner: "a", Token: l.Token}); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{s.recKey("r"), s.stateKey("r")} {
-		within(k+" after the release", pttl(t, srv, k), ret)
+		within(k+" after the release", pttl(t, srv, k), keptFor(ret))
 	}
 	// A gate without retention removes the TTL on its next write.
 	s0 := openRetention(t, srv.URL(), prefix, 0)
@@ -65,6 +65,27 @@ func TestRetentionTTLs(t *testing.T) {
 		if got := pttl(t, srv, k); got != -1 {
 			t.Fatalf("%s: PTTL %d after a write with retention 0, want -1", k, got)
 		}
+	}
+}
+
+// TestKeptForCoversTheSlack: an admission answered without a script may
+// come up to a slack after the last script's check, which may have left
+// the TTL a slack short: the TTL the scripts set covers both, so that a
+// record stays a whole retention after its last admission, and at most 2 s
+// more.
+func TestKeptForCoversTheSlack(t *testing.T) {
+	for _, ret := range []time.Duration{time.Millisecond, 100 * time.Millisecond, time.Second, 4 * time.Second,
+		8 * time.Second, 15 * time.Second, 16 * time.Second, 17 * time.Second, time.Hour, 720 * time.Hour, 720*time.Hour + 3*time.Microsecond} {
+		kept := keptFor(ret)
+		if left := kept - 2*keepSlack(kept); left < ret.Truncate(time.Millisecond) {
+			t.Errorf("retention %v: kept %v, slack %v: an admission may find %v left, less than the retention", ret, kept, keepSlack(kept), left)
+		}
+		if kept > ret+2*time.Second {
+			t.Errorf("retention %v: kept %v, more than 2 s beyond it", ret, kept)
+		}
+	}
+	if keptFor(0) != 0 {
+		t.Errorf("retention 0 kept for %v, want 0 (for ever)", keptFor(0))
 	}
 }
 

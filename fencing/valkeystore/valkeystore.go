@@ -266,7 +266,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s := &Store{client: client, prefix: opts.KeyPrefix, maxState: opts.MaxCheckpointBytes, cmdTimeout: opts.CommandTimeout, log: opts.Logger,
 		waitReplicas: opts.WaitReplicas, waitTimeout: opts.WaitTimeout, seen: newSeenMarks(),
 		markReaders: newMarkReaderOption(copt, client.Mode(), opts.WaitReplicas),
-		retention:   strconv.FormatInt(opts.Retention.Milliseconds(), 10), slack: keepSlack(opts.Retention),
+		retention:   strconv.FormatInt(keptFor(opts.Retention).Milliseconds(), 10), slack: keepSlack(keptFor(opts.Retention)),
 		instance: strconv.FormatUint(rand.Uint64(), 36)}
 	if err := s.Ping(ctx); err != nil {
 		client.Close()
