@@ -320,7 +320,9 @@ func (c *Client) ListPage(ctx context.Context, prefix string, limit int, cursor 
 // in resource order, reading pages of pageSize (0: the server's maximum)
 // as the loop goes. A lease live for the whole iteration is yielded
 // exactly once; one taken or ended meanwhile may or may not be. A failed
-// page yields its error once and ends the iteration.
+// page, or one whose next_cursor is the cursor it was asked with (which
+// would repeat it for ever: ErrBadAnswer), yields its error once and ends
+// the iteration.
 //
 //	for l, err := range client.Leases(ctx, "job:", 0) {
 //		if err != nil { ... }
@@ -330,6 +332,11 @@ func (c *Client) Leases(ctx context.Context, prefix string, pageSize int) iter.S
 		cursor := ""
 		for {
 			p, err := c.ListPage(ctx, prefix, pageSize, cursor)
+			if err == nil && cursor != "" && p.NextCursor == cursor {
+				// A server (or a cache between) answering the same page
+				// again: following it would yield its leases for ever.
+				err = fmt.Errorf("leaseapi: %w", &badAnswerError{status: http.StatusOK, what: "its next_cursor does not move on"})
+			}
 			if err != nil {
 				yield(fencing.Lease{}, err)
 				return

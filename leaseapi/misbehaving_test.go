@@ -169,6 +169,38 @@ func TestClientBadAnswers(t *testing.T) {
 	}
 }
 
+// TestListStopsOnACursorThatDoesNotMove: a server that answers every page
+// with the same next_cursor (a cache between, a broken proxy) would make
+// Leases and ListAll yield its leases for ever; they stop at the page that
+// repeats, with ErrBadAnswer, as `fencegate lease list --all` does.
+func TestListStopsOnACursorThatDoesNotMove(t *testing.T) {
+	var pages atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if pages.Add(1) > 20 { // ends the loop of a client that follows it
+			http.Error(w, "enough", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"leases":[{"resource":"job:1","owner":"w","token":5,"ttl_seconds":30,"acquired_at":"2030-01-01T00:00:00Z","expires_at":"2030-01-01T00:00:30Z"}],"next_cursor":"am9iOjE"}`)
+	}))
+	defer srv.Close()
+	c := leaseapi.NewClient(srv.URL)
+	var got []string
+	var err error
+	for l, e := range c.Leases(context.Background(), "job:", 1) {
+		if err = e; e == nil {
+			got = append(got, l.Resource)
+		}
+	}
+	if n := pages.Load(); n != 2 || len(got) != 1 || !errors.Is(err, leaseapi.ErrBadAnswer) {
+		t.Fatalf("Leases read %d pages, yielded %v, err %v; want 2 pages, job:1 once, then ErrBadAnswer", n, got, err)
+	}
+	pages.Store(0)
+	if all, err := c.ListAll(context.Background(), "job:", 1); pages.Load() != 2 || all != nil || !errors.Is(err, leaseapi.ErrBadAnswer) {
+		t.Fatalf("ListAll read %d pages: %v, %v; want 2 pages and ErrBadAnswer", pages.Load(), all, err)
+	}
+}
+
 // TestProblemFromAPI: only a problem document of the lease API, with its
 // code and type, counts as a refusal by the API; a plain 404 or another
 // API's JSON error does not.
