@@ -398,13 +398,16 @@ func decodeClient(raw json.RawMessage) (clientDoc, error) {
 }
 
 // decodeValue reads m[key], if present, into into; a value of another
-// kind is an error naming key and saying what it wants.
+// kind is an error naming key and saying what it wants. So is an empty
+// value (`key:` with nothing after it, ~, null: what a template writes
+// for a variable left unset), which JSON would decode as nothing at all:
+// bind_owner would read as false, a binding silently off.
 func decodeValue(m map[string]json.RawMessage, key string, into any, want string) error {
 	raw, ok := m[key]
 	if !ok {
 		return nil
 	}
-	if err := json.Unmarshal(raw, into); err != nil {
+	if err := json.Unmarshal(raw, into); err != nil || isNull(raw) {
 		return fmt.Errorf("%s: want %s, not %s", key, want, kind(raw))
 	}
 	return nil
