@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/fencegate/fencegate/fencing/memstore"
 	"github.com/fencegate/fencegate/internal/certs/certstest"
@@ -388,5 +392,45 @@ func TestAccessCertificateClientNotLockedOut(t *testing.T) {
 	}
 	if _, err := as(certstest.ClientOptions{DNSNames: []string{"reporting.ops.svc"}}, "").Status(ctx, "job:1"); err != nil {
 		t.Fatalf("reporting, by its certificate, from the spent address: %v, want served", err)
+	}
+}
+
+// TestRefusalMetricCountsEveryV1Problem: fencegate_api_refusals_total
+// counts every problem answer of a /v1 call by client and code, the
+// router's 404 and 405 included (a client probing paths), and nothing
+// outside /v1.
+func TestRefusalMetricCountsEveryV1Problem(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	e := newAccessEnv(t, func(o *leaseapi.Options) { o.MeterProvider = mp })
+	for _, c := range []struct{ m, path string }{
+		{"GET", "/v1/leases/job:a:1"},       // 403 forbidden
+		{"GET", "/v1/leases/job:b:1/bogus"}, // 404 not-found
+		{"DELETE", "/v1/leases/job:b:1"},    // 405 method-not-allowed
+		{"GET", "/v1/nothing-here"},         // 404 not-found
+		{"GET", "/nothing-here"},            // not a /v1 call
+	} {
+		e.req(c.m, c.path, "", "", bearerOf("tok-b")...)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != leaseapi.MetricRefusals {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				cl, _ := dp.Attributes.Value("client")
+				code, _ := dp.Attributes.Value("code")
+				got = append(got, fmt.Sprintf("%s/%s=%d", cl.AsString(), code.AsString(), dp.Value))
+			}
+		}
+	}
+	sort.Strings(got)
+	if g, want := strings.Join(got, ","), "pool-b/forbidden=1,pool-b/method-not-allowed=1,pool-b/not-found=2"; g != want {
+		t.Errorf("%s: %s; want %s", leaseapi.MetricRefusals, g, want)
 	}
 }

@@ -56,7 +56,17 @@ func bearer(h string) (string, bool) {
 }
 
 func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
-	problem.Write(w, r, nil, problem.New(http.StatusNotFound, "not-found", "no such endpoint: "+r.Method+" "+r.URL.Path))
+	s.answerRouting(w, r, problem.New(http.StatusNotFound, "not-found", "no such endpoint: "+r.Method+" "+r.URL.Path))
+}
+
+// answerRouting writes a 404 or 405 of the router, counted as a refusal
+// (MetricRefusals) when it answers a /v1 call: an authenticated client
+// probing paths shows there as it does in the access log's 403s.
+func (s *Server) answerRouting(w http.ResponseWriter, r *http.Request, p *problem.Error) {
+	if r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/") {
+		s.countRefusal(r, p.Code)
+	}
+	problem.Write(w, r, nil, p)
 }
 
 // allowCandidates are the methods probed to build the Allow header of a 405.
@@ -88,6 +98,6 @@ func (s *Server) methodNotAllowed(mux *chi.Mux) http.HandlerFunc {
 		p := problem.New(http.StatusMethodNotAllowed, "method-not-allowed",
 			fmt.Sprintf("%s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, strings.Join(allow, ", ")))
 		p.Headers = http.Header{"Allow": {strings.Join(allow, ", ")}}
-		problem.Write(w, r, nil, p)
+		s.answerRouting(w, r, p)
 	}
 }
