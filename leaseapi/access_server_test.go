@@ -1,11 +1,15 @@
 package leaseapi_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"sort"
 	"strings"
@@ -432,5 +436,64 @@ func TestRefusalMetricCountsEveryV1Problem(t *testing.T) {
 	sort.Strings(got)
 	if g, want := strings.Join(got, ","), "pool-b/forbidden=1,pool-b/method-not-allowed=1,pool-b/not-found=2"; g != want {
 		t.Errorf("%s: %s; want %s", leaseapi.MetricRefusals, g, want)
+	}
+}
+
+// TestAccessPathSpellingsCannotCrossPrefixes: pool-b, knowing pool-a's
+// owner and token, sends request lines as written (raw, no client-side
+// cleaning) that spell job:a:1 every way a path can (percent-encoding,
+// dot segments, doubled slashes, NUL, case, parameters) on every route:
+// no answer acts on or shows a resource outside job:b:, and job:a:1's
+// lease is as pool-a left it.
+func TestAccessPathSpellingsCannotCrossPrefixes(t *testing.T) {
+	e := newAccessEnv(t)
+	tok := e.req("POST", "/v1/leases/job:a:1/acquire", "application/json", `{"owner":"pool-a/w"}`, bearerOf("tok-a")...).num("token")
+	send := func(method, target, body string) answer {
+		t.Helper()
+		c, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		head := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer tok-b\r\n", method, target)
+		if body != "" {
+			head += fmt.Sprintf("Content-Type: application/json\r\nContent-Length: %d\r\n", len(body))
+		}
+		if _, err := io.WriteString(c, head+"\r\n"+body); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, target, err)
+		}
+		defer resp.Body.Close()
+		return decodeAnswer(resp)
+	}
+	names := []string{
+		"job%3Aa%3A1", "job:a%3A1", "%6Aob:a:1", "job:b:..%2F..%2Fjob:a:1", "job:b:1%2F..%2F..%2Fjob:a:1",
+		"job:a:1%00", "job:a:1%20", "JOB:A:1", "job:a:1.", "job%253Aa%253A1", "job:a:1;x", "job:a:1%3Bx",
+		"job:b:%2e%2e", "job:b:1/../job:a:1", "job:b:1/..%2Fjob:a:1", "./job:a:1", "job:b:/../job:a:1",
+	}
+	owned := fmt.Sprintf(`{"owner":"pool-a/w","token":%d}`, tok)
+	calls := []struct{ method, suffix, body string }{
+		{"GET", "", ""}, {"HEAD", "", ""}, {"GET", "/checkpoint", ""}, {"GET", "/", ""},
+		{"POST", "/release", owned}, {"POST", "/renew", owned}, {"POST", "/release/", owned},
+		{"PUT", "/checkpoint", fmt.Sprintf(`{"owner":"pool-a/w","token":%d,"state":1}`, tok)},
+		{"POST", "/acquire", `{"owner":"pool-b"}`},
+	}
+	for _, prefix := range []string{"/v1/leases/", "/v1//leases/", "//v1/leases/", "/v1/leases//", "/v1/./leases/", "/v1/x/../leases/"} {
+		for _, n := range names {
+			for _, c := range calls {
+				target := prefix + n + c.suffix
+				a := send(c.method, target, c.body)
+				body := string(a.raw)
+				if a.status/100 == 2 && (strings.Contains(body, "pool-a") || strings.Contains(body, "job:a:") || c.method != "HEAD" && !strings.Contains(body, `"resource":"job:b:`)) {
+					t.Errorf("pool-b %s %s: %d %s", c.method, target, a.status, body)
+				}
+			}
+		}
+	}
+	if st := e.req("GET", "/v1/leases/job:a:1", "", "", bearerOf("tok-a")...); st.obj("lease") == nil || st.obj("checkpoint") != nil || fmt.Sprint(st.obj("lease")["token"]) != fmt.Sprint(tok) {
+		t.Fatalf("job:a:1 after pool-b's attempts: %s, want pool-a's lease (token %d), no checkpoint", st.raw, tok)
 	}
 }
