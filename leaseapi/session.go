@@ -303,18 +303,20 @@ func (s *Session) endLocked(err error) {
 // session's TTL (an answer with a longer one is not believed). An answer
 // with a shorter TTL than the session's says the server now expires the
 // lease sooner than the session counted: the deadline moves back to match
-// (the send time plus that TTL, less the margin), never forward.
-func (s *Session) confirm(sent time.Time, l fencing.Lease) {
+// (the send time plus that TTL, less the margin), never forward. It
+// returns the session's error when the session had ended.
+func (s *Session) confirm(sent time.Time, l fencing.Lease) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
-		return
+		return s.err
 	}
 	s.lease = l
 	d := sent.Add(min(l.TTL, s.ttl) - s.margin)
 	if d.After(s.deadline) || l.TTL < s.ttl {
 		s.deadline = d
 	}
+	return nil
 }
 
 // refused reports whether err is a definite refusal that retrying cannot
@@ -365,7 +367,7 @@ func (s *Session) keepAlive(first time.Time) {
 		case err == errStopped:
 			return
 		case err == nil:
-			s.confirm(sent, lease)
+			_ = s.confirm(sent, lease) // an ended session's loop stops below
 			next, last = sent.Add(s.interval), nil
 		case s.fail("renewal", err):
 			return
@@ -421,7 +423,10 @@ func (s *Session) renewBy(deadline time.Time) (sent time.Time, l fencing.Lease, 
 
 // Checkpoint saves state (see Client.Checkpoint) for the session's lease,
 // which also renews it. An ended session sends nothing and returns Err. A
-// refusal by the server ends the session as lost.
+// refusal by the server ends the session as lost. A session that ended
+// while the call was out (its deadline passed) returns its Err too, though
+// the server saved the state: the lease is no longer the session's to work
+// under, whatever the server holds.
 func (s *Session) Checkpoint(ctx context.Context, state any) (fencing.Lease, error) {
 	l, err := s.live()
 	if err != nil {
@@ -439,7 +444,9 @@ func (s *Session) Checkpoint(ctx context.Context, state any) (fencing.Lease, err
 	if err := s.foreign(renewed, l.Token); err != nil {
 		return fencing.Lease{}, err
 	}
-	s.confirm(sent, renewed)
+	if err := s.confirm(sent, renewed); err != nil {
+		return fencing.Lease{}, fmt.Errorf("%w (the checkpoint was saved after the session ended)", err)
+	}
 	return renewed, nil
 }
 

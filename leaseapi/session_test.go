@@ -34,6 +34,8 @@ type sessionEnv struct {
 	abandoned atomic.Int64 // hung calls whose client gave up (cancelled the request)
 	fail503   atomic.Bool  // renewals answer 503 store-unavailable
 	slowRenew atomic.Int64 // the fake clock moves this far while a renewal is served
+	// beforeCheckpoint, when set, runs before a checkpoint is served.
+	beforeCheckpoint func()
 	// acquireTTL, when set, replaces ttl_seconds in the API's answers to
 	// acquisitions: a server (or a proxy) that claims another TTL than
 	// asked for, while its store holds the lease as asked.
@@ -81,6 +83,9 @@ func newSessionEnv(t *testing.T) *sessionEnv {
 		}
 		if d := time.Duration(e.slowRenew.Load()); d > 0 && op == "POST renew" {
 			e.clock.Advance(d)
+		}
+		if op == "PUT checkpoint" && e.beforeCheckpoint != nil {
+			e.beforeCheckpoint()
 		}
 		if ttl := e.acquireTTL.Load(); ttl != 0 && op == "POST acquire" {
 			rec := httptest.NewRecorder()
@@ -400,6 +405,30 @@ func TestSessionCheckpoint(t *testing.T) {
 	}
 	if e.served("PUT checkpoint") != before {
 		t.Fatal("Checkpoint after loss reached the server")
+	}
+}
+
+// TestSessionCheckpointAnsweredAfterTheSessionEnded: a checkpoint whose
+// answer comes after the session ended at its local deadline returns the
+// session's error, not the renewed lease: the state was saved, but the
+// session no longer works under the lease (Transport refuses, nothing
+// renews it), and a worker that trusted a nil error would go on.
+func TestSessionCheckpointAnsweredAfterTheSessionEnded(t *testing.T) {
+	e := newSessionEnv(t)
+	s := e.session(t, "w1")
+	e.fail503.Store(true) // renewals are not confirmed meanwhile
+	e.beforeCheckpoint = func() {
+		e.clock.Advance(28 * time.Second) // past the local deadline (27 s), within the server's TTL (30 s)
+		if err := s.Err(); !errors.Is(err, leaseapi.ErrSessionLost) {
+			t.Errorf("Err past the deadline = %v, want lost", err)
+		}
+	}
+	_, err := s.Checkpoint(context.Background(), map[string]int{"done": 1})
+	if !errors.Is(err, leaseapi.ErrSessionLost) || !errors.Is(err, leaseapi.ErrRenewDeadline) {
+		t.Fatalf("Checkpoint answered after the session ended = %v, want the session's error", err)
+	}
+	if cp, err := e.client.ReadCheckpoint(context.Background(), "job:1"); err != nil || string(cp.State) != `{"done":1}` {
+		t.Fatalf("checkpoint read back: %s, %v; want it saved all the same", cp.State, err)
 	}
 }
 
