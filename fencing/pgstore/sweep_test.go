@@ -114,3 +114,42 @@ func TestSweepKeepsARecordRegisteredMeanwhile(t *testing.T) {
 	}
 	t.Logf("%d of 8 admissions registered during or before a pass of %v", inside, pass)
 }
+
+// TestSweepLeavesTheSlackOfUnwrittenAdmissions: an admission at the mark
+// goes unwritten for an eighth of the retention after the record's last
+// touch (record.TouchSlack), so the sweep removes a record only once its
+// last touch is the retention and that eighth old, on the database's
+// clock: a record used 61 minutes ago (retention 1 h) stays, one used 69
+// minutes ago goes.
+func TestSweepLeavesTheSlackOfUnwrittenAdmissions(t *testing.T) {
+	s := openWith(t, freshSchema(), time.Hour)
+	ctx := context.Background()
+	res := pgx.Identifier{s.schema}.Sanitize() + ".resources"
+	const target = "job:slack"
+	l, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: target, Owner: "w", TTL: time.Minute})
+	if err == nil {
+		_, err = s.Admit(ctx, fencing.AdmitRequest{Resource: target, Token: l.Token})
+	}
+	if err == nil {
+		_, err = s.Release(ctx, fencing.ReleaseRequest{Resource: target, Owner: "w", Token: l.Token})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		back    string
+		removed int
+	}{{"61 minutes", 0}, {"8 minutes", 1}} {
+		if _, err := s.pool.Exec(ctx, `UPDATE `+res+` SET touched_at = touched_at - $2::interval,
+			acquired_at = acquired_at - $2::interval, expires_at = expires_at - $2::interval WHERE resource = $1`, target, c.back); err != nil {
+			t.Fatal(err)
+		}
+		n, err := s.Sweep(ctx)
+		if err != nil || n != c.removed {
+			t.Fatalf("sweep after moving the record's times back %s more: removed %d (%v), want %d", c.back, n, err, c.removed)
+		}
+	}
+	if st, err := s.Status(ctx, target); err != nil || st.Issued != 0 {
+		t.Fatalf("status after the removal: %+v, %v; want a resource never used", st, err)
+	}
+}
