@@ -57,6 +57,9 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{"FENCEGATE_PG_STATEMENT_TIMEOUT=0s", "FENCEGATE_PG_STATEMENT_TIMEOUT"},
 		{"FENCEGATE_STORE=file:", "FENCEGATE_STORE"},
 		{"FENCEGATE_UPSTREAM=ftp://x", "FENCEGATE_UPSTREAM"},
+		{"FENCEGATE_UPSTREAM=http://127.0.0.1:99999", "FENCEGATE_UPSTREAM"},
+		{"FENCEGATE_UPSTREAM=https://upstream.internal:65536/api", "FENCEGATE_UPSTREAM"},
+		{"FENCEGATE_UPSTREAM=http://[::1]:0", "FENCEGATE_UPSTREAM"},
 		{"FENCEGATE_API_ADDR=7070", "FENCEGATE_API_ADDR"},
 		{"FENCEGATE_LOG_FORMAT=xml", "FENCEGATE_LOG_FORMAT"},
 		{"FENCEGATE_LOG_LEVEL=loud", "FENCEGATE_LOG_LEVEL"},
@@ -243,12 +246,14 @@ func TestMaxConnsPerClient(t *testing.T) {
 }
 
 // TestEmptyIsRefusedWhereUnsetIsWeaker: FENCEGATE_API_TOKEN,
-// FENCEGATE_ACCESS_FILE and FENCEGATE_STORE set to an empty value (a
-// Kubernetes Secret with an empty key) stop start-up, naming the variable,
-// instead of meaning no authentication or the default file store; other
+// FENCEGATE_ACCESS_FILE, the client CA bundles, the rules and
+// FENCEGATE_STORE set to an empty value (a Kubernetes Secret with an empty
+// key) stop start-up, naming the variable, instead of meaning no
+// authentication, no mutual TLS, no rules or the default file store; other
 // variables set empty keep meaning their default.
 func TestEmptyIsRefusedWhereUnsetIsWeaker(t *testing.T) {
-	for _, name := range []string{"FENCEGATE_API_TOKEN", "FENCEGATE_ACCESS_FILE", "FENCEGATE_STORE"} {
+	for _, name := range []string{"FENCEGATE_API_TOKEN", "FENCEGATE_ACCESS_FILE", "FENCEGATE_STORE",
+		"FENCEGATE_API_TLS_CLIENT_CA", "FENCEGATE_PROXY_TLS_CLIENT_CA", "FENCEGATE_RULES", "FENCEGATE_RULES_FILE"} {
 		for _, v := range []string{"", " "} {
 			_, err := Load([]string{name + "=" + v})
 			if err == nil || !strings.Contains(err.Error(), name+" is set but empty") {

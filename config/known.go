@@ -123,12 +123,19 @@ func checkKnown(environ map[string]string) error {
 // give the deployment less than it asked for, so an empty value is refused
 // rather than read as unset (the rule for every other variable): an empty
 // FENCEGATE_API_TOKEN or FENCEGATE_ACCESS_FILE would open the lease API to
-// anyone, and an empty FENCEGATE_STORE would put leases in a file of this
-// process instead of the store other gates share. A Kubernetes Secret with
-// an empty key, or a template whose value is missing, gives exactly that.
+// anyone, an empty client CA bundle would turn mutual TLS off, empty rules
+// would let clients name the resource of every write (the Fencing-Resource
+// fallback), and an empty FENCEGATE_STORE would put leases in a file of
+// this process instead of the store other gates share. A Kubernetes Secret
+// with an empty key, or a template whose value is missing, gives exactly
+// that.
 var notEmpty = []struct{ goName, unset string }{
 	{"APIToken", "no bearer token (a lease API open to every client, unless FENCEGATE_ACCESS_FILE is set)"},
 	{"AccessFile", "no access file (a lease API open to every client, unless FENCEGATE_API_TOKEN is set)"},
+	{"APITLSClientCA", "no mutual TLS (any client that reaches the lease API may call it)"},
+	{"ProxyTLSClientCA", "no mutual TLS (any client that reaches the gate may write through it)"},
+	{"Rules", "no rules (clients then name each write's resource in Fencing-Resource)"},
+	{"RulesFile", "no rules file (clients then name each write's resource in Fencing-Resource)"},
 	{"Store", "the default store, a file of this process's own"},
 }
 
