@@ -328,6 +328,11 @@ func validateUpstream(raw string) error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("%q is not an http(s) URL with a host, nor unix:/absolute/path.sock", RedactURL(raw))
 	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
+			return fmt.Errorf("%q: port %s is not 1 to 65535", RedactURL(raw), p)
+		}
+	}
 	return nil
 }
 
