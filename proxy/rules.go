@@ -452,6 +452,20 @@ func (r *Rule) parseTemplate(vars map[string]bool) error {
 	if len(r.tmpl) == 0 {
 		return errors.New("fence needs a non-empty resource template")
 	}
+	// The shortest name the template can give: its literal bytes and one
+	// byte per segment variable (a segment is never empty; {rest...} may be).
+	shortest := 0
+	for _, p := range r.tmpl {
+		shortest += len(p.lit)
+		for _, s := range r.segs {
+			if p.name != "" && s.name == p.name && !s.rest {
+				shortest++
+			}
+		}
+	}
+	if shortest > fencing.MaxNameBytes {
+		return fmt.Errorf("template %q gives names of at least %d bytes, longer than a resource name may be (%d): every write it fences would be refused", r.Template, shortest, fencing.MaxNameBytes)
+	}
 	return nil
 }
 

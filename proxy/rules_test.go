@@ -38,10 +38,28 @@ func TestParseRulesErrors(t *testing.T) {
 		{"GET /ws upgrade websocket,h2c", "h2c"},
 		{"GET /ws upgrade web(socket", "not a protocol name"},
 		{"GET /ws pass", "safe methods are never fenced"},
+		// A template that can only give names longer than a resource's.
+		{"PUT /a/{id} fence " + strings.Repeat("a", 201), "at least 201 bytes"},
+		{"PUT /a/{id} fence " + strings.Repeat("a", 200) + "{id}", "at least 201 bytes"},
 	} {
 		_, err := ParseRules(c.text)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ParseRules(%q) = %v, want an error containing %q", c.text, err, c.want)
+		}
+	}
+}
+
+// TestParseRulesTakesTemplatesUpToTheLongestName: a template whose
+// shortest name fits is taken: 200 bytes, or 199 and a segment, or 200 and
+// a rest of the path that may be empty.
+func TestParseRulesTakesTemplatesUpToTheLongestName(t *testing.T) {
+	for _, text := range []string{
+		"PUT /a fence " + strings.Repeat("a", 200),
+		"PUT /a/{id} fence " + strings.Repeat("a", 199) + "{id}",
+		"PUT /a/{rest...} fence " + strings.Repeat("a", 200) + "{rest}",
+	} {
+		if _, err := ParseRules(text); err != nil {
+			t.Errorf("ParseRules(%.40q...) = %v, want it taken", text, err)
 		}
 	}
 }

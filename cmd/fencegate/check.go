@@ -49,6 +49,9 @@ func validate(environ []string) (configured, error) {
 		if c.rules, text, err = loadRules(cfg); err != nil {
 			return invalid(err)
 		}
+		if err := noRules(cfg, len(c.rules)); err != nil {
+			return invalid(err)
+		}
 		if cfg.RulesFile != "" {
 			c.unendedRule = unendedLastRule(text)
 		}

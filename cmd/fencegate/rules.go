@@ -53,6 +53,22 @@ func warnUnendedRules(file string, line int, log *slog.Logger) {
 	}
 }
 
+// noRules refuses, at start-up, rules that were given and hold none
+// (comments only, an empty file: most likely a file not yet written, or a
+// template's variable left unset) when that would turn on the
+// Fencing-Resource fallback: a gate without rules is one whose rules are
+// not set at all, or whose FENCEGATE_RESOURCE_HEADER says what it wants.
+func noRules(cfg config.Config, rules int) error {
+	if rules > 0 || cfg.Upstream == "" || cfg.ResourceHeader != nil {
+		return nil
+	}
+	what := "FENCEGATE_RULES holds"
+	if cfg.RulesFile != "" {
+		what = "FENCEGATE_RULES_FILE " + cfg.RulesFile + " holds"
+	}
+	return fmt.Errorf("%s no rules, so clients would name each write's resource in Fencing-Resource; give it rules, or unset it to run without (FENCEGATE_RESOURCE_HEADER=true or false to say which)", what)
+}
+
 // reloadRules re-reads FENCEGATE_RULES_FILE into gate (SIGHUP): rules that
 // do not load leave the ones in force, and the error names the file. Two
 // shapes of a file caught while it is rewritten in place are refused too:
@@ -61,7 +77,8 @@ func warnUnendedRules(file string, line int, log *slog.Logger) {
 //     file truncated and not yet written than a wish to drop every rule,
 //     which would also turn on the Fencing-Resource header's fallback
 //     (FENCEGATE_RESOURCE_HEADER unset) and let clients name their writes'
-//     resources. A restart drops them all.
+//     resources. A restart without the variable drops them all (start-up
+//     refuses a file with no rules too: noRules).
 //   - one whose last rule's line has no line end: a file cut off inside a
 //     line may still parse, its last rule then another rule than the one
 //     written ("fence job:{id}:data" read as "fence job:{id}", a write
@@ -75,7 +92,7 @@ func reloadRules(cfg config.Config, gate *proxy.Gate, log *slog.Logger) error {
 		return err
 	}
 	if n := len(gate.Rules()); len(rules) == 0 && n > 0 {
-		return fmt.Errorf("FENCEGATE_RULES_FILE %s holds no rules while %d are in force (a file being rewritten? replace it whole, by a rename); to run without rules, restart", cfg.RulesFile, n)
+		return fmt.Errorf("FENCEGATE_RULES_FILE %s holds no rules while %d are in force (a file being rewritten? replace it whole, by a rename); to run without rules, unset it and restart", cfg.RulesFile, n)
 	}
 	if line := unendedLastRule(text); line > 0 {
 		return fmt.Errorf("FENCEGATE_RULES_FILE %s: its last rule (line %d) has no line end, as in a file cut off while it is rewritten; end every line with a newline and replace the file whole, by a rename", cfg.RulesFile, line)

@@ -111,6 +111,38 @@ func TestStartWarnsOfAnUnendedRulesFile(t *testing.T) {
 	}
 }
 
+// TestRulesThatHoldNoneAreRefusedAtStart: rules given as a file or inline
+// that hold none (empty, comments only: a file not yet written, a
+// template's variable left unset) stop start-up, naming the variable:
+// taken as they are, they would turn on the Fencing-Resource fallback and
+// let clients name each write's resource. FENCEGATE_RESOURCE_HEADER set
+// either way says what the operator wants, and is taken.
+func TestRulesThatHoldNoneAreRefusedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	empty, comments := filepath.Join(dir, "empty"), filepath.Join(dir, "comments")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(comments, []byte("# filled in by the deploy\n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const up = "FENCEGATE_UPSTREAM=http://127.0.0.1:9"
+	for _, c := range []struct{ rules, want string }{
+		{"FENCEGATE_RULES_FILE=" + empty, "FENCEGATE_RULES_FILE " + empty + " holds no rules"},
+		{"FENCEGATE_RULES_FILE=" + comments, "FENCEGATE_RULES_FILE " + comments + " holds no rules"},
+		{"FENCEGATE_RULES=# to do", "FENCEGATE_RULES holds no rules"},
+	} {
+		if _, err := validate([]string{"FENCEGATE_STORE=memory:", up, c.rules}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.rules, err, c.want)
+		}
+		for _, header := range []string{"true", "false"} {
+			if _, err := validate([]string{"FENCEGATE_STORE=memory:", up, c.rules, "FENCEGATE_RESOURCE_HEADER=" + header}); err != nil {
+				t.Errorf("%s with FENCEGATE_RESOURCE_HEADER=%s: %v, want it taken", c.rules, header, err)
+			}
+		}
+	}
+}
+
 // TestRulesErrorsNameTheirVariable: a rule that does not parse is reported
 // under the variable it came from: FENCEGATE_RULES for rules given inline,
 // FENCEGATE_RULES_FILE and the file's path for a file, at start-up
