@@ -26,9 +26,12 @@ import (
 //
 // A waiter that gives up (its wait is over, its client hung up) leaves its
 // queue and, if it was the head, hands the turn to the next. One whose
-// wait ends before its turn tries the store once, to answer lease-held with
-// the holder as it is then. A waiter whose client hung up while the store
-// gave it the lease releases that lease again: no one is left to use it.
+// wait ends before its turn answers lease-held with the holder the queue
+// last saw refuse it; it asks the store itself only when no waiter has been
+// refused yet (the head's first try still out), since a try of its own
+// could take a lease just freed ahead of the head. A waiter whose client
+// hung up while the store gave it the lease releases that lease again: no
+// one is left to use it.
 
 const (
 	waitPollMin = 20 * time.Millisecond
@@ -46,7 +49,8 @@ type waitQueues struct {
 }
 
 type waitQueue struct {
-	waiters []*waiter // in arrival order; waiters[0] is the head, the one that asks the store
+	waiters []*waiter               // in arrival order; waiters[0] is the head, the one that asks the store
+	held    *fencing.LeaseHeldError // the last refusal a waiter got, for those whose wait ends before their turn
 }
 
 // waiter is one waiting acquisition. turn receives when it becomes the
@@ -113,6 +117,25 @@ func (q *waitQueues) freed(resource string) {
 	}
 }
 
+// refused notes held, the store's refusal of a waiter on resource.
+func (q *waitQueues) refused(resource string, held *fencing.LeaseHeldError) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if wq := q.m[resource]; wq != nil {
+		wq.held = held
+	}
+}
+
+// lastRefusal is the last refusal a waiter on resource got, or nil.
+func (q *waitQueues) lastRefusal(resource string) *fencing.LeaseHeldError {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if wq := q.m[resource]; wq != nil {
+		return wq.held
+	}
+	return nil
+}
+
 // waiting returns how many acquisitions wait on resource.
 func (q *waitQueues) waiting(resource string) int {
 	q.mu.Lock()
@@ -147,6 +170,7 @@ func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wa
 			return fencing.Lease{}, nil, ctx.Err()
 		case errors.As(err, &held):
 			refused = true
+			s.waiters.refused(req.Resource, held)
 			return fencing.Lease{}, held, nil
 		}
 		return lease, nil, err
@@ -161,8 +185,12 @@ func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wa
 				t.Stop()
 				return fencing.Lease{}, ctx.Err()
 			case <-t.C:
-				// The wait is over before its turn came: one try, to
-				// answer with the holder as it is now.
+				// The wait is over before its turn came: the holder as
+				// the queue last saw it or, with no refusal yet, as the
+				// store has it now.
+				if held := s.waiters.lastRefusal(req.Resource); held != nil {
+					return fencing.Lease{}, held
+				}
 				lease, held, err := try()
 				if held != nil {
 					return fencing.Lease{}, held

@@ -144,3 +144,69 @@ func TestWaiterGoneReleasesItsLease(t *testing.T) {
 		}
 	})
 }
+
+// gatedStore holds the acquisitions of one owner, while gate is set, until
+// open is closed (the head's try is in flight: a store round trip).
+type gatedStore struct {
+	fencing.Store
+	owner   string
+	gate    atomic.Bool
+	blocked chan struct{}
+	open    chan struct{}
+}
+
+func (s *gatedStore) Acquire(ctx context.Context, req fencing.AcquireRequest) (fencing.Lease, error) {
+	if req.Owner == s.owner && s.gate.Load() {
+		select {
+		case s.blocked <- struct{}{}:
+		default:
+		}
+		<-s.open
+	}
+	return s.Store.Acquire(ctx, req)
+}
+
+// TestWaiterWhoseWaitEndsDoesNotJumpTheQueue: w1 waits (30 s) and is the
+// head of the queue; w2 comes later with a short wait (1 s). The holder's
+// lease ends through another fencegate sharing the store (here: the store
+// directly) while the head's next try is out. When w2's wait runs out
+// before its turn, it answers lease-held with the holder the queue last
+// saw, and the lease goes to w1 (docs/lease-api.md: waiters "get the lease
+// in that order"). It used to try the store itself, and took the lease
+// ahead of w1.
+func TestWaiterWhoseWaitEndsDoesNotJumpTheQueue(t *testing.T) {
+	forEachStore(t, func(t *testing.T, k storeKind) {
+		clock := newFakeClock()
+		gs := &gatedStore{Store: k.open(t, clock), owner: "w1", blocked: make(chan struct{}, 1), open: make(chan struct{})}
+		e := newEnvWith(t, clock, gs, nil)
+		holder := e.post("/v1/leases/job:1/acquire", `{"owner":"holder","ttl_seconds":3600}`)
+		wantOK(t, "holder", holder)
+
+		first := make(chan answer, 1)
+		go func() {
+			first <- e.reqNoFatal(http.MethodPost, "/v1/leases/job:1/acquire", `{"owner":"w1","wait_seconds":30}`)
+		}()
+		waitFor(t, "w1 to queue", func() bool { return leaseapi.Waiting(e.api, "job:1") == 1 })
+		gs.gate.Store(true)
+		second := make(chan answer, 1)
+		go func() {
+			second <- e.reqNoFatal(http.MethodPost, "/v1/leases/job:1/acquire", `{"owner":"w2","wait_seconds":1}`)
+		}()
+		waitFor(t, "w2 to queue behind w1", func() bool { return leaseapi.Waiting(e.api, "job:1") == 2 })
+		<-gs.blocked // w1, the head, is trying again
+		if _, err := gs.Store.Release(context.Background(), fencing.ReleaseRequest{Resource: "job:1", Owner: "holder", Token: fencing.Token(holder.num("token"))}); err != nil {
+			t.Fatal(err)
+		}
+		b := <-second
+		gs.gate.Store(false)
+		close(gs.open)
+		if b.status == http.StatusOK {
+			// Let w1 finish at once (it would wait out its 30 s otherwise).
+			e.post("/v1/leases/job:1/release", fmt.Sprintf(`{"owner":"w2","token":%d}`, b.num("token")))
+			a := <-first
+			t.Fatalf("w2, queued behind w1, got the lease first: %s (w1 got it only after w2 released: %d)", strings.TrimSpace(string(b.raw)), a.status)
+		}
+		wantProblem(t, "w2, whose wait ended before its turn", b, http.StatusConflict, "lease-held")
+		wantOK(t, "w1, head of the queue", <-first)
+	})
+}
