@@ -469,7 +469,8 @@ func suspectHeaders(h http.Header) suspects {
 }
 
 // queryHasMethod reports whether target's query has a _method parameter,
-// its name decoded and in any case; "&" and ";" both separate parameters.
+// its name decoded, in any case, and as PHP reads it (phpParamName: PHP
+// frameworks read the override); "&" and ";" both separate parameters.
 func queryHasMethod(target string) bool {
 	_, q, ok := strings.Cut(target, "?")
 	if !ok || len(q) < len(methodParam) {
@@ -486,11 +487,34 @@ func queryHasMethod(target string) bool {
 		if d, err := url.QueryUnescape(k); err == nil {
 			k = d
 		}
-		if strings.EqualFold(strings.TrimSpace(k), methodParam) {
+		if strings.EqualFold(strings.TrimSpace(k), methodParam) || strings.EqualFold(phpParamName(k), methodParam) {
 			return true
 		}
 	}
 	return false
+}
+
+// phpParamName is the name PHP gives a decoded query parameter name: its
+// leading spaces dropped, an array's brackets cut ("_method[]" is
+// _method), an unmatched "[" made "_", and spaces, dots and the bytes
+// 0x80 to 0x9F made "_" (".method", "[method" and " method" are all
+// _method to Symfony and Laravel).
+func phpParamName(k string) string {
+	k = strings.TrimLeft(k, " ")
+	if i := strings.IndexByte(k, '['); i >= 0 {
+		if strings.IndexByte(k[i:], ']') > 0 {
+			k = k[:i]
+		} else {
+			k = k[:i] + "_" + k[i+1:]
+		}
+	}
+	b := []byte(k)
+	for i, c := range b {
+		if c == ' ' || c == '.' || c >= 0x80 && c <= 0x9f {
+			b[i] = '_'
+		}
+	}
+	return string(b)
 }
 
 // requestToken reads a write's token from header name (HeaderToken, or

@@ -485,6 +485,8 @@ func hostileCases() []hostileCase {
 		{"resource spelt with underscores", false, req("PUT /jobs/1 HTTP/1.1", fresh, "fencing_resource: scratch\r\n", cl0), []string{"400 invalid-request"}, 0},
 		{"_method query parameter", false, req("POST /public/x?a=1&_method=DELETE HTTP/1.1", cl0), []string{"403 method-override-denied"}, 0},
 		{"encoded _method query parameter", false, req("POST /public/x?%5Fmethod=PUT HTTP/1.1", cl0), []string{"403 method-override-denied"}, 0},
+		{"_method as PHP reads .method", false, req("POST /public/x?.method=DELETE HTTP/1.1", cl0), []string{"403 method-override-denied"}, 0},
+		{"_method as PHP reads [method", false, req("POST /public/x?%5Bmethod=DELETE HTTP/1.1", cl0), []string{"403 method-override-denied"}, 0},
 		{"X-Original-URL", false, req("POST /public/x HTTP/1.1", "X-Original-URL: /jobs/1\r\n", cl0), []string{"400 path-not-canonical"}, 0},
 		{"X-Rewrite-URL on a read", false, req("GET /public/x HTTP/1.1", "X-Rewrite-URL: /jobs/1\r\n"), []string{"400 path-not-canonical"}, 0},
 		{"X-Method-Override", false, req("GET /jobs/1 HTTP/1.1", "X-Method-Override: PUT\r\n"), []string{"403 method-override-denied"}, 0},
