@@ -63,6 +63,10 @@ var engineCases = []struct{ name, raw string }{
 	{"host fragment", "PUT /jobs/1 HTTP/1.1\r\nHost: x#y\r\nX-Request-Id: h6\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n"},
 	{"host escape", "PUT /jobs/1 HTTP/1.1\r\nHost: %2e%2e\r\nX-Request-Id: h7\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n"},
 	{"broken escape", "PUT /jobs/%zz HTTP/1.1\r\nHost: gate\r\nX-Request-Id: h8\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n"},
+	// The fields a write is judged by go to the upstream whatever the
+	// client's Connection names (the Destination under the base path).
+	{"connection names the destination token", "COPY /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: d1\r\nFencing-Token: 1\r\nFencing-Destination-Token: 2\r\nDestination: /jobs/2\r\nConnection: Fencing-Destination-Token\r\nContent-Length: 0\r\n\r\n"},
+	{"connection names the destination", "MOVE /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: d2\r\nFencing-Token: 1\r\nFencing-Destination-Token: 2\r\nDestination: /jobs/2\r\nConnection: Destination, Fencing-Token\r\nContent-Length: 0\r\n\r\n"},
 	{"pipelined then chunked", "GET /a HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r28\r\n\r\nPUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nX-Request-Id: r29\r\nFencing-Token: 1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nz\r\n0\r\n\r\n"},
 }
 

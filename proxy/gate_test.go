@@ -27,7 +27,7 @@ import (
 
 const testRules = `
 # jobs are fenced by id
-PUT,PATCH,DELETE /jobs/{id}        fence job:{id}
+PUT,PATCH,DELETE,COPY,MOVE /jobs/{id} fence job:{id}
 POST             /jobs/{id}/finish fence strict job:{id}
 POST             /health           pass
 *                /admin/{rest...}  deny

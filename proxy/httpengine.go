@@ -140,7 +140,7 @@ func (g *Gate) newReverseProxy(t http.RoundTripper) *httputil.ReverseProxy {
 // upstreamHeaders for what it carries): the path as judged, byte for byte,
 // under the upstream's base path; the upstream's Host (a unix: upstream
 // keeps the client's); the hop-by-hop fields and those the client's
-// Connection names gone, except the fencing headers; the forwarding
+// Connection names gone, except judgedHeaders; the forwarding
 // headers and the request id the gate's own. ReverseProxy has already
 // removed the hop-by-hop fields, kept "TE: trailers", and the client's
 // X-Forwarded-* fields.
@@ -162,7 +162,7 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 		out.Host = g.upstream.Host
 	}
 	h := out.Header
-	for _, k := range [...]string{HeaderToken, HeaderResource, HeaderDestinationToken} {
+	for _, k := range judgedHeaders {
 		if v, ok := in.Header[k]; ok {
 			h[k] = v // even when the client's Connection names them
 		}

@@ -91,7 +91,7 @@ func (g *Gate) upstreamHeaders(x *exchange, upgrade bool, add func(k, v []byte))
 		case isHopHeader(k), nameIn(k, replacedHeaders):
 			return false
 		}
-		return nameIn(k, fencingHeaders) || !nameIn(k, named)
+		return nameIn(k, judgedHeaders) || !nameIn(k, named)
 	}
 	if ua := in.last("User-Agent"); len(ua) > 0 && keep(hdrUserAgent) {
 		add(hdrUserAgent, ua)
@@ -151,9 +151,11 @@ var (
 	hdrRequestID                                     = []byte(reqid.Header)
 )
 
-// fencingHeaders are the headers a write's fencing is read from: always
-// forwarded, even when the client's Connection header names them.
-var fencingHeaders = []string{HeaderToken, HeaderResource}
+// judgedHeaders are the headers a write's fencing is read from (its
+// tokens, its resource, the second resource of a COPY or MOVE): always
+// forwarded, by both engines, even when the client's Connection header
+// names them, so that the upstream gets the request as judged.
+var judgedHeaders = []string{HeaderToken, HeaderResource, HeaderDestinationToken, HeaderDestination}
 
 // replacedHeaders are the client's header fields the gate never forwards,
 // whatever their case: the forwarding headers and the request id (the gate
