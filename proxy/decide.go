@@ -494,12 +494,15 @@ func queryHasMethod(target string) bool {
 	return false
 }
 
-// phpParamName is the name PHP gives a decoded query parameter name: its
-// leading spaces dropped, an array's brackets cut ("_method[]" is
-// _method), an unmatched "[" made "_", and spaces, dots and the bytes
-// 0x80 to 0x9F made "_" (".method", "[method" and " method" are all
-// _method to Symfony and Laravel).
+// phpParamName is the name PHP gives a decoded query parameter name: cut
+// at a NUL (a C string), its leading spaces dropped, an array's brackets
+// cut ("_method[]" is _method), an unmatched "[" made "_", and spaces,
+// dots and the bytes 0x80 to 0x9F made "_" (".method", "[method" and
+// " _method" are all _method to Symfony and Laravel).
 func phpParamName(k string) string {
+	if i := strings.IndexByte(k, 0); i >= 0 {
+		k = k[:i]
+	}
 	k = strings.TrimLeft(k, " ")
 	if i := strings.IndexByte(k, '['); i >= 0 {
 		if strings.IndexByte(k[i:], ']') > 0 {

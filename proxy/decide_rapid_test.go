@@ -284,7 +284,7 @@ var (
 	queries = []query{{"?a=%2F;b", false}, {"?_methodx=1", false},
 		{"?_method=PUT", true}, {"?x=1&_METHOD=DELETE", true}, {"?%5Fmethod=x", true}, {"?a=1;_method", true}, {"?x=1", false},
 		// As PHP reads names: _method to Symfony and Laravel.
-		{"?.method=DELETE", true}, {"?%2Emethod=x", true}, {"?[method=x", true}, {"?%20method=x", false}, {"?%20_method=x", true}, {"?_method[]=x", true},
+		{"?.method=DELETE", true}, {"?%2Emethod=x", true}, {"?[method=x", true}, {"?%20method=x", false}, {"?%20_method=x", true}, {"?_method[]=x", true}, {"?_method%00x=1", true},
 		{"?_method[x=1", false}, {"?a.method=1", false}}
 	overrides = []override{{"X-Http-Method-Override", "PUT", true, false}, {"X-Http-Method", "DELETE", true, false},
 		{"X-Method-Override", "GET", true, false}, {"X_http_method_override", "PUT", true, false},
