@@ -5,7 +5,7 @@
 #
 # `fencegate version` shows the three build arguments (commit and date
 # "unknown" when not given).
-FROM golang:1.26 AS build
+FROM golang:1.26.8 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
