@@ -379,7 +379,7 @@ func TestAccessCertificateClientAndReload(t *testing.T) {
 	if r.code != 0 || r.stdout != "pool-b/runner\n" {
 		t.Fatalf("fencegate run by certificate: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
-	// fencegate run with a bind_owner client and its default owner (HOST:PID): refused, exit 3.
+	// fencegate run with a bind_owner client and its default owner (HOST:PID:RANDOM): refused, exit 3.
 	r = fg(t, append(certEnv, "PATH=/usr/bin:/bin"), "", "run", "--resource", "job:b:run2", "--", "true")
 	if r.code != 3 || !strings.Contains(r.stderr, "forbidden") {
 		t.Fatalf("fencegate run with an owner outside bind_owner: exit %d %q", r.code, r.stderr)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -105,7 +104,7 @@ func newRunCmd(c *cli) *cobra.Command {
 	// CMD's own flags are CMD's: flag parsing stops at the first argument.
 	f.SetInterspersed(false)
 	f.StringVar(&o.resource, "resource", "", "the resource to lease (required)")
-	f.StringVar(&o.owner, "owner", "", "the lease's owner (default: HOST:PID, unique per process)")
+	f.StringVar(&o.owner, "owner", "", "the lease's owner (default: HOST:PID:RANDOM, unique per process)")
 	f.DurationVar(&o.ttl, "ttl", 30*time.Second, "lease duration, whole seconds from 1s to 24h")
 	o.wait = waitFlag{d: fencing.MaxWait}
 	f.Var(&o.wait, "wait", "wait up to this long (any duration, or forever) for another owner's lease to end")
@@ -121,7 +120,10 @@ func (o *runOptions) check(cmd *cobra.Command) error {
 		return usageError(cmd, "--resource %q: %v", o.resource, err)
 	}
 	if o.owner == "" {
-		o.owner = defaultOwner()
+		// Host and pid, and a random suffix: two processes that are both
+		// pid 1 of a container on one host (fencegate as the image's
+		// entrypoint) must not take one lease as one owner.
+		o.owner = leaseapi.DefaultOwner()
 	}
 	if err := checkOwner(cmd, o.owner); err != nil {
 		return err
@@ -133,19 +135,6 @@ func (o *runOptions) check(cmd *cobra.Command) error {
 		return usageError(cmd, "--kill-after must not be negative")
 	}
 	return nil
-}
-
-// defaultOwner names this process: HOST:PID, unique among live processes.
-func defaultOwner() string {
-	host, err := os.Hostname()
-	if err != nil || host == "" || fencing.ValidateOwner(host) != nil {
-		host = "localhost"
-	}
-	suffix := ":" + strconv.Itoa(os.Getpid())
-	if len(host)+len(suffix) > fencing.MaxNameBytes {
-		host = host[:fencing.MaxNameBytes-len(suffix)]
-	}
-	return host + suffix
 }
 
 // forwardedSignals are the signals fencegate run passes on to CMD's

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -36,7 +37,13 @@ type bgProc struct {
 // cleanup if it still runs.
 func startBG(t *testing.T, env []string, args ...string) *bgProc {
 	t.Helper()
-	cmd := exec.Command(binary, args...)
+	return runBG(t, env, exec.Command(binary, args...))
+}
+
+// runBG starts cmd (the binary, or a command that runs it) as startBG
+// does.
+func runBG(t *testing.T, env []string, cmd *exec.Cmd) *bgProc {
+	t.Helper()
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	cmd.Dir = t.TempDir()
 	// A command left behind by a failed test may hold the output pipes:
@@ -154,12 +161,12 @@ while [ ! -e "$D/stop" ]; do sleep 0.05; done`
 	host, _ := os.Hostname()
 	wantEnv := strings.Join([]string{
 		"FENCEGATE_API_URL=" + api,
-		"FENCING_OWNER=" + host + ":" + strconv.Itoa(r.cmd.Process.Pid),
+		"FENCING_OWNER=" + host + ":" + strconv.Itoa(r.cmd.Process.Pid) + ":" + "[0-9a-f]{8}",
 		"FENCING_RESOURCE=job:keep",
 		"FENCING_TOKEN=" + first.Token.String(),
 	}, "\n")
-	if got := readFile(t, filepath.Join(d, "env")); got != wantEnv {
-		t.Fatalf("the command's environment:\n%s\nwant:\n%s", got, wantEnv)
+	if got := readFile(t, filepath.Join(d, "env")); !regexp.MustCompile("^"+wantEnv+"$").MatchString(got) || first.Owner != got[strings.Index(got, "FENCING_OWNER=")+len("FENCING_OWNER="):strings.Index(got, "\nFENCING_RESOURCE")] {
+		t.Fatalf("the command's environment:\n%s\nwant (the owner host:pid:random, the lease's):\n%s\nlease owner %s", got, wantEnv, first.Owner)
 	}
 
 	// For three TTLs the lease stays live with the same token, its expiry
