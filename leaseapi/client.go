@@ -199,9 +199,24 @@ func (c *Client) Renew(ctx context.Context, resource, owner string, token fencin
 // *ProblemError matching fencing.ErrLeaseLost when a newer token exists or
 // another owner holds the resource.
 func (c *Client) Release(ctx context.Context, resource, owner string, token fencing.Token, finished bool) (bool, error) {
-	var out releasedJSON
-	err := c.call(ctx, http.MethodPost, resource, "/release", releaseBody{Owner: owner, Token: token, Finished: finished}, &out)
-	return out.Released && err == nil, err
+	var raw json.RawMessage
+	if err := c.call(ctx, http.MethodPost, resource, "/release", releaseBody{Owner: owner, Token: token, Finished: finished}, &raw); err != nil {
+		return false, err
+	}
+	return DecodeReleased(raw)
+}
+
+// DecodeReleased reads raw, the body of a 2xx answer to a release, as
+// Release does: {"released": true or false}. Anything else (another
+// server's JSON) is ErrBadAnswer, not "already ended".
+func DecodeReleased(raw []byte) (bool, error) {
+	var out struct {
+		Released *bool `json:"released"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || out.Released == nil {
+		return false, fmt.Errorf("leaseapi: %w", &badAnswerError{status: http.StatusOK, what: "its body is not the lease API's answer to a release", err: err})
+	}
+	return *out.Released, nil
 }
 
 // Checkpoint saves state (marshaled with encoding/json; a json.RawMessage
@@ -389,6 +404,18 @@ func DecodeLease(raw []byte, resource string) (fencing.Lease, error) {
 		return fencing.Lease{}, fmt.Errorf("leaseapi: %w", &badAnswerError{status: http.StatusOK, what: "its body is not the JSON the lease API sends", err: err})
 	}
 	return leaseOf(out, resource)
+}
+
+// DecodeHeldLease reads raw, the body of a 2xx answer to a renewal or a
+// checkpoint of the lease owner holds with token, as DecodeLease does, and
+// refuses, as ErrBadAnswer, a lease of another owner or token: what
+// answered is not the lease API, or not about this lease.
+func DecodeHeldLease(raw []byte, resource, owner string, token fencing.Token) (fencing.Lease, error) {
+	l, err := DecodeLease(raw, resource)
+	if err == nil && (l.Owner != owner || l.Token != token) {
+		err = fmt.Errorf("leaseapi: %w", &badAnswerError{status: http.StatusOK, what: fmt.Sprintf("its lease is another one (%s, token %d, not %s, token %d)", l.Owner, l.Token, owner, token)})
+	}
+	return l, err
 }
 
 // leaseOf is the lease a call about resource was answered with: out

@@ -165,6 +165,10 @@ func TestClientBadAnswers(t *testing.T) {
 		if !errors.Is(err, leaseapi.ErrBadAnswer) {
 			t.Errorf("%s: NewSession = %v; want ErrBadAnswer", name, err)
 		}
+		// Not {"released": ...}: not "already ended" either.
+		if released, err := c.Release(context.Background(), "job:1", "a", 1, false); !errors.Is(err, leaseapi.ErrBadAnswer) {
+			t.Errorf("%s: Release = %v, %v; want ErrBadAnswer", name, released, err)
+		}
 		srv.Close()
 	}
 }

@@ -130,8 +130,10 @@ func (c *cli) apiTLS() (*tls.Config, error) {
 
 // callAPI sends one request and prints the answer: the JSON on stdout on
 // success, the problem on stderr on refusal. wait is how long the server
-// may legitimately take on top of a normal call.
-func (c *cli) callAPI(cmd *cobra.Command, method, path string, query url.Values, body any, wait time.Duration) error {
+// may legitimately take on top of a normal call. check, when not nil,
+// reads a 2xx answer first: an answer it refuses (ErrBadAnswer: not the
+// lease API's) is not printed, and exits 4.
+func (c *cli) callAPI(cmd *cobra.Command, method, path string, query url.Values, body any, wait time.Duration, check func([]byte) error) error {
 	client, err := c.client()
 	if err != nil {
 		return err
@@ -139,6 +141,9 @@ func (c *cli) callAPI(cmd *cobra.Command, method, path string, query url.Values,
 	ctx, cancel := context.WithTimeout(cmd.Context(), wait+callTimeout)
 	defer cancel()
 	raw, err := client.Call(ctx, method, path, query, body)
+	if err == nil && check != nil {
+		err = check(raw)
+	}
 	if err != nil {
 		return c.apiFailure(err)
 	}

@@ -224,7 +224,7 @@ lease): lease-lost (exit 3).
 			if err := ttlMember(cmd, body, ttl); err != nil {
 				return err
 			}
-			return c.callAPI(cmd, http.MethodPost, leasePath(args[0], "/renew"), nil, body, 0)
+			return c.callAPI(cmd, http.MethodPost, leasePath(args[0], "/renew"), nil, body, 0, heldLease(args[0], owner, token))
 		},
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "the lease's owner (required)")
@@ -259,7 +259,10 @@ lease-lost (exit 3).
 			if finished {
 				body["finished"] = true
 			}
-			return c.callAPI(cmd, http.MethodPost, leasePath(args[0], "/release"), nil, body, 0)
+			return c.callAPI(cmd, http.MethodPost, leasePath(args[0], "/release"), nil, body, 0, func(raw []byte) error {
+				_, err := leaseapi.DecodeReleased(raw)
+				return err
+			})
 		},
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "the lease's owner (required)")
@@ -282,7 +285,7 @@ answers zeros and nulls (exit 0).
 		Args:              resourceArg,
 		ValidArgsFunction: c.completeResources,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.callAPI(cmd, http.MethodGet, leasePath(args[0], ""), nil, nil, 0)
+			return c.callAPI(cmd, http.MethodGet, leasePath(args[0], ""), nil, nil, 0, nil)
 		},
 	}
 }
@@ -322,7 +325,7 @@ meanwhile may or may not.
 			if all {
 				return c.listAll(cmd, q)
 			}
-			return c.callAPI(cmd, http.MethodGet, "/v1/leases", q, nil, 0)
+			return c.callAPI(cmd, http.MethodGet, "/v1/leases", q, nil, 0, nil)
 		},
 	}
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only resources starting with this")
@@ -401,7 +404,7 @@ renewed lease. Not the live holder: lease-lost (exit 3).
 			}
 			switch set {
 			case 0:
-				return c.callAPI(cmd, http.MethodGet, path, nil, nil, 0)
+				return c.callAPI(cmd, http.MethodGet, path, nil, nil, 0, nil)
 			case 3:
 			default:
 				return usageError(cmd, "saving a checkpoint needs --owner, --token and --state together")
@@ -421,7 +424,7 @@ renewed lease. Not the live holder: lease-lost (exit 3).
 				return usageError(cmd, "--state: not a JSON value")
 			}
 			body := map[string]any{"owner": owner, "token": token, "state": json.RawMessage(raw)}
-			return c.callAPI(cmd, http.MethodPut, path, nil, body, 0)
+			return c.callAPI(cmd, http.MethodPut, path, nil, body, 0, heldLease(args[0], owner, token))
 		},
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "the lease's owner (to save)")
@@ -465,4 +468,13 @@ func ttlMember(cmd *cobra.Command, body map[string]any, ttl time.Duration) error
 
 func leasePath(resource, suffix string) string {
 	return "/v1/leases/" + url.PathEscape(resource) + suffix
+}
+
+// heldLease checks a 2xx answer to a renewal or a checkpoint of the lease
+// owner holds with token: that lease, or ErrBadAnswer (exit 4).
+func heldLease(resource, owner string, token uint64) func([]byte) error {
+	return func(raw []byte) error {
+		_, err := leaseapi.DecodeHeldLease(raw, resource, owner, fencing.Token(token))
+		return err
+	}
 }

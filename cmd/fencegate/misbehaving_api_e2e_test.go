@@ -159,3 +159,33 @@ func TestAcquisitionBoundedByTheWait(t *testing.T) {
 		})
 	}
 }
+
+// TestAnswersThatAreNotAboutTheLeaseExit4: a 2xx whose body is JSON but
+// not the lease API's answer about this lease (an echo service, another
+// API, a proxy) is not a renewal, a checkpoint or a release that worked:
+// renew, checkpoint and release exit 4 saying it does not look like the
+// lease API, as acquire does, and print nothing on stdout for a script to
+// take as the lease.
+func TestAnswersThatAreNotAboutTheLeaseExit4(t *testing.T) {
+	env := notTheAPI(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if strings.HasSuffix(r.URL.Path, "/renew") {
+			// The lease API's shape, of another owner's lease.
+			_, _ = io.WriteString(w, `{"resource":"job:1","owner":"other","token":7,"ttl_seconds":30,"acquired_at":"2030-01-01T00:00:00Z","expires_at":"2030-01-01T00:00:30Z"}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"status":"ok","method":"`+r.Method+`"}`)
+	})
+	for _, args := range [][]string{
+		{"lease", "renew", "job:1", "--owner", "me", "--token", "7"},
+		{"lease", "checkpoint", "job:1", "--owner", "me", "--token", "7", "--state", `{"step":1}`},
+		{"lease", "release", "job:1", "--owner", "me", "--token", "7", "--finished"},
+	} {
+		r := fg(t, env, "", args...)
+		if r.code != exitUnavailable || !strings.Contains(r.stderr, "lease API") || r.stdout != "" {
+			t.Errorf("%v against a server answering 200 with other JSON: exit %d, stdout %q, stderr %q; want 4 saying it does not look like the lease API",
+				args[:2], r.code, r.stdout, r.stderr)
+		}
+	}
+}
