@@ -2,11 +2,15 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,5 +191,46 @@ func TestAnswersThatAreNotAboutTheLeaseExit4(t *testing.T) {
 			t.Errorf("%v against a server answering 200 with other JSON: exit %d, stdout %q, stderr %q; want 4 saying it does not look like the lease API",
 				args[:2], r.code, r.stdout, r.stderr)
 		}
+	}
+}
+
+// TestRunOnAnAPITooSlowForTheTTLExits4: an API that grants the lease, but
+// more slowly than the TTL allows (an overloaded store), makes run give the
+// lease up without running the command, and exit 4 (the API unusable), not
+// 75, which tells a scheduler that another owner holds the job's lease.
+func TestRunOnAnAPITooSlowForTheTTLExits4(t *testing.T) {
+	var acquires atomic.Int32
+	env := notTheAPI(t, func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Owner      string `json:"owner"`
+			TTLSeconds int    `json:"ttl_seconds"`
+		}
+		raw, _ := io.ReadAll(r.Body)
+		_ = json.Unmarshal(raw, &req)
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/acquire"):
+			acquires.Add(1)
+			time.Sleep(2200 * time.Millisecond) // slower than the 2s TTL
+			now := time.Now().UTC()
+			_ = json.NewEncoder(w).Encode(map[string]any{
+				"resource": "job:slow", "owner": req.Owner, "token": 7, "ttl_seconds": req.TTLSeconds,
+				"acquired_at": now.Format("2006-01-02T15:04:05.000Z07:00"),
+				"expires_at":  now.Add(time.Duration(req.TTLSeconds) * time.Second).Format("2006-01-02T15:04:05.000Z07:00"),
+			})
+		case strings.HasSuffix(r.URL.Path, "/release"):
+			_, _ = io.WriteString(w, `{"released":true}`)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	d := t.TempDir()
+	r := fg(t, append(env, "D="+d), "", "run", "--resource", "job:slow", "--owner", "me", "--ttl", "2s", "--wait", "0s", "--", "sh", "-c", `touch "$D/ran"`)
+	if _, err := os.Stat(filepath.Join(d, "ran")); err == nil {
+		t.Fatal("the command ran on a lease never safely held")
+	}
+	if r.code != exitUnavailable || !strings.Contains(r.stderr, "local deadline") {
+		t.Fatalf("run against an API that granted the lease slowly (no other owner, %d acquisitions): exit %d, want 4 (unavailable, not 75: lease-held)\nstderr: %s",
+			acquires.Load(), r.code, r.stderr)
 	}
 }

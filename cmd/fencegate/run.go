@@ -191,10 +191,11 @@ func (c *cli) runUnderLease(ctx context.Context, o runOptions, argv []string) er
 		_ = c.apiFailure(err) // prints the problem
 		return withExit(exitNotAcquired, nil)
 	case errors.Is(err, leaseapi.ErrSessionLost):
-		// A long wait used up the lease's local deadline before it could
-		// be confirmed: it was never safely held.
-		fmt.Fprintf(c.stderr, "fencegate run: %v\n", err)
-		return withExit(exitNotAcquired, nil)
+		// The API took longer than the lease's local deadline to grant
+		// or confirm it: it was never safely held. Not 75: no other
+		// owner holds it, the API is too slow to hold it with this TTL.
+		fmt.Fprintf(c.stderr, "fencegate run: the lease API at %s did not confirm the lease before its local deadline (--ttl %v); not acquired: %v\n", base, o.ttl, err)
+		return withExit(exitUnavailable, nil)
 	case err != nil:
 		return c.apiFailure(err)
 	}
