@@ -335,9 +335,9 @@ func (c *Client) ListPage(ctx context.Context, prefix string, limit int, cursor 
 // in resource order, reading pages of pageSize (0: the server's maximum)
 // as the loop goes. A lease live for the whole iteration is yielded
 // exactly once; one taken or ended meanwhile may or may not be. A failed
-// page, or one whose next_cursor is the cursor it was asked with (which
-// would repeat it for ever: ErrBadAnswer), yields its error once and ends
-// the iteration.
+// page, or one whose next_cursor was followed before (pages that would go
+// round for ever: ErrBadAnswer), yields its error once and ends the
+// iteration.
 //
 //	for l, err := range client.Leases(ctx, "job:", 0) {
 //		if err != nil { ... }
@@ -345,11 +345,12 @@ func (c *Client) ListPage(ctx context.Context, prefix string, limit int, cursor 
 func (c *Client) Leases(ctx context.Context, prefix string, pageSize int) iter.Seq2[fencing.Lease, error] {
 	return func(yield func(fencing.Lease, error) bool) {
 		cursor := ""
+		seen := map[string]bool{} // the cursors followed
 		for {
 			p, err := c.ListPage(ctx, prefix, pageSize, cursor)
-			if err == nil && cursor != "" && p.NextCursor == cursor {
-				// A server (or a cache between) answering the same page
-				// again: following it would yield its leases for ever.
+			if err == nil && seen[p.NextCursor] {
+				// A server (or a cache between) answering a page again:
+				// following it would yield its leases for ever.
 				err = fmt.Errorf("leaseapi: %w", &badAnswerError{status: http.StatusOK, what: "its next_cursor does not move on"})
 			}
 			if err != nil {
@@ -365,6 +366,7 @@ func (c *Client) Leases(ctx context.Context, prefix string, pageSize int) iter.S
 				return
 			}
 			cursor = p.NextCursor
+			seen[cursor] = true
 		}
 	}
 }

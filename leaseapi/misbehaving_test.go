@@ -203,6 +203,21 @@ func TestListStopsOnACursorThatDoesNotMove(t *testing.T) {
 	if all, err := c.ListAll(context.Background(), "job:", 1); pages.Load() != 2 || all != nil || !errors.Is(err, leaseapi.ErrBadAnswer) {
 		t.Fatalf("ListAll read %d pages: %v, %v; want 2 pages and ErrBadAnswer", pages.Load(), all, err)
 	}
+	// Pages that go round (A, B, A...) end too, at the page that comes back.
+	var round atomic.Int64
+	cycle := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		round.Add(1)
+		next := "A"
+		if r.URL.Query().Get("cursor") == "A" {
+			next = "B"
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"leases":[],"next_cursor":"`+next+`"}`)
+	}))
+	defer cycle.Close()
+	if _, err := leaseapi.NewClient(cycle.URL).ListAll(context.Background(), "job:", 1); round.Load() != 3 || !errors.Is(err, leaseapi.ErrBadAnswer) {
+		t.Fatalf("ListAll on cursors A, B, A: %v after %d pages; want ErrBadAnswer after 3", err, round.Load())
+	}
 }
 
 // TestProblemFromAPI: only a problem document of the lease API, with its

@@ -344,6 +344,7 @@ func (c *cli) listAll(cmd *cobra.Command, q url.Values) error {
 		return err
 	}
 	leases := []json.RawMessage{}
+	seen := map[string]bool{} // the cursors followed: pages that go round never end
 	for {
 		ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
 		raw, err := client.Call(ctx, http.MethodGet, "/v1/leases", q, nil)
@@ -362,9 +363,10 @@ func (c *cli) listAll(cmd *cobra.Command, q url.Values) error {
 		if page.NextCursor == nil {
 			break
 		}
-		if *page.NextCursor == "" || *page.NextCursor == q.Get("cursor") {
+		if *page.NextCursor == "" || *page.NextCursor == q.Get("cursor") || seen[*page.NextCursor] {
 			return c.apiFailure(fmt.Errorf("%w: a next_cursor that does not move on", leaseapi.ErrBadAnswer))
 		}
+		seen[*page.NextCursor] = true
 		q.Set("cursor", *page.NextCursor)
 	}
 	out, err := json.Marshal(struct {

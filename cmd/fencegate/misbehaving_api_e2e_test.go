@@ -234,3 +234,24 @@ func TestRunOnAnAPITooSlowForTheTTLExits4(t *testing.T) {
 			acquires.Load(), r.code, r.stderr)
 	}
 }
+
+// TestListAllEndsWhenPagesGoRound: a server whose next_cursor comes back
+// to one already followed (A, B, A...: a cache between, a broken proxy)
+// would keep 'lease list --all' asking for pages for ever, gathering them
+// in memory; it exits 4 at the page that goes round.
+func TestListAllEndsWhenPagesGoRound(t *testing.T) {
+	var pages atomic.Int64
+	env := notTheAPI(t, func(w http.ResponseWriter, r *http.Request) {
+		pages.Add(1)
+		next := "A"
+		if r.URL.Query().Get("cursor") == "A" {
+			next = "B"
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"leases":[],"next_cursor":"`+next+`"}`)
+	})
+	r := fg(t, env, "", "lease", "list", "--all")
+	if r.code != exitUnavailable || pages.Load() != 3 {
+		t.Fatalf("lease list --all on cursors A, B, A: exit %d after %d pages, stderr %q; want 4 after 3", r.code, pages.Load(), r.stderr)
+	}
+}
