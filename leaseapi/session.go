@@ -320,13 +320,16 @@ func (s *Session) confirm(sent time.Time, l fencing.Lease) error {
 }
 
 // refused reports whether err is a definite refusal that retrying cannot
-// change: lease-lost, or any other 4xx problem but 408 and 429.
+// change: lease-lost, or any other 4xx problem of the lease API but 408
+// and 429. A 4xx that is not the API's (a proxy's 404 page while it
+// reloads its routes) says nothing of the lease: retried, as a 5xx is,
+// until the local deadline.
 func refused(err error) bool {
 	if errors.Is(err, fencing.ErrLeaseLost) {
 		return true
 	}
 	var pe *ProblemError
-	return errors.As(err, &pe) && pe.Status >= 400 && pe.Status < 500 && pe.Status != 408 && pe.Status != 429
+	return errors.As(err, &pe) && pe.FromAPI() && pe.Status >= 400 && pe.Status < 500 && pe.Status != 408 && pe.Status != 429
 }
 
 // fail ends the session when err is a refusal; it reports whether it did.

@@ -214,6 +214,32 @@ func TestSessionRetriesFailedRenewals(t *testing.T) {
 	}
 }
 
+// A renewal answered with a 4xx that is not the lease API's (a proxy's 404
+// page) says nothing of the lease: retried as a 503 is, and the session
+// lives on when the retry is confirmed. It used to end the session at once.
+func TestSessionRetriesAnAnswerNotFromTheAPI(t *testing.T) {
+	e := newSessionEnv(t)
+	s := e.session(t, "w1")
+	notFound := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, "<html>no route</html>")
+	}
+	e.lie.Store(&notFound)
+	e.clock.waitTimer(t, e.at(10*time.Second))
+	e.clock.Advance(10 * time.Second)
+	e.clock.waitTimer(t, e.at(12*time.Second)) // the retry, RetryInterval later
+	if err := s.Err(); err != nil || e.served("POST renew") != 1 {
+		t.Fatalf("after a proxy's 404: err %v, %d renewals; want the session live, the renewal retried", err, e.served("POST renew"))
+	}
+	e.lie.Store(nil)
+	e.clock.Advance(2 * time.Second)
+	e.clock.waitTimer(t, e.at(22*time.Second)) // next renewal: 10 s after the confirmed retry
+	if s.Err() != nil || e.served("POST renew") != 2 {
+		t.Fatalf("after the retry: err %v, %d renewals", s.Err(), e.served("POST renew"))
+	}
+}
+
 // A refused renewal (the lease was released behind the session's back)
 // ends the session at once.
 func TestSessionLostOnRefusedRenewal(t *testing.T) {
