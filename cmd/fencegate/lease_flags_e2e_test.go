@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,6 +14,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/problem"
+	"github.com/fencegate/fencegate/leaseapi"
 )
 
 // TestLeaseAPIFlags: --api-url and --api-token-file take precedence over
@@ -157,4 +164,29 @@ func TestHealthHelpFlagStyle(t *testing.T) {
 func isToken(s string) bool {
 	n, err := strconv.ParseUint(s, 10, 64)
 	return err == nil && n > 0 && strconv.FormatUint(n, 10) == s
+}
+
+// TestWaitsAskedNeverOutlastTheWait: every attempt of a --wait asks the API
+// to wait whole seconds (the unit it waits in), never more than the whole
+// --wait: the time left is rounded down, so a lease that frees after --wait
+// is over is not taken (under a second left, an attempt asks for no wait).
+// --wait 200ms used to ask for a second.
+func TestWaitsAskedNeverOutlastTheWait(t *testing.T) {
+	c := &cli{stdout: io.Discard, stderr: io.Discard}
+	held := &leaseapi.ProblemError{Status: http.StatusConflict, Code: "lease-held", Type: problem.TypePrefix + "lease-held"}
+	for _, d := range []time.Duration{200 * time.Millisecond, 1500 * time.Millisecond} {
+		var asked []time.Duration
+		err := c.acquireWaiting(context.Background(), "fencegate", "job:1", waitFlag{d: d}, func(_ context.Context, wait time.Duration) error {
+			asked = append(asked, wait)
+			return held
+		})
+		if !errors.Is(err, fencing.ErrLeaseHeld) || len(asked) < 2 {
+			t.Fatalf("--wait %v: %v after %d attempts, want lease-held after a few", d, err, len(asked))
+		}
+		for _, w := range asked {
+			if w%time.Second != 0 || w > d {
+				t.Errorf("--wait %v: an attempt asked the API to wait %v (all: %v), want whole seconds within the wait", d, w, asked)
+			}
+		}
+	}
 }

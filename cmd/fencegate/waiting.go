@@ -40,7 +40,10 @@ func (c *cli) acquireWaiting(ctx context.Context, prefix, resource string, wait 
 		if !first {
 			chunk = fencing.MaxWait
 			if !wait.forever {
-				chunk = min(max(time.Until(deadline), 0), fencing.MaxWait)
+				// The API waits in whole seconds: rounded down, so
+				// that no attempt outlasts --wait (under a second left,
+				// an attempt without a wait).
+				chunk = min(max(time.Until(deadline), 0), fencing.MaxWait).Truncate(time.Second)
 			}
 		}
 		actx, cancel := context.WithTimeout(ctx, chunk+acquireGrace)
