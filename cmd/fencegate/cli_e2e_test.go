@@ -134,6 +134,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"run", "--", "true"},          // no --resource
 		{"run", "--resource", "job:1", "--ttl", "0s", "--", "true"},
 		{"run", "--resource", "job:1", "--wait", "never", "--", "true"},
+		{"run", "--resource", "job:1", "--owner", "", "--", "true"}, // not the default owner
 	} {
 		r := fg(t, api, "", args...)
 		if r.code != exitUsage || r.stdout != "" || !strings.Contains(r.stderr, "--help") {

@@ -119,6 +119,9 @@ func (o *runOptions) check(cmd *cobra.Command) error {
 	if err := fencing.ValidateResource(o.resource); err != nil {
 		return usageError(cmd, "--resource %q: %v", o.resource, err)
 	}
+	if o.owner == "" && cmd.Flags().Changed("owner") {
+		return usageError(cmd, "--owner is empty (leave it out for the default owner)")
+	}
 	if o.owner == "" {
 		// Host and pid, and a random suffix: two processes that are both
 		// pid 1 of a container on one host (fencegate as the image's
