@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/barrier"
@@ -23,8 +24,10 @@ import (
 // its turn at the barrier, target by target in their fixed order (see
 // flights). It returns the write's place, to forward under, or false when
 // x was refused (its answer set, every place taken left). It may wait: for
-// the store, and behind lower tokens in flight, up to BarrierTimeout on
-// each target.
+// the store, and behind lower tokens in flight, up to BarrierTimeout in
+// all, its targets together: a write's first place (with the shared
+// barrier, an entry that lives BarrierTimeout and the write's own
+// timeouts) must outlast the wait on the second.
 //
 // This is the one admission pipeline: every engine's strategy (admitNow,
 // the loops' batches and mark reads) registers before it admits, as
@@ -32,6 +35,7 @@ import (
 // once.
 func (g *Gate) admitWrite(x *exchange, d Decision) (flight, bool) {
 	var taken flights
+	deadline := time.Now().Add(g.barrierTimeout)
 	for i, target := range d.Targets {
 		t, adm, err := g.order.admit(x.ctx, target)
 		if i == 0 {
@@ -42,7 +46,7 @@ func (g *Gate) admitWrite(x *exchange, d Decision) (flight, bool) {
 			g.refuseWrite(x, err, target.Resource, target.Token)
 			return nil, false
 		}
-		if !g.waitTurn(x, target, t) {
+		if !g.waitTurn(x, target, t, time.Until(deadline)) {
 			taken.Leave()
 			return nil, false
 		}
@@ -87,11 +91,11 @@ func (g *Gate) passNow(t *barrier.Ticket) bool {
 	return now && err == nil
 }
 
-// waitTurn waits until write x, admitted on target, may be forwarded
-// there: no lower token in flight on target's resource. It reports false
-// when x was refused (its place t left, its answer set).
-func (g *Gate) waitTurn(x *exchange, target Target, t flight) bool {
-	err := g.wait(x.ctx, t)
+// waitTurn waits, up to timeout, until write x, admitted on target, may be
+// forwarded there: no lower token in flight on target's resource. It
+// reports false when x was refused (its place t left, its answer set).
+func (g *Gate) waitTurn(x *exchange, target Target, t flight, timeout time.Duration) bool {
+	err := g.wait(x.ctx, t, timeout)
 	if err == nil {
 		return true
 	}
@@ -114,9 +118,9 @@ func (g *Gate) waitTurn(x *exchange, target Target, t flight) bool {
 	return false
 }
 
-func (g *Gate) wait(ctx context.Context, t flight) error {
+func (g *Gate) wait(ctx context.Context, t flight, timeout time.Duration) error {
 	if g.barrierOff {
 		return nil
 	}
-	return t.Wait(ctx, g.barrierTimeout)
+	return t.Wait(ctx, max(timeout, 0))
 }

@@ -78,6 +78,67 @@ func TestDecideTargets(t *testing.T) {
 // registered at X's barrier too, so it does not overtake a lower-token
 // write to X still in flight; and a COPY refused on its Destination never
 // reaches the upstream, though its source admitted it.
+// TestTwoTargetsShareOneBarrierTimeout: a COPY waits behind a lower token
+// on its source, then behind one on its Destination, each wait shorter
+// than BarrierTimeout but the two longer: it is refused with
+// barrier-timeout and never forwarded. The first resource's place (with
+// the shared barrier, an entry whose lifetime counts one BarrierTimeout)
+// must outlast the wait on the second; each target used to have a
+// BarrierTimeout of its own, and the write reached the upstream after its
+// first entry could have expired.
+func TestTwoTargetsShareOneBarrierTimeout(t *testing.T) {
+	const bt = 500 * time.Millisecond
+	e := newEnv(t, "PUT,COPY /files/{name} fence file:{name}", func(o *Options) { o.ResourceHeader, o.BarrierTimeout = false, bt })
+	release := map[string]chan struct{}{"S": make(chan struct{}), "X": make(chan struct{})}
+	arrived := make(chan string, 2)
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, rec received) bool {
+		if rec.Method == "PUT" {
+			name := strings.TrimPrefix(rec.Path, "/files/")
+			arrived <- name
+			<-release[name]
+		}
+		return false
+	}
+	for _, res := range []string{"file:S", "file:X"} {
+		e.acquire(res, "old", time.Second)
+	}
+	e.clock.Advance(2 * time.Second)
+	for _, res := range []string{"file:S", "file:X"} {
+		e.acquire(res, "new", 10*time.Second)
+	}
+	puts := make(chan response, 2)
+	for _, name := range []string{"S", "X"} { // the old holder's writes, in flight
+		go func() {
+			r, _ := doReq(e.client, e.gateSrv.URL, "PUT", "/files/"+name, "old", HeaderToken, "1")
+			puts <- r
+		}()
+	}
+	<-arrived
+	<-arrived
+	cp := make(chan response, 1)
+	go func() {
+		r, _ := doReq(e.client, e.gateSrv.URL, "COPY", "/files/S", "", HeaderToken, "2", HeaderDestination, "/files/X", HeaderDestinationToken, "2")
+		cp <- r
+	}()
+	waitFor(t, "the COPY registered on its source", func() bool { return e.gate.registered("file:S", 2) == 1 })
+	time.Sleep(bt * 6 / 10)
+	close(release["S"]) // its wait on file:S ends, under the timeout
+	time.Sleep(bt * 6 / 10)
+	close(release["X"]) // so does the wait on file:X, but not the two
+	r := <-cp
+	wantProblem(t, r, http.StatusServiceUnavailable, "barrier-timeout")
+	for range 2 {
+		if r := <-puts; r.Status != http.StatusOK {
+			t.Fatalf("old PUT: %d %s", r.Status, r.Body)
+		}
+	}
+	for _, rec := range e.up.requests() {
+		if rec.Method == "COPY" {
+			t.Fatalf("the COPY reached the upstream after waiting longer than BarrierTimeout in all: %+v", rec)
+		}
+	}
+}
+
 func TestDestinationOrderedAtBarrier(t *testing.T) {
 	e := newEnv(t, "PUT,COPY /files/{name} fence file:{name}", func(o *Options) { o.ResourceHeader = false })
 	var mu sync.Mutex

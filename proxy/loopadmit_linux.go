@@ -154,7 +154,7 @@ func (l *eventLoop) admitWorker(ch <-chan []pendingAdmit) {
 // general path.
 func (l *eventLoop) awaitTurn(p pendingAdmit) {
 	l.e.goTracked(workAdmission, func() {
-		ok := l.e.g.waitTurn(p.x, p.d.Targets[0], p.t)
+		ok := l.e.g.waitTurn(p.x, p.d.Targets[0], p.t, l.e.g.barrierTimeout)
 		if !l.post(func() { p.c.admitted(p.t, ok) }) {
 			abandonAdmitted(l.e.g, p.x, p.t, ok) // the loop has stopped
 		}

@@ -136,7 +136,7 @@ func (c *loopConn) start(bodyErr error) {
 			var f flight
 			ok := false
 			if t != nil {
-				f, ok = t, g.waitTurn(x, d.Targets[0], t)
+				f, ok = t, g.waitTurn(x, d.Targets[0], t, g.barrierTimeout)
 			} else {
 				f, ok = g.admitWrite(x, d)
 			}
