@@ -370,7 +370,7 @@ func (s *Session) keepAlive(first time.Time) {
 		case err == errStopped:
 			return
 		case err == nil:
-			_ = s.confirm(sent, lease) // an ended session's loop stops below
+			_ = s.confirm(sent, lease) // an ended session: the loop stops at its next turn
 			next, last = sent.Add(s.interval), nil
 		case s.fail("renewal", err):
 			return
