@@ -239,11 +239,19 @@ func TestMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := dial(addr, good)
-	if err != nil {
-		t.Fatalf("client with a certificate of the CA: %v", err)
+	// With a session cache: its second connection resumes the first's
+	// session, which must not outlive the CA bundle that verified it.
+	good.ClientSessionCache = tls.NewLRUClientSessionCache(4)
+	for i := range 2 {
+		c, err := dial(addr, good)
+		if err != nil {
+			t.Fatalf("client with a certificate of the CA, connection %d: %v", i, err)
+		}
+		if resumed := c.ConnectionState().DidResume; resumed != (i == 1) {
+			t.Fatalf("connection %d resumed: %v", i, resumed)
+		}
+		c.Close()
 	}
-	c.Close()
 
 	noCert, _ := certs.ClientConfig(certs.ClientFiles{CAFile: set.CAFile})
 	if _, err := dial(addr, noCert); err == nil {
@@ -273,8 +281,8 @@ func TestMutualTLS(t *testing.T) {
 		c.Close()
 	}
 	good.RootCAs = set.CA.Pool()
-	if _, err := dial(addr, good); err == nil {
-		t.Error("after reloading the client CA bundle, a client of the old CA was still served")
+	if c, err := dial(addr, good); err == nil {
+		t.Errorf("after reloading the client CA bundle, a client of the old CA was still served (its session resumed: %v)", c.ConnectionState().DidResume)
 	}
 }
 
