@@ -332,23 +332,26 @@ func (e *hostileEnv) check(t *testing.T) {
 		if safeMethod(m) {
 			continue
 		}
-		tk, terr := fencing.ParseToken(s.Header.Get(HeaderToken))
-		fenced := func(what, where, res string) {
-			if terr != nil || !e.store.has(res, tk) {
-				t.Errorf("upstream got %s %q (%s %s resolves to %s) without an admission of its token %q on it",
-					s.Method, s.Target, what, where, res, s.Header.Get(HeaderToken))
+		// fenced checks that the token in header was admitted on res.
+		fenced := func(what, where, res, header string) {
+			if tk, err := fencing.ParseToken(s.Header.Get(header)); err != nil || !e.store.has(res, tk) {
+				t.Errorf("upstream got %s %q (%s %s resolves to %s) without an admission of its %s %q on it",
+					s.Method, s.Target, what, where, res, header, s.Header.Get(header))
 			}
 		}
+		var source string // the resource the write was judged on
 		rule := e.match(m, segs)
 		switch {
 		case rule == nil && e.header:
-			fenced("resource header", "", s.Header.Get(HeaderResource))
+			source = s.Header.Get(HeaderResource)
+			fenced("resource header", "", source, HeaderToken)
 		case rule == nil:
 			t.Errorf("upstream got %s %q (resolves to %s), which no rule covers", s.Method, s.Target, view)
 		case rule.Action == ActionDeny:
 			t.Errorf("upstream got %s %q (resolves to %s), which a deny rule covers", s.Method, s.Target, view)
 		case rule.Action == ActionFence:
-			fenced("path", view, e.resourceOf(rule, m, segs))
+			source = e.resourceOf(rule, m, segs)
+			fenced("path", view, source, HeaderToken)
 		}
 		if d := s.Header.Get(HeaderDestination); d != "" {
 			if u, err := url.Parse(d); err == nil && u.Host != "" {
@@ -360,7 +363,14 @@ func (e *hostileEnv) check(t *testing.T) {
 			case r == nil || r.Action == ActionDeny:
 				t.Errorf("upstream got %s %q with Destination %q (resolves to %s), which no rule lets through", s.Method, s.Target, d, dv)
 			case r.Action == ActionFence:
-				fenced("Destination", dv, e.resourceOf(r, m, dsegs))
+				// Another resource is judged by its own token
+				// (Fencing-Destination-Token), the same one by the
+				// write's.
+				dest, header := e.resourceOf(r, m, dsegs), HeaderToken
+				if dest != source {
+					header = HeaderDestinationToken
+				}
+				fenced("Destination", dv, dest, header)
 			}
 		}
 	}
