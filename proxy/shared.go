@@ -51,6 +51,12 @@ type sharedOrder struct {
 	leaves  *leaver // removes the entries of ended writes, retrying failures
 }
 
+// sharedWaitBuckets are the shared barrier's wait histogram's bounds, in
+// seconds: from a store round trip to past the longest barrier timeout
+// one would set (the SDK's defaults are made for milliseconds, and would
+// put every wait under 5 s in one bucket).
+var sharedWaitBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+
 func newSharedOrder(sb fencing.SharedBarrier, opts Options, log *slog.Logger, barrierTimeout, grace time.Duration) (*sharedOrder, error) {
 	if opts.GateID == "" {
 		return nil, errors.New("proxy: GateID is required with SharedBarrier")
@@ -68,7 +74,8 @@ func newSharedOrder(sb fencing.SharedBarrier, opts Options, log *slog.Logger, ba
 	o.waits, err1 = m.Int64Counter(MetricSharedWaits, metric.WithUnit("{write}"),
 		metric.WithDescription("Admitted writes that waited behind a lower-token write in flight through any gate, by outcome."))
 	o.waitDur, err2 = m.Float64Histogram(MetricSharedWaitDuration, metric.WithUnit("s"),
-		metric.WithDescription("How long admitted writes waited at the shared barrier."))
+		metric.WithDescription("How long admitted writes waited at the shared barrier."),
+		metric.WithExplicitBucketBoundaries(sharedWaitBuckets...))
 	o.expired, err3 = m.Int64Counter(MetricSharedExpired, metric.WithUnit("{entry}"),
 		metric.WithDescription("Shared-barrier entries removed at their deadline (a gate crashed, an outcome was ambiguous, or a removal failed)."))
 	if err := errors.Join(err1, err2, err3); err != nil {

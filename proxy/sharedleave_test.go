@@ -589,3 +589,41 @@ func testCloseWithHungStore(t *testing.T, kit storeKit, answer bool) {
 		t.Errorf("the removals left at the stop logged %d times, want once:\n%s", logged, logs.String())
 	}
 }
+
+// TestSharedWaitHistogramInSeconds: the shared barrier's wait histogram
+// has bounds in seconds that tell a store round trip from a wait of
+// seconds: a 0.2 s wait falls under 0.25, not into a first bucket of 5
+// (the SDK's defaults, made for milliseconds).
+func TestSharedWaitHistogramInSeconds(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	sb := &scriptedLeaves{stuck: map[string]bool{}, tried: map[string]int{}, removed: make(chan [2]any, 1)}
+	o, err := newSharedOrder(sb, Options{GateID: "g", MeterProvider: mp}, slog.New(slog.DiscardHandler), time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = o.close(context.Background()) }()
+	o.waitDur.Record(context.Background(), 0.2)
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != MetricSharedWaitDuration {
+				continue
+			}
+			dp := m.Data.(metricdata.Histogram[float64]).DataPoints[0]
+			for i, b := range dp.Bounds {
+				if dp.BucketCounts[i] > 0 {
+					if i == 0 || dp.Bounds[i-1] >= 0.2 || b > 0.25 {
+						t.Fatalf("a 0.2 s wait counted under %v (bounds %v), want under 0.25", b, dp.Bounds)
+					}
+					return
+				}
+			}
+			t.Fatalf("a 0.2 s wait not counted under any bound (bounds %v)", dp.Bounds)
+		}
+	}
+	t.Fatalf("no %s in the metrics", MetricSharedWaitDuration)
+}
