@@ -43,17 +43,17 @@ type Config struct {
 	Store     string `env:"STORE" envDefault:"file:fencegate.db" help:"file:PATH, memory:, valkey://[user:pass@]host:port[/db][?addr=host:port...], valkeys://..., or postgres://[user[:pass]@]host[:port]/db[?sslmode=...&pool_max_conns=...] (postgresql:// too)"`
 	KeyPrefix string `env:"KEY_PREFIX" envDefault:"fencegate" help:"key prefix in Valkey, 1 to 100 bytes of A-Z a-z 0-9 . _ : -"`
 
-	APITLSCert     string `env:"API_TLS_CERT" help:"PEM certificate chain file: the lease API serves HTTPS (TLS 1.2+, ALPN h2 and http/1.1); set with FENCEGATE_API_TLS_KEY; re-read on SIGHUP"`
+	APITLSCert     string `env:"API_TLS_CERT" help:"PEM certificate chain file: the lease API serves HTTPS (TLS 1.2+, ALPN h2 and http/1.1); set with FENCEGATE_API_TLS_KEY; re-read on SIGHUP and on change (FENCEGATE_TLS_WATCH)"`
 	APITLSKey      string `env:"API_TLS_KEY" help:"PEM private key file of FENCEGATE_API_TLS_CERT"`
 	APITLSClientCA string `env:"API_TLS_CLIENT_CA" help:"PEM bundle of CA certificates: the lease API requires a client certificate they verify (mutual TLS); needs FENCEGATE_API_TLS_CERT"`
 	AccessFile     string `env:"ACCESS_FILE" help:"YAML file of lease API clients (bearer token SHA-256 or client certificate URI/DNS SAN) with their permissions by resource prefix; re-read on SIGHUP; instead of FENCEGATE_API_TOKEN"`
 
-	ProxyTLSCert        string        `env:"PROXY_TLS_CERT" help:"PEM certificate chain file: the write gate serves HTTPS (TLS 1.2+, ALPN h2 and http/1.1); set with FENCEGATE_PROXY_TLS_KEY; re-read on SIGHUP"`
+	ProxyTLSCert        string        `env:"PROXY_TLS_CERT" help:"PEM certificate chain file: the write gate serves HTTPS (TLS 1.2+, ALPN h2 and http/1.1); set with FENCEGATE_PROXY_TLS_KEY; re-read on SIGHUP and on change (FENCEGATE_TLS_WATCH)"`
 	ProxyTLSKey         string        `env:"PROXY_TLS_KEY" help:"PEM private key file of FENCEGATE_PROXY_TLS_CERT"`
 	ProxyTLSClientCA    string        `env:"PROXY_TLS_CLIENT_CA" help:"PEM bundle of CA certificates: the write gate requires a client certificate they verify (mutual TLS); needs FENCEGATE_PROXY_TLS_CERT"`
 	ProxyH2C            bool          `env:"PROXY_H2C" envDefault:"false" help:"true or false: the cleartext write gate also serves HTTP/2 with prior knowledge (h2c); not with FENCEGATE_PROXY_TLS_CERT, where HTTP/2 comes by ALPN"`
 	UpstreamReuseWrites bool          `env:"UPSTREAM_REUSE_WRITES" envDefault:"true" help:"true or false: false sends every write on an upstream connection of its own, closed after the answer, so an upstream that sends bytes after a complete response can never have them read as a later write's answer (such writes go through the general engine)"`
-	UpstreamHTTP2       bool          `env:"UPSTREAM_HTTP2" envDefault:"false" help:"true or false: speak HTTP/2 to the upstream (h2c for http:// and unix:, ALPN for https://)"`
+	UpstreamHTTP2       bool          `env:"UPSTREAM_HTTP2" envDefault:"false" help:"true or false: speak HTTP/2 to the upstream (h2c for http:// and unix:, ALPN for https://); needed for a gRPC service"`
 	TLSWatch            time.Duration `env:"TLS_WATCH" envDefault:"1m" help:"how often the TLS certificate, key and CA files are checked for changes on disk and re-read when changed, a duration >= 0; 0 re-reads them on SIGHUP only"`
 
 	ValkeyDialTimeout    time.Duration `env:"VALKEY_DIAL_TIMEOUT" envDefault:"5s" help:"Valkey connection attempt timeout, a duration > 0"`

@@ -47,10 +47,10 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 
 // overflowHandler serves the requests of overflow connections: those that
 // health says yes to go to h (and the connection is then closed), the rest
-// get the 503 too-many-connections answer and the connection is closed at
-// once, without the lingering close net/http gives a request whose body
-// was not read, to free its place.
-func overflowHandler(h http.Handler, health func(*http.Request) bool) http.Handler {
+// get the 503 too-many-connections answer, counted as refused in conns, and
+// the connection is closed at once, without the lingering close net/http
+// gives a request whose body was not read, to free its place.
+func overflowHandler(h http.Handler, health func(*http.Request) bool, conns *connlimit.Counter) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Value(overflowKey{}) == nil {
 			h.ServeHTTP(w, r)
@@ -61,6 +61,7 @@ func overflowHandler(h http.Handler, health func(*http.Request) bool) http.Handl
 			h.ServeHTTP(w, r)
 			return
 		}
+		conns.RefusedInReserve()
 		c, _, err := http.NewResponseController(w).Hijack()
 		if err != nil {
 			problem.Write(w, r, nil, problem.TooManyConnections())

@@ -13,7 +13,9 @@ import (
 // TestConnLimit: with a cap of one connection, a second one is in the
 // reserve (health checks served, anything else 503 too-many-connections),
 // and one past the reserve is answered 503 at once and closed; a closed
-// connection frees its place.
+// connection frees its place. Every 503 counts as a refusal (the reserve's
+// used not to: fencegate_connections_refused_total stayed 0 through a
+// moderate overload).
 func TestConnLimit(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -23,7 +25,7 @@ func TestConnLimit(t *testing.T) {
 	srv := &http.Server{
 		Handler: overflowHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, "served "+r.URL.Path)
-		}), isHealthCheck),
+		}), isHealthCheck, limited.Counter),
 		ConnContext:       connContext,
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -75,6 +77,9 @@ func TestConnLimit(t *testing.T) {
 	if st, body := get(dial(), "/v1/x"); st != 503 || !strings.Contains(body, "too-many-connections") {
 		t.Fatalf("request in the reserve: %d %q", st, body)
 	}
+	if total, _ := limited.Refused(); total != 1 {
+		t.Fatalf("refusals after a request refused in the reserve: %d, want 1", total)
+	}
 	waitActive(1) // reserve connections are closed after one answer
 	var idle []net.Conn
 	for range healthReserve {
@@ -86,6 +91,9 @@ func TestConnLimit(t *testing.T) {
 	answer, _ := io.ReadAll(past) // answered and closed without a request
 	if !strings.HasPrefix(string(answer), "HTTP/1.1 503 ") || !strings.Contains(string(answer), "too-many-connections") {
 		t.Fatalf("past the reserve: %q", answer)
+	}
+	if total, _ := limited.Refused(); total != 2 {
+		t.Fatalf("refusals after one past the reserve: %d, want 2", total)
 	}
 	for _, c := range idle {
 		c.Close()

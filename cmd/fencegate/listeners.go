@@ -81,7 +81,7 @@ func (l *listener) listen() error {
 	cl.CloseOnly = l.tls != nil // a cleartext 503 is only a handshake error to a TLS client
 	l.ln, l.conns = cl, cl.Counter
 	hs := &http.Server{
-		Handler:           overflowHandler(l.handler, l.health),
+		Handler:           overflowHandler(l.handler, l.health, cl.Counter),
 		ReadHeaderTimeout: l.cfg.ReadHeaderTimeout,
 		ReadTimeout:       l.cfg.ReadHeaderTimeout + l.cfg.BodyTimeout,
 		IdleTimeout:       l.cfg.IdleTimeout,

@@ -141,9 +141,14 @@ func (c *Counter) Clients() int {
 	return len(c.clients)
 }
 
-// Refused is the number of connections Acquire refused since the counter
-// was made: beyond the cap and the reserve (total), and beyond a client's
-// share (perClient).
+// RefusedInReserve counts a connection of the reserve that was refused all
+// the same (its request was not a health check): beyond the cap, as one
+// Acquire refused.
+func (c *Counter) RefusedInReserve() { c.refusedTotal.Add(1) }
+
+// Refused is the number of connections refused since the counter was
+// made: beyond the cap (by Acquire, beyond the reserve, or in the reserve:
+// RefusedInReserve) (total), and beyond a client's share (perClient).
 func (c *Counter) Refused() (total, perClient int64) {
 	return c.refusedTotal.Load(), c.refusedPerClient.Load()
 }
