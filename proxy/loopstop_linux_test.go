@@ -122,7 +122,8 @@ func TestLoopStopHonoursItsContext(t *testing.T) {
 // honours a deadline but not a cancellation, and a mark reader opening
 // waits for its deadline too, so stop's cancelling does not end them:
 // CloseContext returns its context's error once that context (3 s) ends,
-// not after the store's minute, and reports what it left. When the store
+// not after the store's minute, and reports what it left (or, when the
+// call honoured the cancellation after all, returns nil at once). When the store
 // answers again, the write's place is left and the upstream never gets
 // it.
 func TestLoopStopLeavesAFrozenAdmission(t *testing.T) {
@@ -153,10 +154,17 @@ func TestLoopStopLeavesAFrozenAdmission(t *testing.T) {
 		<-closed
 		t.Fatalf("CloseContext still waiting %v after its 3 s context ended, for the store's timeout (%v)", storeTimeout/2, storeTimeout)
 	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("CloseContext = %v, want the context's deadline", err)
-	}
-	if n := strings.Count(logs.String(), "stopped before their work ended"); n != 1 {
+	switch n := strings.Count(logs.String(), "stopped before their work ended"); {
+	case err == nil:
+		// valkey-go honours a cancellation when its connection had
+		// another command out (a busy machine's timing): the stop ended
+		// everything in time, and has nothing to report.
+		if n != 0 {
+			t.Fatalf("CloseContext = nil, but %d report(s) of work left running:\n%s", n, logs.String())
+		}
+	case !errors.Is(err, context.DeadlineExceeded):
+		t.Fatalf("CloseContext = %v, want the context's deadline (or nil: nothing left)", err)
+	case n != 1:
 		t.Fatalf("want one report of the work left running, got %d:\n%s", n, logs.String())
 	}
 	relay.mend()
