@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -106,7 +108,23 @@ func (g *Gate) forwardHTTP(x *exchange, t flight) {
 	if !g.mayReuse(r) {
 		p = g.fresh
 	}
+	defer flushHeadOnAbort(x.w)
 	p.ServeHTTP(x.w, r.WithContext(ctx))
+}
+
+// flushHeadOnAbort, deferred around the ReverseProxy, sends the client the
+// head already written when the upstream's answer is cut off (ReverseProxy
+// aborts with http.ErrAbortHandler, and net/http would drop the head it
+// holds with the connection): the client sees the upstream's status and
+// a cut body, as on the event loops, not a connection closed with no
+// answer, which a client cannot tell from a write never answered.
+func flushHeadOnAbort(w *answerWriter) {
+	if v := recover(); v != nil {
+		if v == http.ErrAbortHandler && w.status != 0 {
+			_ = http.NewResponseController(w).Flush()
+		}
+		panic(v)
+	}
 }
 
 // readFirst reads the first piece of a streamed body (io.EOF: an empty
@@ -204,15 +222,40 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 // answered runs when the upstream's response head arrives: a fenced
 // write's place at the barrier is left once its request has been written
 // whole (the next token may go while the answer's body is relayed), and the
-// upstream's request id gives way to the gate's.
+// upstream's request id gives way to the gate's. A head no upstream may
+// send (oddAnswer) fails the exchange instead, before the place is left:
+// the write was sent and may have been applied, so it holds the barrier,
+// and the client gets a 502, as on the event loops.
 func (g *Gate) answered(resp *http.Response) error {
 	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	if err := g.oddAnswer(resp); err != nil {
+		return err
+	}
 	if x.flight != nil {
 		x.flight.answer()
 		x.audit.answered(resp.StatusCode)
 		g.count(x, CodeAdmitted)
 	}
 	resp.Header.Del(reqid.Header) // the gate's is already set
+	return nil
+}
+
+// oddAnswer refuses a response head that net/http's transport reads but
+// the event loops' parser (internal/h1) does not take: a status outside
+// 100 to 599 (net/http's server panics writing one), a version other than
+// HTTP/1.0 or 1.1 (or 2.0 from an HTTP/2 upstream), and a 101 to a request
+// that asked for no upgrade.
+func (g *Gate) oddAnswer(resp *http.Response) error {
+	switch {
+	case resp.StatusCode < 100 || resp.StatusCode > 599:
+		return fmt.Errorf("proxy: the upstream answered status %d", resp.StatusCode)
+	case resp.ProtoMajor == 1 && resp.ProtoMinor <= 1, resp.ProtoMajor == 2 && resp.ProtoMinor == 0 && g.upstreamHTTP2:
+	default:
+		return fmt.Errorf("proxy: the upstream answered in %s", resp.Proto)
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols && resp.Request.Header.Get("Upgrade") == "" {
+		return errors.New("proxy: the upstream switched protocols on a request that asked for no upgrade")
+	}
 	return nil
 }
 

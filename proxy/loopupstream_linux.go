@@ -87,7 +87,13 @@ func (c *loopConn) readResponse() bool {
 			continue
 		}
 		// The head's fields alias u.In until answered has copied them
-		// to c.out, before u reads again.
+		// to c.out, before u reads again. A head larger than the bound
+		// that arrived in one read is refused as one read in pieces is
+		// (and as the general engine refuses it).
+		if end > upstreamReadBuffer {
+			c.upstreamBroke(errUpstreamHead)
+			return true
+		}
 		if err := h1.ParseResponse(u.In[:end], &l.resp); err != nil {
 			c.upstreamBroke(errUpstreamHead)
 			return true
