@@ -24,8 +24,9 @@ import (
 // its turn at the barrier, target by target in their fixed order (see
 // flights). It returns the write's place, to forward under, or false when
 // x was refused (its answer set, every place taken left). It may wait: for
-// the store, and behind lower tokens in flight, up to BarrierTimeout in
-// all, its targets together: a write's first place (with the shared
+// the store, and behind lower tokens in flight, up to BarrierTimeout; a
+// write with two targets waits on the second only for what is left of one
+// BarrierTimeout counted from its start: its first place (with the shared
 // barrier, an entry that lives BarrierTimeout and the write's own
 // timeouts) must outlast the wait on the second.
 //
@@ -35,7 +36,10 @@ import (
 // once.
 func (g *Gate) admitWrite(x *exchange, d Decision) (flight, bool) {
 	var taken flights
-	deadline := time.Now().Add(g.barrierTimeout)
+	var deadline time.Time // of the second target's wait: the budget counts from the start
+	if len(d.Targets) > 1 {
+		deadline = time.Now().Add(g.barrierTimeout)
+	}
 	for i, target := range d.Targets {
 		t, adm, err := g.order.admit(x.ctx, target)
 		if i == 0 {
@@ -46,7 +50,11 @@ func (g *Gate) admitWrite(x *exchange, d Decision) (flight, bool) {
 			g.refuseWrite(x, err, target.Resource, target.Token)
 			return nil, false
 		}
-		if !g.waitTurn(x, target, t, time.Until(deadline)) {
+		timeout := g.barrierTimeout
+		if i > 0 {
+			timeout = time.Until(deadline)
+		}
+		if !g.waitTurn(x, target, t, timeout) {
 			taken.Leave()
 			return nil, false
 		}

@@ -91,7 +91,7 @@ func (g *Gate) upstreamHeaders(x *exchange, upgrade bool, add func(k, v []byte))
 		case isHopHeader(k), nameIn(k, replacedHeaders):
 			return false
 		}
-		return nameIn(k, judgedHeaders) || !nameIn(k, named)
+		return !nameIn(k, named) || nameIn(k, judgedHeaders) // named is nearly always empty
 	}
 	if ua := in.last("User-Agent"); len(ua) > 0 && keep(hdrUserAgent) {
 		add(hdrUserAgent, ua)
