@@ -117,8 +117,8 @@ func (q *waitQueues) freed(resource string) {
 	}
 }
 
-// refused notes held, the store's refusal of a waiter on resource.
-func (q *waitQueues) refused(resource string, held *fencing.LeaseHeldError) {
+// noteRefusal notes held, the store's refusal of a waiter on resource.
+func (q *waitQueues) noteRefusal(resource string, held *fencing.LeaseHeldError) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if wq := q.m[resource]; wq != nil {
@@ -170,7 +170,7 @@ func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wa
 			return fencing.Lease{}, nil, ctx.Err()
 		case errors.As(err, &held):
 			refused = true
-			s.waiters.refused(req.Resource, held)
+			s.waiters.noteRefusal(req.Resource, held)
 			return fencing.Lease{}, held, nil
 		}
 		return lease, nil, err

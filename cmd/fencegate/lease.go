@@ -344,7 +344,7 @@ func (c *cli) listAll(cmd *cobra.Command, q url.Values) error {
 		return err
 	}
 	leases := []json.RawMessage{}
-	seen := map[string]bool{} // the cursors followed: pages that go round never end
+	seen := map[string]bool{q.Get("cursor"): true} // the cursors followed: pages that go round never end
 	for {
 		ctx, cancel := context.WithTimeout(cmd.Context(), callTimeout)
 		raw, err := client.Call(ctx, http.MethodGet, "/v1/leases", q, nil)
@@ -363,7 +363,7 @@ func (c *cli) listAll(cmd *cobra.Command, q url.Values) error {
 		if page.NextCursor == nil {
 			break
 		}
-		if *page.NextCursor == "" || *page.NextCursor == q.Get("cursor") || seen[*page.NextCursor] {
+		if *page.NextCursor == "" || seen[*page.NextCursor] {
 			return c.apiFailure(fmt.Errorf("%w: a next_cursor that does not move on", leaseapi.ErrBadAnswer))
 		}
 		seen[*page.NextCursor] = true
