@@ -30,6 +30,12 @@ func overlayDeployments(t *testing.T, overlay string) []appsv1.Deployment {
 // measures 290 MB for 1,000,000 resources). At its maxmemory Valkey
 // refuses new keys, which fencegate answers as store-unavailable.
 func TestValkeyMaxmemoryBelowItsLimit(t *testing.T) {
+	checked := 0
+	defer func() {
+		if checked == 0 {
+			t.Error("no Valkey container with a memory limit in the replicated overlay: nothing checked")
+		}
+	}()
 	for _, d := range overlayDeployments(t, "replicated") {
 		for _, c := range d.Spec.Template.Spec.Containers {
 			if !strings.Contains(c.Image, "valkey") && !strings.Contains(c.Image, "redis") {
@@ -39,6 +45,7 @@ func TestValkeyMaxmemoryBelowItsLimit(t *testing.T) {
 			if !hasLimit {
 				continue
 			}
+			checked++
 			args := append(append([]string{}, c.Command...), c.Args...)
 			maxmem := ""
 			for i, a := range args {
@@ -72,9 +79,11 @@ func TestValkeyMaxmemoryBelowItsLimit(t *testing.T) {
 // sidecar with it).
 func TestEveryContainerLockedDown(t *testing.T) {
 	for _, overlay := range []string{"single", "replicated"} {
+		checked := 0
 		for _, d := range overlayDeployments(t, overlay) {
 			spec := d.Spec.Template.Spec
 			for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+				checked++
 				sc := c.SecurityContext
 				if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 					t.Errorf("overlay %s, Deployment %s container %s: writable root file system", overlay, d.Name, c.Name)
@@ -86,6 +95,9 @@ func TestEveryContainerLockedDown(t *testing.T) {
 					t.Errorf("overlay %s, Deployment %s container %s: no memory limit", overlay, d.Name, c.Name)
 				}
 			}
+		}
+		if checked < 2 { // the fencegate sidecar and the example service at least
+			t.Errorf("overlay %s: %d containers checked, want the sidecar and the service at least", overlay, checked)
 		}
 	}
 }
