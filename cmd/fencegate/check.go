@@ -95,6 +95,12 @@ func check(environ []string, stdout io.Writer) error {
 		if s.Set {
 			from = "environment"
 		}
+		if s.Name == "FENCEGATE_RESOURCE_HEADER" && !s.Set {
+			// What the gate resolves it to (config.ResourceHeaderOn), as
+			// MAX_CONNS_PER_CLIENT shows its own: "auto" is not a value
+			// the variable accepts.
+			s.Value = fmt.Sprintf("auto (%t)", cfg.ResourceHeaderOn(len(rules)))
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", s.Name, oneLine(s.Value), from)
 	}
 	for _, v := range config.ClientVars {

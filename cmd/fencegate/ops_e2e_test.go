@@ -34,6 +34,9 @@ func TestCheckExitStatus(t *testing.T) {
 		notWant []string
 	}{
 		{"defaults", nil, 0, []string{"FENCEGATE_STORE", "file:fencegate.db", "default", "write gate: off", "configuration ok"}, nil},
+		{"resource header resolved without rules", []string{"FENCEGATE_UPSTREAM=http://127.0.0.1:9000"}, 0, []string{"auto (true)"}, []string{"auto (false)"}},
+		{"resource header resolved with rules", []string{"FENCEGATE_UPSTREAM=http://127.0.0.1:9000", "FENCEGATE_RULES_FILE=" + rulesFile}, 0, []string{"auto (false)"}, []string{"auto (true)"}},
+		{"resource header as set", []string{"FENCEGATE_UPSTREAM=http://127.0.0.1:9000", "FENCEGATE_RULES_FILE=" + rulesFile, "FENCEGATE_RESOURCE_HEADER=true"}, 0, []string{"configuration ok"}, []string{"auto (true)", "auto (false)"}},
 		{"gate with rules file and secrets",
 			[]string{"FENCEGATE_UPSTREAM=http://127.0.0.1:9000", "FENCEGATE_RULES_FILE=" + rulesFile,
 				"FENCEGATE_API_TOKEN=tok-s3cret", "FENCEGATE_STORE=valkey://u:hunter2@127.0.0.1:6379/0",
