@@ -54,7 +54,7 @@ type Config struct {
 	ProxyH2C            bool          `env:"PROXY_H2C" envDefault:"false" help:"true or false: the cleartext write gate also serves HTTP/2 with prior knowledge (h2c); not with FENCEGATE_PROXY_TLS_CERT, where HTTP/2 comes by ALPN"`
 	UpstreamReuseWrites bool          `env:"UPSTREAM_REUSE_WRITES" envDefault:"true" help:"true or false: false sends every write on an upstream connection of its own, closed after the answer, so an upstream that sends bytes after a complete response can never have them read as a later write's answer (such writes go through the general engine)"`
 	UpstreamHTTP2       bool          `env:"UPSTREAM_HTTP2" envDefault:"false" help:"true or false: speak HTTP/2 to the upstream (h2c for http:// and unix:, ALPN for https://); needed for a gRPC service"`
-	TLSWatch            time.Duration `env:"TLS_WATCH" envDefault:"1m" help:"how often the TLS certificate, key and CA files are checked for changes on disk and re-read when changed, a duration >= 0; 0 re-reads them on SIGHUP only"`
+	TLSWatch            time.Duration `env:"TLS_WATCH" envDefault:"1m" help:"how often the TLS certificate, key and CA files are checked for changes on disk and re-read when changed, a duration of at least 1s; 0 re-reads them on SIGHUP only"`
 
 	ValkeyDialTimeout    time.Duration `env:"VALKEY_DIAL_TIMEOUT" envDefault:"5s" help:"Valkey connection attempt timeout, a duration > 0"`
 	ValkeyCommandTimeout time.Duration `env:"VALKEY_COMMAND_TIMEOUT" envDefault:"2s" help:"Valkey per-operation timeout (a write gives up with 503 after it), a duration > 0"`
@@ -195,8 +195,9 @@ func (c Config) Validate() error {
 	if c.ProxyH2C && c.ProxyTLSCert != "" {
 		check("ProxyH2C", errors.New("true does not combine with FENCEGATE_PROXY_TLS_CERT: a TLS gate listener offers HTTP/2 by ALPN"))
 	}
-	if c.TLSWatch < 0 {
-		check("TLSWatch", fmt.Errorf("%v is negative", c.TLSWatch))
+	if c.TLSWatch < 0 || c.TLSWatch > 0 && c.TLSWatch < MinTLSWatch {
+		// Each check reads every file named; a nanosecond would spin.
+		check("TLSWatch", fmt.Errorf("%v is neither 0 (SIGHUP only) nor at least %v", c.TLSWatch, MinTLSWatch))
 	}
 	if c.Upstream != "" {
 		check("ProxyAddr", validateAddr(c.ProxyAddr))
@@ -466,6 +467,9 @@ func (s StoreSpec) Redacted() string {
 	}
 	return redact(s.URL)
 }
+
+// MinTLSWatch is the shortest FENCEGATE_TLS_WATCH other than 0.
+const MinTLSWatch = time.Second
 
 // ResourceHeaderOn resolves FENCEGATE_RESOURCE_HEADER for a gate with
 // the given number of route rules: as set, or, unset, on only when there

@@ -245,6 +245,20 @@ func TestMaxConnsPerClient(t *testing.T) {
 	}
 }
 
+// TestTLSWatchIsOffOrAtLeastASecond: a watch period of a nanosecond would
+// read the TLS files in a loop; 0 (SIGHUP only) and 1s upwards are taken.
+func TestTLSWatchIsOffOrAtLeastASecond(t *testing.T) {
+	for v, ok := range map[string]bool{"0": true, "1s": true, "2h": true, "1ns": false, "999ms": false, "-1s": false} {
+		cfg, err := Load([]string{"FENCEGATE_TLS_WATCH=" + v})
+		switch {
+		case ok && err != nil:
+			t.Errorf("FENCEGATE_TLS_WATCH=%s: %v", v, err)
+		case !ok && (err == nil || !strings.Contains(err.Error(), "FENCEGATE_TLS_WATCH: ")):
+			t.Errorf("FENCEGATE_TLS_WATCH=%s: Load = %v (%v), want it refused naming the variable", v, cfg.TLSWatch, err)
+		}
+	}
+}
+
 // TestEmptyIsRefusedWhereUnsetIsWeaker: FENCEGATE_API_TOKEN,
 // FENCEGATE_ACCESS_FILE, the client CA bundles, the rules and
 // FENCEGATE_STORE set to an empty value (a Kubernetes Secret with an empty
