@@ -95,7 +95,7 @@ func (s *Store) AdmitNow(req fencing.AdmitRequest) (fencing.Admission, bool) {
 // resource not cached, a done context, a closed store) is left to the
 // transaction path, which reports it as before.
 func (s *Store) admitAtMark(ctx context.Context, req fencing.AdmitRequest) (fencing.Admission, bool) {
-	if ctx.Err() != nil || s.closed.Load() {
+	if ctx.Err() != nil || s.closed.Load() || s.failed.Load() != nil {
 		return fencing.Admission{}, false
 	}
 	e, ok := s.marks.get(req.Resource)

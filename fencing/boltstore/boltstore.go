@@ -170,6 +170,10 @@ type Store struct {
 	// closed is set by Close, before the database closes: admissions then
 	// read the file, which answers that it is closed.
 	closed atomic.Bool
+	// failed is set, once, by a commit that failed (see fail): from then
+	// on every operation answers it.
+	failed atomic.Pointer[error]
+	log    *slog.Logger // nil: discard
 
 	// group queues writes and commits them in groups (group.go).
 	group committer
@@ -234,8 +238,9 @@ func Open(path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: open store file %s: %w", fencing.ErrUnavailable, path, err)
 	}
-	// The marker is opened under bbolt's file lock, so it has one writer.
-	marker, mk, state, err := openMarker(path + markerSuffix)
+	// The marker is opened under bbolt's file lock and a lock of its own,
+	// so it has one writer, even beside a fencegate whose file was deleted.
+	marker, mk, state, err := openMarker(path+markerSuffix, opts.Timeout)
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("%w: store file %s: %w", fencing.ErrUnavailable, path, err)
@@ -244,7 +249,7 @@ func Open(path string, opts Options) (*Store, error) {
 		opts.SweepBatch = retention.DefaultBatch
 	}
 	s := &Store{db: db, path: path, clock: opts.Clock, maxState: opts.MaxCheckpointBytes, marker: marker,
-		retention: max(opts.Retention, 0), batch: opts.SweepBatch}
+		retention: max(opts.Retention, 0), batch: opts.SweepBatch, log: opts.Logger}
 	err = db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
@@ -308,7 +313,8 @@ func Open(path string, opts Options) (*Store, error) {
 // Path is the store file's path.
 func (s *Store) Path() string { return s.path }
 
-// Ping implements fencing.Store: it fails once the store is closed.
+// Ping implements fencing.Store: it fails once the store is closed, or
+// once a commit failed (see fail).
 func (s *Store) Ping(ctx context.Context) error {
 	return s.view(ctx, func(*bolt.Tx) error { return nil })
 }

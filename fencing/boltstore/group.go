@@ -274,12 +274,19 @@ func (s *Store) commitGroup(group []*call) {
 			// Not in an operation (runCall answers those): in bbolt's
 			// commit. The calls still running may have been committed.
 			err := fmt.Errorf("%w: store file %s: internal error committing: %v", fencing.ErrAmbiguous, s.path, p)
+			s.fail(err)
 			for _, c := range live {
 				c.err = err
 			}
 			panic(p)
 		}
 	}()
+	if err := s.failure(); err != nil { // a commit failed before: nothing runs
+		for _, c := range live {
+			c.err = err
+		}
+		return
+	}
 	for len(live) > 0 {
 		failed := s.tryGroup(live)
 		if failed < 0 {
@@ -372,6 +379,7 @@ func (s *Store) tryGroup(live []*call) int {
 	}
 	if err := tx.Commit(); err != nil {
 		settle(false)
+		s.fail(err)
 		err = s.classify(err, true)
 		for _, c := range live {
 			if c.err == nil {

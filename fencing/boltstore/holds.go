@@ -30,7 +30,7 @@ func (s *Store) StartHolds(ctx context.Context) (fencing.PreviousHolds, error) {
 		return fencing.PreviousHolds{}, err
 	}
 	var prev fencing.PreviousHolds
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.updateAlone(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucketGate)
 		if err != nil {
 			return err
@@ -45,7 +45,7 @@ func (s *Store) StartHolds(ctx context.Context) (fencing.PreviousHolds, error) {
 		return putGate(b, gateRecord{State: gateRunning})
 	})
 	if err != nil {
-		return fencing.PreviousHolds{}, s.classify(err, true)
+		return fencing.PreviousHolds{}, err
 	}
 	return prev, nil
 }
@@ -55,14 +55,13 @@ func (s *Store) EndHolds(ctx context.Context, holds map[string]time.Time) error 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	return s.updateAlone(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucketGate)
 		if err != nil {
 			return err
 		}
 		return putGate(b, gateRecord{State: "stopped", Holds: holds})
 	})
-	return s.classify(err, true)
 }
 
 func putGate(b *bolt.Bucket, rec gateRecord) error {

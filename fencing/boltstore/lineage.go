@@ -142,11 +142,16 @@ const (
 	markerUnreadable
 )
 
-// openMarker opens (creating) the marker at path and reads what it holds.
-func openMarker(path string) (*markerFile, lineage, markerState, error) {
+// openMarker opens (creating) the marker at path, locks it (lockMarker,
+// waiting up to timeout) and reads what it holds.
+func openMarker(path string, timeout time.Duration) (*markerFile, lineage, markerState, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, lineage{}, 0, fmt.Errorf("open marker %s: %w", path, err)
+	}
+	if err := lockMarker(f, timeout); err != nil {
+		f.Close()
+		return nil, lineage{}, 0, fmt.Errorf("lineage marker %s is locked by another process (waited %v; is another fencegate still running on this store, its file deleted or replaced under it?): %w", path, timeout, err)
 	}
 	b, err := io.ReadAll(io.LimitReader(f, markerSize+1))
 	if err != nil {

@@ -109,7 +109,62 @@ func (s *Store) view(ctx context.Context, fn func(tx *bolt.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := s.failure(); err != nil {
+		return err
+	}
 	return s.classify(s.db.View(fn), false)
+}
+
+// updateAlone runs fn in a write transaction of its own, outside the
+// group commit (the gate's hold record, at start and stop), and classifies
+// its error as a commit's. A failing commit stops the store (fail).
+func (s *Store) updateAlone(fn func(tx *bolt.Tx) error) error {
+	if err := s.failure(); err != nil {
+		return err
+	}
+	var fnErr error
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		fnErr = fn(tx)
+		return fnErr
+	})
+	if err != nil && fnErr == nil {
+		s.fail(err)
+	}
+	return s.classify(err, true)
+}
+
+// fail stops the store after a commit that failed: every operation,
+// reads and admissions at the mark included, answers ErrUnavailable from
+// then on, until the process opens the file again.
+//
+// A failed commit cannot be taken back. When a flush fails, the pages it
+// was flushing may be on the disk or not, and the kernel may already have
+// marked them clean in its page cache; bbolt, rolling back, reads its
+// newest meta page from the file as the cache shows it, so the store would
+// go on reading, and admitting at, marks that were never made durable
+// (after a power loss, an older token would pass after a newer one). So
+// the store fails closed, as databases do after a failed flush (etcd and
+// PostgreSQL stop), and logs why: restart fencegate once the disk is
+// sound; the file is checked again at open (its lineage marker, see
+// lineage.go).
+func (s *Store) fail(err error) {
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) || errors.Is(err, berrors.ErrTxClosed) || s.closed.Load() {
+		return // closing, not failing
+	}
+	stop := fmt.Errorf("%w: store file %s: a commit failed (%w): the store stopped, as its file may hold writes that are not on the disk; restart fencegate once the disk is sound",
+		fencing.ErrUnavailable, s.path, err)
+	if s.failed.CompareAndSwap(nil, &stop) && s.log != nil {
+		s.log.Error("boltstore: a commit to the store file failed: every lease operation and write is refused until fencegate restarts",
+			"path", s.path, "error", err.Error())
+	}
+}
+
+// failure is the error every operation answers after fail, nil before.
+func (s *Store) failure() error {
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // viewRecord runs fn in a read-only transaction on the resource's record

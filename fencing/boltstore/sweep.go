@@ -16,13 +16,16 @@ import (
 // Backup writes a consistent copy of the store file to w, taken in one
 // read transaction while the store runs (bbolt's Tx.WriteTo). A restore
 // of it is detected as a loss only when the lineage marker beside the
-// file is not restored with it; either way no token issued after the copy
-// is admitted after the restore (see lineage.go).
+// file is not restored with it. Either way no token issued after the copy
+// is admitted after the restore (see lineage.go); but restored with its
+// marker, the copy's leases and marks come back, and a holder at the
+// copy's moment can write again after newer writes: restore the file
+// alone.
 func (s *Store) Backup(w io.Writer) error {
-	return s.classify(s.db.View(func(tx *bolt.Tx) error {
+	return s.view(context.Background(), func(tx *bolt.Tx) error {
 		_, err := tx.WriteTo(w)
 		return err
-	}), false)
+	})
 }
 
 // RetentionStats implements fencing.Retainer.
