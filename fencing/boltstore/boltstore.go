@@ -220,6 +220,9 @@ func Open(path string, opts Options) (*Store, error) {
 	if opts.Timeout < 0 {
 		return nil, fmt.Errorf("boltstore: Timeout %v is negative", opts.Timeout)
 	}
+	if err := checkLength(path); err != nil {
+		return nil, fmt.Errorf("%w: store file %s: %w", fencing.ErrUnavailable, path, err)
+	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout: opts.Timeout,
 		// The list of free pages is not written on each commit but rebuilt
