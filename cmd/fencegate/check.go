@@ -86,7 +86,7 @@ func check(environ []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg, rules, accessFile := c.cfg, c.rules, c.access
+	cfg, rules, accessFile, unended := c.cfg, c.rules, c.access, c.unendedRule
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "VARIABLE\tVALUE\tFROM")
@@ -134,6 +134,9 @@ func check(environ []string, stdout io.Writer) error {
 				methods = strings.Join(r.Methods, ",")
 			}
 			fmt.Fprintf(stdout, "  line %d: %s %s -> %s\n", r.Line, methods, r.Pattern, desc)
+		}
+		if unended > 0 {
+			fmt.Fprintf(stdout, "warning: line %d, the rules file's last rule, has no line end: taken now, but a reload (SIGHUP) of the file in this shape is refused; end every line with a newline\n", unended)
 		}
 		if len(rules) == 0 && !cfg.ResourceHeaderOn(0) {
 			fmt.Fprintln(stdout, "warning: no rules and FENCEGATE_RESOURCE_HEADER is false: every fenced write will be refused")

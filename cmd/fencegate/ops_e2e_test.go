@@ -26,6 +26,10 @@ func TestCheckExitStatus(t *testing.T) {
 	if err := os.WriteFile(rulesFile, []byte("PUT /jobs/{id} fence job:{id}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	unendedFile := filepath.Join(dir, "unended")
+	if err := os.WriteFile(unendedFile, []byte("# rules\nPUT /jobs/{id} fence job:{id}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name    string
 		env     []string
@@ -34,6 +38,8 @@ func TestCheckExitStatus(t *testing.T) {
 		notWant []string
 	}{
 		{"defaults", nil, 0, []string{"FENCEGATE_STORE", "file:fencegate.db", "default", "write gate: off", "configuration ok"}, nil},
+		{"rules file with an unended last rule", []string{"FENCEGATE_UPSTREAM=http://127.0.0.1:9000", "FENCEGATE_RULES_FILE=" + unendedFile}, 0, []string{"warning: line 2, the rules file's last rule, has no line end", "configuration ok"}, nil},
+		{"rules file ended", []string{"FENCEGATE_UPSTREAM=http://127.0.0.1:9000", "FENCEGATE_RULES_FILE=" + rulesFile}, 0, []string{"configuration ok"}, []string{"no line end"}},
 		{"resource header resolved without rules", []string{"FENCEGATE_UPSTREAM=http://127.0.0.1:9000"}, 0, []string{"auto (true)"}, []string{"auto (false)"}},
 		{"resource header resolved with rules", []string{"FENCEGATE_UPSTREAM=http://127.0.0.1:9000", "FENCEGATE_RULES_FILE=" + rulesFile}, 0, []string{"auto (false)"}, []string{"auto (true)"}},
 		{"resource header as set", []string{"FENCEGATE_UPSTREAM=http://127.0.0.1:9000", "FENCEGATE_RULES_FILE=" + rulesFile, "FENCEGATE_RESOURCE_HEADER=true"}, 0, []string{"configuration ok"}, []string{"auto (true)", "auto (false)"}},
