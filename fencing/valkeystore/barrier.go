@@ -176,6 +176,7 @@ func (s *Store) runInt(ctx context.Context, op string, sc *valkey.Lua, keys, arg
 	defer end()
 	defer context.AfterFunc(ctx, end)()
 	n, err := sc.Exec(call, s.client, keys, args).AsInt64()
+	s.noteReadOnly(err)
 	if err != nil && errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		err = ctx.Err()
 	}

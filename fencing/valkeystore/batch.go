@@ -97,6 +97,7 @@ func (b *batch) readMarks(ctx context.Context, calls []batchCall) []batchCall {
 		req := b.reqs[c.i]
 		f, err := res.ToArray()
 		if err != nil {
+			s.noteReadOnly(err)
 			b.errs[c.i] = classify("admit", err)
 			continue
 		}
@@ -140,6 +141,7 @@ func (b *batch) runScripts(ctx context.Context, calls []batchCall) {
 			b.out[c.i], b.errs[c.i] = s.Admit(b.ctx, req)
 			continue
 		}
+		s.noteReadOnly(res.Error())
 		r, err := scriptReply("admit", res)
 		if err != nil {
 			b.errs[c.i] = err

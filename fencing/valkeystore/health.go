@@ -3,6 +3,7 @@ package valkeystore
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,7 +14,8 @@ import (
 )
 
 // DefaultPolicyCheckInterval is how often a Store re-checks every node's
-// maxmemory-policy and persistence when Options.PolicyCheckInterval is 0.
+// maxmemory-policy and persistence (and, on a single node, its replication
+// role) when Options.PolicyCheckInterval is 0.
 const DefaultPolicyCheckInterval = 5 * time.Second
 
 // Eviction and persistence, re-checked while running.
@@ -35,10 +37,35 @@ const DefaultPolicyCheckInterval = 5 * time.Second
 // it notices the new record; keys evicted from a resource this gate never
 // saw are judged by the clocks.
 
+// The node's role, on a single node (not a cluster).
+//
+// The configured address must be the primary. A replica answers reads from
+// its copy of the data, which may be behind the primary's (replication lag,
+// a broken link): an admission at its copy of a high-water mark (admit.lua
+// writes nothing then, so a read-only replica runs it; AdmitBatch's and the
+// mark readers' HMGET) could admit a token the primary has already
+// superseded, and every raise fails READONLY. So Open refuses a node whose
+// role (INFO replication) is not master, and the periodic check reads the
+// role too: while the node is not a primary (a replica named by mistake, the
+// old primary demoted by REPLICAOF after a failover), Ping fails and every
+// operation fails closed with fencing.ErrUnavailable, nothing sent (Admit,
+// AdmitBatch and the mark readers included), until a check finds it master
+// again. A READONLY reply to any command sets that fault at once (the call
+// itself is reported not performed), without waiting for the next check.
+// The fault is logged once when it appears and once when it is gone.
+//
+// Limits: a demotion is seen at the next check (every PolicyCheckInterval)
+// or at the first READONLY reply, whichever comes first; admissions at the
+// mark in between are answered by the demoted node. In a cluster the client
+// follows the slot map to each slot's primary (a demoted node answers MOVED)
+// and replicas are expected: roles are not checked there.
+
 // policyState is the result of one check: the eviction fault ("" when every
-// node that answered has noeviction) and each node's persistence summary.
+// node that answered has noeviction), the role fault ("" when the node is a
+// primary, or in a cluster) and each node's persistence summary.
 type policyState struct {
 	fault       string
+	role        string
 	persistence map[string]string
 }
 
@@ -64,8 +91,19 @@ func (s *Store) recheck(last policyState) policyState {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*s.cmdTimeout)
 	defer cancel()
 	now := policyState{persistence: map[string]string{}}
-	var bad []string
+	role := s.roleFault.Load() // before asking: a READONLY reply meanwhile wins (see publishRole)
+	var bad, notPrimary []string
 	for addr, node := range s.client.Nodes() {
+		if !s.isCluster() {
+			if f, ok := s.checkRole(ctx, addr, node); !ok {
+				// Unreachable: keep the fault the node had.
+				if role != nil && *role != "" {
+					notPrimary = append(notPrimary, *role)
+				}
+			} else if f != "" {
+				notPrimary = append(notPrimary, f)
+			}
+		}
 		mem, err := node.Do(ctx, node.B().Info().Section("memory").Build()).ToString()
 		if err != nil {
 			// Unreachable: Ping and the operations judge that. Keep what
@@ -85,6 +123,9 @@ func (s *Store) recheck(last policyState) policyState {
 			now.persistence[addr] = persistenceSummary(pers)
 		}
 	}
+	slices.Sort(notPrimary)
+	now.role = strings.Join(slices.Compact(notPrimary), "; ")
+	s.publishRole(role, now.role)
 	slices.Sort(bad)
 	now.fault = strings.Join(bad, "; ")
 	if now.fault != last.fault {
@@ -104,6 +145,80 @@ func (s *Store) recheck(last policyState) policyState {
 	return now
 }
 
+// checkRole reads a node's replication role: fault is "" when it is a
+// primary (role master), else why it is refused; ok is false when the node
+// did not answer.
+func (s *Store) checkRole(ctx context.Context, addr string, node valkey.Client) (fault string, ok bool) {
+	info, err := node.Do(ctx, node.B().Info().Section("replication").Build()).ToString()
+	if err != nil {
+		return "", false
+	}
+	return roleFault(addr, infoField(info, "role")), true
+}
+
+// roleFault is why a node of role role (INFO replication) is refused, ""
+// for a primary.
+func roleFault(addr, role string) string {
+	if role == "master" {
+		return ""
+	}
+	switch role {
+	case "slave":
+		role = "a replica"
+	case "":
+		role = "of no known role (INFO replication names none)"
+	default:
+		role = fmt.Sprintf("of role %q", role)
+	}
+	return fmt.Sprintf("server %s is %s, not the primary", addr, role)
+}
+
+// publishRole replaces the role fault old (as loaded before the check)
+// with now, and logs when a fault appears or goes. When the fault changed
+// meanwhile (a READONLY reply set it during the check), the check's answer
+// is dropped: the next check judges again.
+func (s *Store) publishRole(old *string, now string) {
+	was := ""
+	if old != nil {
+		was = *old
+	}
+	if was == now || !s.roleFault.CompareAndSwap(old, &now) {
+		return
+	}
+	switch {
+	case was == "":
+		s.log.Error("valkeystore: the server is not the primary: every operation is refused and /readyz is red until it is the primary again; "+
+			"the store URL must name the primary", "fault", now)
+	case now == "":
+		s.log.Info("valkeystore: the server is the primary again; operations resume")
+	}
+}
+
+// noteReadOnly sets the role fault at once when err is a READONLY reply
+// (the node is a read-only replica) on a single node, so that the next
+// calls fail closed without waiting for the next check, which clears it
+// once the node is the primary again. In a cluster it does nothing (the
+// client follows the slot map).
+func (s *Store) noteReadOnly(err error) {
+	verr, ok := valkey.IsValkeyErr(err)
+	if !ok || !strings.HasPrefix(verr.Error(), "READONLY") || s.isCluster() {
+		return
+	}
+	for {
+		old := s.roleFault.Load()
+		if old != nil && *old != "" {
+			return
+		}
+		addrs := slices.Sorted(maps.Keys(s.client.Nodes()))
+		f := fmt.Sprintf("server %s answered READONLY: it is a read-only replica, not the primary", strings.Join(addrs, ","))
+		if s.roleFault.CompareAndSwap(old, &f) {
+			s.log.Error("valkeystore: the server is not the primary: every operation is refused and /readyz is red until it is the primary again; "+
+				"the store URL must name the primary", "fault", f)
+			return
+		}
+	}
+}
+
 // persistenceSummary describes an INFO persistence reply: whether AOF is on.
 func persistenceSummary(info string) string {
 	aof := "aof off"
@@ -114,10 +229,14 @@ func persistenceSummary(info string) string {
 }
 
 // checkPolicy fails with fencing.ErrUnavailable while the last check found
-// an evicting node; nothing is sent then.
+// an evicting node, or while the node is not the primary (the last check,
+// or a READONLY reply since); nothing is sent then.
 func (s *Store) checkPolicy(op string) error {
 	if f := s.policyFault.Load(); f != nil && *f != "" {
 		return fmt.Errorf("%w: %s: %s; fencegate requires noeviction", fencing.ErrUnavailable, op, *f)
+	}
+	if f := s.roleFault.Load(); f != nil && *f != "" {
+		return fmt.Errorf("%w: %s: %s; fencegate needs the primary", fencing.ErrUnavailable, op, *f)
 	}
 	return nil
 }
@@ -156,6 +275,17 @@ func (s *Store) checkNode(ctx context.Context, addr string, node valkey.Client) 
 	mem, err := node.Do(ctx, node.B().Info().Section("memory").Build()).ToString()
 	if err != nil {
 		return false, fmt.Errorf("valkeystore: INFO memory on %s: %w", addr, classify("check", err))
+	}
+	if !s.isCluster() {
+		repl, err := node.Do(ctx, node.B().Info().Section("replication").Build()).ToString()
+		if err != nil {
+			return true, fmt.Errorf("valkeystore: INFO replication on %s: %w", addr, classify("check", err))
+		}
+		if f := roleFault(addr, infoField(repl, "role")); f != "" {
+			return true, fmt.Errorf("valkeystore: %w: %s; fencegate needs the primary: "+
+				"a replica (or a primary demoted by REPLICAOF after a failover) answers from a copy that may be behind, "+
+				"so a superseded token could be admitted; give the primary's address in the store URL", fencing.ErrUnavailable, f)
+		}
 	}
 	policy := infoField(mem, "maxmemory_policy")
 	if policy != "noeviction" {

@@ -81,7 +81,8 @@ func (s *Store) leaseKeys(res string) []string {
 }
 
 // run executes one script with the command timeout and returns its array
-// reply, classifying faults.
+// reply, classifying faults; a READONLY reply also sets the role fault
+// (see health.go).
 func (s *Store) run(ctx context.Context, op string, sc *valkey.Lua, keys, args []string) ([]string, error) {
 	if err := s.checkOpen(op); err != nil {
 		return nil, err
@@ -91,7 +92,9 @@ func (s *Store) run(ctx context.Context, op string, sc *valkey.Lua, keys, args [
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
 	defer cancel()
-	return scriptReply(op, sc.Exec(ctx, s.client, keys, args))
+	res := sc.Exec(ctx, s.client, keys, args)
+	s.noteReadOnly(res.Error())
+	return scriptReply(op, res)
 }
 
 // checkOpen fails a call on a closed store (nothing is sent) with

@@ -171,7 +171,8 @@ type Options struct {
 	// (INFO stats: expired_keys), not the store.
 	Retention time.Duration
 	// PolicyCheckInterval is how often every node's maxmemory-policy and
-	// persistence are checked again after Open (see health.go); 0 means
+	// persistence, and on a single node its role (it must be the primary),
+	// are checked again after Open (see health.go); 0 means
 	// DefaultPolicyCheckInterval. Must not be negative.
 	PolicyCheckInterval time.Duration
 }
@@ -204,14 +205,19 @@ type Store struct {
 	// policyFault is the last eviction-policy check's fault, "" or nil
 	// when none (see health.go).
 	policyFault atomic.Pointer[string]
-	stopWatch   chan struct{} // closed by Close
-	watchDone   chan struct{} // closed when the policy watcher returns
+	// roleFault says why the node is not used as the primary, "" or nil
+	// when it is (see health.go; never set in a cluster).
+	roleFault atomic.Pointer[string]
+	stopWatch chan struct{} // closed by Close
+	watchDone chan struct{} // closed when the policy watcher returns
 }
 
 // Open connects, pings, and checks every server node: maxmemory-policy must
 // be noeviction (Open refuses otherwise: an evicting server may drop token
-// counters and high-water marks), and a warning is logged when neither AOF
-// nor RDB snapshots are on. In a cluster every primary must answer; a
+// counters and high-water marks), on a single node (not a cluster) its role
+// must be master (Open refuses a replica with fencing.ErrUnavailable: see
+// health.go), and a warning is logged when neither AOF nor RDB snapshots
+// are on. In a cluster every primary must answer; a
 // replica that does not answer is skipped with a warning (it is checked by
 // the next Open that reaches it). Connection failures match
 // fencing.ErrUnavailable.

@@ -95,6 +95,9 @@ func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live
 	if err := s.checkOpen("admit"); err != nil {
 		return admitReply{}, err
 	}
+	if err := s.checkPolicy("admit"); err != nil {
+		return admitReply{}, err
+	}
 	// The script has the command timeout, the WAIT its own on top.
 	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout+s.waitTimeout)
 	defer cancel()
@@ -125,6 +128,7 @@ func (s *Store) admitWaiting(ctx context.Context, req fencing.AdmitRequest, live
 	if err != nil { // Dedicated returns the callback's error only
 		return admitReply{}, classify("admit", err)
 	}
+	s.noteReadOnly(res[0].Error())
 	r, err := scriptReply("admit", res[0])
 	if err != nil {
 		return admitReply{}, err
