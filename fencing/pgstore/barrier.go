@@ -90,25 +90,25 @@ func barrierStatements(b, resources string) (register, check, leave string) {
 	// waited for: no lock waits, no deadlocks between cleanups.
 	lower := `del AS (DELETE FROM ` + b + ` WHERE id IN (SELECT id FROM ` + b + `
 			WHERE resource = $1 AND token < $2 AND deadline <= (SELECT t FROM now) FOR UPDATE SKIP LOCKED) RETURNING 1)`
-	counts := `(SELECT count(*) FROM del)::int, count(*)::int,
-		coalesce(ceil(extract(epoch FROM min(deadline) - (SELECT t FROM now)) * 1000), 0)::bigint
+	counts := `(SELECT pg_catalog.count(*) FROM del)::int, pg_catalog.count(*)::int,
+		coalesce(pg_catalog.ceil(extract(epoch FROM pg_catalog.min(deadline) - (SELECT t FROM now)) * 1000), 0)::bigint
 		FROM ` + b + ` WHERE resource = $1 AND token < $2 AND deadline > (SELECT t FROM now)`
-	register = `WITH now AS (SELECT clock_timestamp() AS t),
+	register = `WITH now AS (SELECT pg_catalog.clock_timestamp() AS t),
 		ins AS (INSERT INTO ` + b + ` (resource, token, gate, deadline)
 			SELECT $1::text, $2::bigint, $3::text, t + $4::bigint * interval '1 millisecond' FROM now
 			WHERE EXISTS (SELECT 1 FROM ` + resources + ` WHERE resource = $1 AND high_water = $2 AND floor < $2
 				AND (NOT $5::boolean OR (owner IS NOT NULL AND NOT released AND token = $2 AND expires_at > (SELECT t FROM now))))
 			RETURNING id),
 		` + lower + `
-		SELECT (SELECT id FROM ins), floor(extract(epoch FROM (SELECT t FROM now)) * 1000000)::bigint, ` + counts
-	check = `WITH now AS (SELECT clock_timestamp() AS t), ` + lower + ` SELECT ` + strings.Replace(counts, "FROM "+b+" WHERE", `,
+		SELECT (SELECT id FROM ins), pg_catalog.floor(extract(epoch FROM (SELECT t FROM now)) * 1000000)::bigint, ` + counts
+	check = `WITH now AS (SELECT pg_catalog.clock_timestamp() AS t), ` + lower + ` SELECT ` + strings.Replace(counts, "FROM "+b+" WHERE", `,
 		EXISTS (SELECT 1 FROM `+b+` WHERE resource = $1 AND id = $3::bigint)
 		FROM `+b+` WHERE`, 1)
 	// A removal need not be durable: one lost to a crash of the database
 	// leaves the entry until its deadline, which delays writes and never
 	// reorders them. So it does not wait for the commit's flush.
 	leave = `WITH d AS (DELETE FROM ` + b + ` WHERE resource = $1 AND id = $2 RETURNING 1)
-		SELECT pg_notify('` + barrierChannel + `', $3::text), set_config('synchronous_commit', 'off', true) FROM d`
+		SELECT pg_catalog.pg_notify('` + barrierChannel + `', $3::text), pg_catalog.set_config('synchronous_commit', 'off', true) FROM d`
 	return register, check, leave
 }
 
@@ -147,6 +147,16 @@ func (s *Store) AdmitRegister(ctx context.Context, req fencing.AdmitRequest, gat
 			return fencing.Admission{}, none, false, classify("admit", err, batchSent(err))
 		}
 		expired += b.expired
+		if b.row.syncOff {
+			// The session's synchronous_commit is off: the raise was not
+			// written (updateIf checks it), and an entry registered might
+			// not survive a crash of the database. Refused, its entry gone
+			// (or left to its deadline if that fails): nothing forwarded.
+			if b.id != nil {
+				_ = s.Leave(context.WithoutCancel(ctx), fencing.BarrierEntry{Resource: req.Resource, ID: gate + ":" + strconv.FormatInt(*b.id, 10)})
+			}
+			return fencing.Admission{}, none, false, syncOffErr("admit")
+		}
 		r := b.row.record()
 		before := args(req.Resource, r)
 		// Decided at the registration's clock, as the registration

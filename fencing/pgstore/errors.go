@@ -48,6 +48,18 @@ func classify(op string, err error, committing bool) error {
 	}
 }
 
+// errSyncCommitOff is why a session whose synchronous_commit is off is
+// refused: at Open, at every new connection (checkSession) and by every
+// write transaction (syncOff).
+var errSyncCommitOff = errors.New("synchronous_commit is off: a token or a mark could be acknowledged before it is durable, " +
+	"and be lost in a crash of the database; turn it on (or leave it at the server's default) for fencegate's user and database")
+
+// syncOffErr refuses operation op, which changed nothing, on a session
+// whose synchronous_commit is off.
+func syncOffErr(op string) error {
+	return fmt.Errorf("%w: %s: %w", fencing.ErrUnavailable, op, errSyncCommitOff)
+}
+
 // connectionLost reports a failure that closed the connection without a
 // server answer, before COMMIT was sent: worth one more try on a fresh
 // connection (a pooled connection that a restarted server had closed).

@@ -179,7 +179,9 @@ func (p *faultProxy) fromClient(client, server net.Conn, mute *atomic.Bool) {
 		if first && len(body) == 12 && binary.BigEndian.Uint32(body) == cancelRequestCode && p.cut.Load() {
 			return // a cancel request, lost
 		}
-		isCommit := !first && (head[0] == 'Q' || head[0] == 'P') && bytes.Contains(bytes.ToLower(body), []byte("commit"))
+		// (the store's reads name synchronous_commit: not a COMMIT)
+		isCommit := !first && (head[0] == 'Q' || head[0] == 'P') &&
+			bytes.Contains(bytes.ReplaceAll(bytes.ToLower(body), []byte("synchronous_commit"), nil), []byte("commit"))
 		isSync := !first && head[0] == 'S' && executed
 		if !first {
 			executed = head[0] == 'E' || executed && head[0] != 'S'

@@ -75,6 +75,10 @@ func tryWrite[T any](ctx context.Context, s *Store, op, resource, lockSQL string
 	if err != nil {
 		return zero, classify(op, err, false), connectionLost(err)
 	}
+	if w.syncOff {
+		// Nothing written yet: rolled back, nothing done.
+		return zero, syncOffErr(op), false
+	}
 	r := w.record()
 	v, changed, err := decide(r, w.now())
 	if err != nil || (!changed && step == nil) {

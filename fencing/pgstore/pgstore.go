@@ -20,14 +20,25 @@
 //
 // Durability: a call that issued a token or raised a high-water mark
 // returns only after its COMMIT was acknowledged, so with the server's
-// defaults (fsync on, synchronous_commit on) the new counter is on disk. Open
-// refuses a session whose synchronous_commit is off. Sessions run READ
+// defaults (fsync on, synchronous_commit on) the new counter is on disk. A
+// session whose synchronous_commit is off is refused at any time: by Open,
+// by every new connection, and by every write transaction, which then
+// rolls back (fencing.ErrUnavailable); a stronger setting (remote_apply, …)
+// is left alone. Sessions run READ
 // COMMITTED whatever the database's default (Open sets it, and refuses a
 // URL or pooler that imposes another level): the shared barrier relies on
 // each statement seeing what committed before it. With synchronous
 // replication (synchronous_standby_names and synchronous_commit on or
 // remote_apply) it also is on a standby before it is relied on, and a
 // failover to that standby keeps every token.
+//
+// The store needs the primary: every new connection is checked (not in
+// recovery, not read-only), so a multi-host URL or a pooler never lands
+// on a hot standby, whose rows may lag; a URL asking for another
+// target_session_attrs than read-write or primary is refused. Sessions pin
+// search_path (pg_catalog, pg_temp), DateStyle (ISO) and IntervalStyle
+// (postgres) unless the URL sets them, and every function in the store's
+// SQL is qualified with pg_catalog.
 //
 // Limits: a database restored from an older backup, or a failover to an
 // asynchronous standby that lagged, rolls the counters back: tokens issued
@@ -71,6 +82,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -78,6 +90,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -106,7 +119,8 @@ type Options struct {
 	// (sslmode, sslrootcert, connect_timeout, application_name, …) and
 	// pgxpool's (pool_max_conns, default DefaultMaxConns, …). Note that pgx, like libpq, also takes
 	// unset settings from the process's PG* environment variables and
-	// ~/.pgpass.
+	// ~/.pgpass. target_session_attrs (or PGTARGETSESSIONATTRS) may be
+	// absent, read-write or primary: connections go to the primary only.
 	URL string
 	// Password is used when the URL has none (the caller passes
 	// PGPASSWORD from its configuration). It overrides what pgx found in
@@ -169,10 +183,12 @@ func ValidateSchema(name string) error {
 	return nil
 }
 
-// Open connects, checks the server (version, synchronous_commit), and
-// creates or migrates the schema. An unreachable server is an error
-// matching fencing.ErrUnavailable; a bad URL or option, an unsupported
-// server or a schema written by a newer fencegate are not.
+// Open connects, checks the server (version, synchronous_commit, the
+// primary), and creates or migrates the schema. An unreachable server, or
+// one that is a standby or read-only (a failover under way), is an error
+// matching fencing.ErrUnavailable; a bad URL or option (target_session_attrs
+// other than read-write or primary), synchronous_commit off, an
+// unsupported server or a schema written by a newer fencegate are not.
 func Open(ctx context.Context, opts Options) (*Store, error) {
 	cfg, err := poolConfig(opts)
 	if err != nil {
@@ -269,8 +285,89 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 	if _, ok := rp["application_name"]; !ok {
 		rp["application_name"] = "fencegate"
 	}
+	for name, value := range pinned {
+		if !hasParam(rp, name) {
+			rp[name] = value
+		}
+	}
+	// The store decides on the rows a write would lock: only the primary
+	// has them up to date. A hot standby's replay may lag (or be paused),
+	// and an admission at the mark decided there could admit a token the
+	// primary has superseded. libpq's and pgx's default is "any", which
+	// lets a multi-host URL (or a pooler) land on a standby.
+	tsa, set := u.Query().Get("target_session_attrs"), u.Query().Has("target_session_attrs")
+	if !set {
+		tsa = os.Getenv("PGTARGETSESSIONATTRS") // as pgx reads it
+	}
+	switch tsa {
+	case "", "read-write", "primary":
+	default:
+		return nil, fmt.Errorf("pgstore: target_session_attrs=%s: fencegate needs the primary, writable (a standby's rows may lag "+
+			"behind it, and a superseded token could be admitted): leave target_session_attrs out, or set it to read-write or primary", tsa)
+	}
+	cfg.ConnConfig.ValidateConnect = checkSession
 	return cfg, nil
 }
+
+// pinned are the session settings Open sets unless the URL sets them
+// (whatever the database's or role's defaults): the store's statements
+// resolve names in pg_catalog first (every function is qualified too; this
+// also covers operators and types), and pgx reads dates and intervals in
+// the text query modes (exec, simple_protocol) in these styles only.
+var pinned = map[string]string{
+	"search_path":   "pg_catalog, pg_temp",
+	"DateStyle":     "ISO",
+	"IntervalStyle": "postgres",
+}
+
+// hasParam reports whether the URL set the server setting name (the
+// server's names are case-insensitive).
+func hasParam(rp map[string]string, name string) bool {
+	for k := range rp {
+		if strings.EqualFold(k, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkSession is every new connection's ValidateConnect (the pool's and
+// the shared barrier's listening one): it refuses a server in recovery (a
+// standby), a read-only session and a session whose synchronous_commit is
+// off, in one round trip. With several hosts in the URL the next one is
+// tried; when none passes, the connection fails, which the operation that
+// wanted it reports as fencing.ErrUnavailable. Checking each new
+// connection suffices for the standby: a primary becomes a standby only
+// through a restart, which ends its sessions (a standby promoted later is
+// accepted by the next connection). synchronous_commit changed by ALTER
+// ROLE or ALTER DATABASE reaches only new sessions, checked here; one
+// changed for sessions already open (ALTER SYSTEM and a reload) is caught
+// by every write transaction (syncOff in schema.go).
+func checkSession(ctx context.Context, c *pgconn.PgConn) error {
+	rs, err := c.Exec(ctx, `SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only'),
+		pg_catalog.current_setting('synchronous_commit')`).ReadAll()
+	if err != nil {
+		return err
+	}
+	if len(rs) != 1 || len(rs[0].Rows) != 1 || len(rs[0].Rows[0]) != 3 {
+		return errors.New("pgstore: unexpected reply to the session check")
+	}
+	v := rs[0].Rows[0]
+	switch {
+	case string(v[0]) == "t":
+		return errStandby
+	case string(v[1]) == "on":
+		return errReadOnly
+	case string(v[2]) == "off":
+		return errSyncCommitOff
+	}
+	return nil
+}
+
+var (
+	errStandby  = errors.New("the server is a standby (in recovery): fencegate needs the primary")
+	errReadOnly = errors.New("the session is read-only (transaction_read_only is on): fencegate needs the primary, writable")
+)
 
 func redactErr(err error, u *url.URL) string {
 	msg := err.Error()
@@ -287,10 +384,14 @@ func (s *Store) start(ctx context.Context, log *slog.Logger) error {
 		log = slog.New(slog.DiscardHandler)
 	}
 	var num, version, syncCommit, fsync, timeout, isolation string
-	err := s.pool.QueryRow(ctx, `SELECT current_setting('server_version_num'), current_setting('server_version'),
-		current_setting('synchronous_commit'), current_setting('fsync'), current_setting('statement_timeout'),
-		current_setting('transaction_isolation')`).
+	err := s.pool.QueryRow(ctx, `SELECT pg_catalog.current_setting('server_version_num'), pg_catalog.current_setting('server_version'),
+		pg_catalog.current_setting('synchronous_commit'), pg_catalog.current_setting('fsync'),
+		pg_catalog.current_setting('statement_timeout'), pg_catalog.current_setting('transaction_isolation')`).
 		Scan(&num, &version, &syncCommit, &fsync, &timeout, &isolation)
+	if errors.Is(err, errSyncCommitOff) {
+		// A setting to change, not an outage.
+		return fmt.Errorf("pgstore: %w", errSyncCommitOff)
+	}
 	if err != nil {
 		return classify("connect", err, false)
 	}
@@ -299,7 +400,7 @@ func (s *Store) start(ctx context.Context, log *slog.Logger) error {
 		return fmt.Errorf("pgstore: PostgreSQL %s is not supported: fencegate needs 13 or newer", version)
 	}
 	if syncCommit == "off" {
-		return errors.New("pgstore: synchronous_commit is off: a token could be handed out before it is durable, and repeat after a crash; turn it on for fencegate's user or database")
+		return fmt.Errorf("pgstore: %w", errSyncCommitOff)
 	}
 	if isolation != "read committed" {
 		return fmt.Errorf("pgstore: the session's transaction isolation is %q: fencegate needs read committed, where each statement sees "+

@@ -78,11 +78,11 @@ func (s *Store) migrate(ctx context.Context) error {
 		// Waiting for another gate's migration, or creating tables on a
 		// busy server, may take longer than one operation may.
 		`SET LOCAL statement_timeout = '60s'`,
-		fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d, hashtext(%s))`, advisoryClass, quoteLiteral(s.schema)),
+		fmt.Sprintf(`SELECT pg_catalog.pg_advisory_xact_lock(%d, pg_catalog.hashtext(%s))`, advisoryClass, quoteLiteral(s.schema)),
 		`CREATE SCHEMA IF NOT EXISTS ` + q,
 		`CREATE TABLE IF NOT EXISTS ` + q + `.schema_version (
 			version    integer PRIMARY KEY,
-			applied_at timestamptz NOT NULL DEFAULT now())`,
+			applied_at timestamptz NOT NULL DEFAULT pg_catalog.now())`,
 	}
 	for _, sql := range steps {
 		if _, err := tx.Exec(ctx, sql); err != nil {
@@ -90,7 +90,7 @@ func (s *Store) migrate(ctx context.Context) error {
 		}
 	}
 	var version int
-	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+q+`.schema_version`).Scan(&version); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT coalesce(pg_catalog.max(version), 0) FROM `+q+`.schema_version`).Scan(&version); err != nil {
 		return migrateErr(err)
 	}
 	if version > len(migrations) {
@@ -137,8 +137,21 @@ const recordColumns = `issued, high_water, owner, token, ttl_ms, acquired_at, ex
 
 // nowMicros is the database's clock in Unix microseconds: tokens follow it
 // (DESIGN §12); expiry uses it at millisecond precision.
-const nowMicros = `floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
+const nowMicros = `pg_catalog.floor(extract(epoch FROM pg_catalog.clock_timestamp()) * 1000000)::bigint`
 
+// syncOff says whether the statement's session runs with synchronous_commit
+// off (a commit acknowledged before its WAL is flushed): a write transaction
+// that reads it true rolls back instead of committing (see tryWrite), and an
+// updateIf does not write. Open and every new connection refuse such a
+// session too (checkSession); this catches a change that reaches sessions
+// already open (ALTER SYSTEM and a reload, a pooler's server sessions).
+const syncOff = `pg_catalog.current_setting('synchronous_commit') = 'off'`
+
+// newStatements builds the statements for the quoted schema. Every
+// function they call is qualified with pg_catalog (extract, coalesce and
+// greatest are syntax, not looked up), so that a function of the same name
+// earlier in the session's search_path (a role's or database's setting,
+// or the URL's) never stands in for it.
 func newStatements(schema string) statements {
 	r := schema + ".resources"
 	// One row always: the clock (read after the row lock is granted: the
@@ -146,14 +159,14 @@ func newStatements(schema string) statements {
 	// resource exists, and its record.
 	locked := func(mode string) string {
 		return `WITH r AS (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1 FOR ` + mode + `)
-			SELECT ` + nowMicros + `, r.issued IS NOT NULL, r.* FROM (VALUES (true)) AS one LEFT JOIN r ON true`
+			SELECT ` + nowMicros + `, r.issued IS NOT NULL, ` + syncOff + `, r.* FROM (VALUES (true)) AS one LEFT JOIN r ON true`
 	}
 	st := statements{
 		readLocked: locked("UPDATE"),
 		readShared: locked("SHARE"),
-		read: `SELECT ` + nowMicros + `, r.issued IS NOT NULL, r.* FROM (VALUES (true)) AS one
+		read: `SELECT ` + nowMicros + `, r.issued IS NOT NULL, ` + syncOff + `, r.* FROM (VALUES (true)) AS one
 			LEFT JOIN (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1) r ON true`,
-		readCheckpoint: `SELECT ` + nowMicros + `, r.issued IS NOT NULL, r.*, c.state FROM (VALUES (true)) AS one
+		readCheckpoint: `SELECT ` + nowMicros + `, r.issued IS NOT NULL, ` + syncOff + `, r.*, c.state FROM (VALUES (true)) AS one
 			LEFT JOIN (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1) r ON true
 			LEFT JOIN ` + schema + `.checkpoints c ON c.resource = $1`,
 		insert: `INSERT INTO ` + r + ` (resource, ` + recordColumns + `)
@@ -166,7 +179,8 @@ func newStatements(schema string) statements {
 		updateIf: `UPDATE ` + r + ` SET (` + recordColumns + `)
 			= ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) WHERE resource = $1
 			AND (` + recordColumns + `) IS NOT DISTINCT FROM
-			($20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37)`,
+			($20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37)
+			AND NOT ` + syncOff,
 		saveState: `INSERT INTO ` + schema + `.checkpoints (resource, state) VALUES ($1, $2)
 			ON CONFLICT (resource) DO UPDATE SET state = EXCLUDED.state`,
 		// Live leases in byte order: resource >= prefix and < prefix||0x7f
@@ -174,7 +188,7 @@ func newStatements(schema string) statements {
 		// and a range scan of the primary key in the C collation.
 		list: `SELECT resource, owner, token, ttl_ms, acquired_at, expires_at FROM ` + r + `
 			WHERE resource >= $1 AND resource < $2 AND resource > $4 AND owner IS NOT NULL AND NOT released
-			AND expires_at > clock_timestamp() ORDER BY resource LIMIT $3`,
+			AND expires_at > pg_catalog.clock_timestamp() ORDER BY resource LIMIT $3`,
 	}
 	st.register, st.check, st.leave = barrierStatements(schema+".barrier", r)
 	// One sweep batch (retention, DESIGN §12), two statements in one
@@ -192,16 +206,16 @@ func newStatements(schema string) statements {
 	// registered before is committed, none can be registered after), removes
 	// the checkpoints and rows of $1 (the names locked) that have no
 	// barrier entry, and returns how many rows went.
-	st.sweepLock = `WITH now AS (SELECT clock_timestamp() AS t)
+	st.sweepLock = `WITH now AS (SELECT pg_catalog.clock_timestamp() AS t)
 		SELECT resource FROM ` + r + ` x
 		WHERE greatest(touched_at, expires_at, acquired_at, cp_updated_at) <= (SELECT t FROM now) - $1::interval
 		AND (owner IS NULL OR released OR expires_at <= (SELECT t FROM now))
 		AND NOT EXISTS (SELECT 1 FROM ` + schema + `.barrier b WHERE b.resource = x.resource)
 		ORDER BY touched_at NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED`
-	st.sweepRemove = `WITH idle AS (SELECT resource FROM unnest($1::text[]) AS x (resource)
+	st.sweepRemove = `WITH idle AS (SELECT resource FROM pg_catalog.unnest($1::text[]) AS x (resource)
 			WHERE NOT EXISTS (SELECT 1 FROM ` + schema + `.barrier b WHERE b.resource = x.resource)),
 		cp AS (DELETE FROM ` + schema + `.checkpoints WHERE resource IN (SELECT resource FROM idle)),
 		gone AS (DELETE FROM ` + r + ` WHERE resource IN (SELECT resource FROM idle) RETURNING 1)
-		SELECT count(*) FROM gone`
+		SELECT pg_catalog.count(*) FROM gone`
 	return st
 }

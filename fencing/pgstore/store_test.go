@@ -58,13 +58,13 @@ func mutate(s *Store) {
 	case "noshare":
 		s.sql.readShared = strings.Replace(s.sql.readShared, "FOR SHARE", "", 1)
 	case "nonotify":
-		s.sql.leave = strings.Replace(s.sql.leave, "pg_notify('"+barrierChannel+"', $3::text)", "$3::text", 1)
+		s.sql.leave = strings.Replace(s.sql.leave, "pg_catalog.pg_notify('"+barrierChannel+"', $3::text)", "$3::text", 1)
 	case "nolock":
 		s.sql.readLocked = strings.Replace(s.sql.readLocked, "FOR UPDATE", "", 1)
 	case "noexpiry":
 		s.sql.readLocked = strings.Replace(s.sql.readLocked, nowMicros, "0::bigint", 1)
 		s.sql.read = strings.Replace(s.sql.read, nowMicros, "0::bigint", 1)
-		s.sql.list = strings.Replace(s.sql.list, "expires_at > clock_timestamp()", "true", 1)
+		s.sql.list = strings.Replace(s.sql.list, "expires_at > pg_catalog.clock_timestamp()", "true", 1)
 	}
 }
 
