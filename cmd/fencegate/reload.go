@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/signal"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/fencegate/fencegate/internal/hangup"
 )
@@ -19,10 +21,18 @@ import (
 //
 //	reg.add("FENCEGATE_RULES_FILE "+cfg.RulesFile, func() error { ... })
 type reloads struct {
-	log   *slog.Logger
-	mu    sync.Mutex // serialises reload runs and additions
-	items []reloadItem
+	log     *slog.Logger
+	mu      sync.Mutex // serialises reload runs and additions
+	items   []reloadItem
+	running atomic.Pointer[string] // the name of the item reloading now, nil between items
 }
+
+// reloadStopWait is the longest the reload loop's stop waits for a reload
+// that is running when the process stops. A reload reads a few small files
+// in far less; one that takes longer is blocked (a file on a hung network
+// mount), and waiting for it would keep the drained process from exiting
+// for ever.
+const reloadStopWait = 2 * time.Second
 
 type reloadItem struct {
 	name   string // what is reloaded, with its file: the log line names it
@@ -42,7 +52,9 @@ func (r *reloads) reload(ctx context.Context) (failed int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.log.InfoContext(ctx, "SIGHUP: reloading", "items", len(r.items))
+	defer r.running.Store(nil)
 	for _, it := range r.items {
+		r.running.Store(&it.name)
 		if err := it.reload(); err != nil {
 			failed++
 			r.log.ErrorContext(ctx, "reload refused: the configuration in force stays", "what", it.name, "error", err.Error())
@@ -65,7 +77,13 @@ var notifyReload = func(ch chan<- os.Signal) func() {
 // The caller subscribes ch (notifyReload) as early as it can, so a SIGHUP
 // during start-up waits in ch instead of taking the default action
 // (ending the process).
-func (r *reloads) run(ctx context.Context, ch <-chan os.Signal) (stop func()) {
+//
+// stop ends the loop: no reload starts after it. It waits up to wait for
+// a reload that is running to finish, and reports whether none was left;
+// one still running then is logged, with the item it is stuck in, and
+// left behind: the process is exiting, and a reload blocked reading a
+// file must not keep it from exiting (what it would change ends with it).
+func (r *reloads) run(ctx context.Context, ch <-chan os.Signal) (stop func(wait time.Duration) bool) {
 	done := make(chan struct{})
 	ctx, cancel := context.WithCancel(ctx)
 	go func() {
@@ -79,8 +97,20 @@ func (r *reloads) run(ctx context.Context, ch <-chan os.Signal) (stop func()) {
 			}
 		}
 	}()
-	return func() {
+	return func(wait time.Duration) bool {
 		cancel()
-		<-done
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-done:
+			return true
+		case <-t.C:
+		}
+		what := "?"
+		if name := r.running.Load(); name != nil {
+			what = *name
+		}
+		r.log.Warn("a reload is still running (blocked reading a file?); stopping without it", "what", what, "waited", wait.String())
+		return false
 	}
 }

@@ -9,8 +9,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/fencegate/fencegate/internal/certs/certstest"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 )
 
 func TestReloadsRunsEveryItemAndNamesFailures(t *testing.T) {
@@ -39,10 +41,46 @@ func TestReloadsRunOnEachSignal(t *testing.T) {
 	r.add("x", func() error { done <- struct{}{}; return nil })
 	ch := make(chan os.Signal, 1)
 	stop := r.run(context.Background(), ch)
-	defer stop()
+	defer stop(time.Minute)
 	for range 2 {
 		ch <- syscall.SIGHUP
 		<-done // a reload per signal; the test hangs (and times out) otherwise
+	}
+}
+
+// TestReloadsStopDoesNotWaitForABlockedReload: a reload blocked for good
+// (a file on a hung network mount) must not hold the loop's stop, which
+// serve runs on its way out: stop returns after its wait, reports the
+// reload left behind and logs the item it is stuck in. Before, stop waited
+// for the reload without limit, and a drained process never exited.
+func TestReloadsStopDoesNotWaitForABlockedReload(t *testing.T) {
+	var logs syncbuf.Buffer
+	r := &reloads{log: slog.New(slog.NewJSONHandler(&logs, nil))}
+	started, block := make(chan struct{}), make(chan struct{})
+	defer close(block) // lets the goroutine left behind end with the test
+	r.add("FENCEGATE_RULES_FILE /mnt/hung/rules", func() error { close(started); <-block; return nil })
+	ch := make(chan os.Signal, 1)
+	stop := r.run(context.Background(), ch)
+	ch <- syscall.SIGHUP
+	<-started
+	stopped := make(chan bool, 1)
+	go func() { stopped <- stop(10 * time.Millisecond) }()
+	select {
+	case none := <-stopped:
+		if none {
+			t.Error("stop reported no reload left behind while one was blocked")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("stop has not returned 10s after its 10ms wait: it waits for the blocked reload")
+	}
+	want := `"msg":"a reload is still running (blocked reading a file?); stopping without it","what":"FENCEGATE_RULES_FILE /mnt/hung/rules"`
+	if !strings.Contains(logs.String(), want) {
+		t.Errorf("log lacks %s\n%s", want, logs.String())
+	}
+	// An idle loop stops at once, reporting nothing left.
+	idle := (&reloads{log: slog.New(slog.DiscardHandler)}).run(context.Background(), make(chan os.Signal, 1))
+	if !idle(time.Minute) {
+		t.Error("stop of an idle loop reported a reload left behind")
 	}
 }
 

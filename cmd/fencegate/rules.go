@@ -3,21 +3,23 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 
 	"github.com/fencegate/fencegate/config"
+	"github.com/fencegate/fencegate/internal/configfile"
 	"github.com/fencegate/fencegate/proxy"
 )
 
 // loadRules reads and parses the write gate's route rules from
 // FENCEGATE_RULES or FENCEGATE_RULES_FILE, and returns them with the text
 // it parsed. An error names the variable the rules came from, and the
-// file for FENCEGATE_RULES_FILE.
+// file for FENCEGATE_RULES_FILE. The file is read as configfile.Read
+// reads (a regular file of at most configfile.MaxBytes), at start-up
+// (check, serve) as on reload.
 func loadRules(cfg config.Config) ([]proxy.Rule, string, error) {
 	text, from := cfg.Rules, "FENCEGATE_RULES"
 	if cfg.RulesFile != "" {
-		b, err := os.ReadFile(cfg.RulesFile)
+		b, err := configfile.Read(cfg.RulesFile)
 		if err != nil {
 			return nil, "", fmt.Errorf("FENCEGATE_RULES_FILE: %w", err)
 		}

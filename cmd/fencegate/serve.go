@@ -157,7 +157,8 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	for _, s := range servers {
 		log.Info("listening", "listener", s.name, "addr", s.ln.Addr().String(), "tls", s.tls != nil)
 	}
-	defer reg.run(ctx, hup)()
+	stopReloads := reg.run(ctx, hup)
+	defer stopReloads(reloadStopWait)
 	var conns []proxy.ConnCount
 	for _, s := range servers {
 		if c, ok := s.connCount(); ok {

@@ -24,6 +24,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fencegate/fencegate/internal/configfile"
 )
 
 // NextProtos is what a Source's TLSConfig offers by ALPN: HTTP/2 first,
@@ -146,7 +148,7 @@ func (s *Source) Watch(ctx context.Context, interval time.Duration, onReload fun
 
 func load(files Files) (*loaded, error) {
 	st := stamps(files)
-	cert, err := tls.LoadX509KeyPair(files.CertFile, files.KeyFile)
+	cert, err := loadPair(files.CertFile, files.KeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("certificate %s with key %s: %w", files.CertFile, files.KeyFile, err)
 	}
@@ -173,6 +175,20 @@ func load(files Files) (*loaded, error) {
 	return l, nil
 }
 
+// loadPair is tls.LoadX509KeyPair with the files read by configfile.Read:
+// a FIFO or a device in a file's place is refused, not waited on.
+func loadPair(certFile, keyFile string) (tls.Certificate, error) {
+	certPEM, err := configfile.Read(certFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	keyPEM, err := configfile.Read(keyFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.X509KeyPair(certPEM, keyPEM)
+}
+
 // ClientCAError is the error of New and Reload when Files.ClientCAFile
 // does not load (the pair did), found with errors.As: a caller can name
 // the setting that gave that file rather than the certificate's.
@@ -183,10 +199,11 @@ type ClientCAError struct {
 func (e *ClientCAError) Error() string { return e.Err.Error() }
 func (e *ClientCAError) Unwrap() error { return e.Err }
 
-// LoadPool reads a PEM bundle of CA certificates. A file without one
-// certificate is an error naming it.
+// LoadPool reads a PEM bundle of CA certificates (as configfile.Read
+// reads: a regular file of at most configfile.MaxBytes). A file without
+// one certificate is an error naming it.
 func LoadPool(file string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(file)
+	pem, err := configfile.Read(file)
 	if err != nil {
 		return nil, fmt.Errorf("CA bundle: %w", err)
 	}

@@ -33,7 +33,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,6 +41,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/internal/configfile"
 )
 
 // Op is an operation of the lease API a permission grants.
@@ -567,9 +567,11 @@ func (f *File) Path() string { return f.path }
 func (f *File) Policy() *Policy { return f.cur.Load() }
 
 // Reload reads the file again; when it does not parse, the policy in force
-// stays and the error says why.
+// stays and the error says why. Load and Reload read the file as
+// configfile.Read does: a regular file (links followed) of at most
+// configfile.MaxBytes, opened without blocking.
 func (f *File) Reload() error {
-	data, err := os.ReadFile(f.path)
+	data, err := configfile.Read(f.path)
 	if err != nil {
 		return err
 	}
