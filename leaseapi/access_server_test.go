@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -495,5 +497,137 @@ func TestAccessPathSpellingsCannotCrossPrefixes(t *testing.T) {
 	}
 	if st := e.req("GET", "/v1/leases/job:a:1", "", "", bearerOf("tok-a")...); st.obj("lease") == nil || st.obj("checkpoint") != nil || fmt.Sprint(st.obj("lease")["token"]) != fmt.Sprint(tok) {
 		t.Fatalf("job:a:1 after pool-b's attempts: %s, want pool-a's lease (token %d), no checkpoint", st.raw, tok)
+	}
+}
+
+// postAs sends a JSON POST as the client of bearer token tok; it may run
+// outside the test's goroutine (no t.Fatal): a transport error is the
+// answer's raw text, with status 0.
+func postAs(e *env, tok, path, body string) answer {
+	r, err := http.NewRequest(http.MethodPost, e.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		return answer{raw: []byte(err.Error())}
+	}
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := e.srv.Client().Do(r)
+	if err != nil {
+		return answer{raw: []byte(err.Error())}
+	}
+	defer resp.Body.Close()
+	return decodeAnswer(resp)
+}
+
+// TestAccessReloadRechecksWaitingAcquisitions: an acquisition with
+// wait_seconds is judged again when its wait ends with the lease, by the
+// access file in force then. While pool-a waits, a reload narrows its
+// prefix so the resource is no longer its own: when the holder lets go, it
+// answers 403 forbidden, the lease it was given is released again, and
+// the waiter behind it gets the lease. Then a reload removes pool-a: its
+// wait ends in 401 unauthorized, the lease released. A reload that leaves
+// the waiter its permission changes nothing: it gets the lease. Before,
+// the permission checked when the call came held to the end of its wait.
+func TestAccessReloadRechecksWaitingAcquisitions(t *testing.T) {
+	doc := func(poolAPrefix string, withPoolA bool) string {
+		d := fmt.Sprintf("clients:\n  - name: admin\n    token_sha256: %s\n    allow: [{prefix: \"\", ops: [acquire, renew, release, checkpoint, read]}]\n", access.HashToken("tok-admin"))
+		if withPoolA {
+			d += fmt.Sprintf("  - name: pool-a\n    token_sha256: %s\n    allow: [{prefix: %q, ops: [acquire, renew, release, checkpoint, read]}]\n    bind_owner: true\n", access.HashToken("tok-a"), poolAPrefix)
+		}
+		return d
+	}
+	file := filepath.Join(t.TempDir(), "access.yaml")
+	write := func(d string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(d), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(doc("job:a:", true))
+	f, err := access.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncbuf.Buffer
+	e := newEnv(t, storeKinds[0], func(o *leaseapi.Options) {
+		o.Access = f
+		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	})
+	// hold has the admin take res, and returns the body that releases it.
+	hold := func(res string) string {
+		t.Helper()
+		a := postAs(e, "tok-admin", "/v1/leases/"+res+"/acquire", `{"owner":"adm","ttl_seconds":600}`)
+		wantOK(t, "admin acquires "+res, a)
+		return fmt.Sprintf(`{"owner":"adm","token":%d}`, a.num("token"))
+	}
+	// waitAs starts a waiting acquisition of res and returns once it is in
+	// res's queue, n waiting in all.
+	waitAs := func(tok, owner, res string, n int) chan answer {
+		t.Helper()
+		out := make(chan answer, 1)
+		go func() {
+			out <- postAs(e, tok, "/v1/leases/"+res+"/acquire", `{"owner":"`+owner+`","ttl_seconds":600,"wait_seconds":30}`)
+		}()
+		waitFor(t, owner+" to wait on "+res, func() bool { return leaseapi.Waiting(e.api, res) == n })
+		return out
+	}
+	reload := func(d string) {
+		t.Helper()
+		write(d)
+		if err := f.Reload(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := func(res, body string) {
+		t.Helper()
+		wantOK(t, "admin releases "+res, postAs(e, "tok-admin", "/v1/leases/"+res+"/release", body))
+	}
+	previous := func(res string) map[string]any {
+		t.Helper()
+		st := e.req("GET", "/v1/leases/"+res, "", "", bearerOf("tok-admin")...)
+		wantOK(t, "status of "+res, st)
+		return st.obj("previous")
+	}
+
+	// Narrowed: 403, the lease given back, the next waiter served.
+	rel := hold("job:a:w")
+	refused := waitAs("tok-a", "pool-a/w", "job:a:w", 1)
+	next := waitAs("tok-admin", "adm2", "job:a:w", 2)
+	reload(doc("job:a:x:", true))
+	release("job:a:w", rel)
+	wantProblem(t, "pool-a's wait, after its prefix no longer covers job:a:w", <-refused, http.StatusForbidden, "forbidden")
+	a := <-next
+	wantOK(t, "the waiter behind pool-a", a)
+	if a.str("owner") != "adm2" {
+		t.Errorf("the waiter behind pool-a: %s, want adm2's lease", a.raw)
+	}
+	if prev := previous("job:a:w"); prev == nil || prev["owner"] != "pool-a/w" || prev["ended"] != "released" {
+		t.Errorf("job:a:w's previous lease %v: want pool-a's, given back (released)", prev)
+	}
+
+	// Still allowed across a reload: served.
+	rel = hold("job:a:x:1")
+	kept := waitAs("tok-a", "pool-a/w", "job:a:x:1", 1)
+	reload(doc("job:a:x:", true) + "  - name: reader\n    token_sha256: " + access.HashToken("tok-r") + "\n    allow: [{prefix: \"\", ops: [read]}]\n")
+	release("job:a:x:1", rel)
+	if a := <-kept; a.status != http.StatusOK || a.str("owner") != "pool-a/w" {
+		t.Errorf("pool-a's wait, still allowed after a reload: %d %s, want its lease", a.status, a.raw)
+	}
+
+	// Removed: 401, the lease given back, nothing waiting behind it.
+	rel = hold("job:a:x:2")
+	gone := waitAs("tok-a", "pool-a/w", "job:a:x:2", 1)
+	reload(doc("", false))
+	release("job:a:x:2", rel)
+	wantProblem(t, "pool-a's wait, after pool-a was removed", <-gone, http.StatusUnauthorized, "unauthorized")
+	if prev := previous("job:a:x:2"); prev == nil || prev["owner"] != "pool-a/w" || prev["ended"] != "released" {
+		t.Errorf("job:a:x:2's previous lease %v: want pool-a's, given back (released)", prev)
+	}
+	if st := e.req("GET", "/v1/leases/job:a:x:2", "", "", bearerOf("tok-admin")...); st.obj("lease") != nil {
+		t.Errorf("job:a:x:2 is held after the refused wait: %s", st.raw)
+	}
+	for _, want := range []string{`"status":403,"code":"forbidden"`, `"status":401,"code":"unauthorized"`} {
+		if !strings.Contains(logs.String(), `"msg":"lease API refusal"`) || !strings.Contains(logs.String(), want) {
+			t.Errorf("no refusal line with %s:\n%s", want, logs.String())
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/x509"
 	"log/slog"
 	"net"
 	"net/http"
@@ -38,6 +39,23 @@ type clientNote struct {
 	mu     sync.Mutex
 	name   string
 	client *access.Client
+	cred   credential // what client was found by, to find it again (recheck)
+}
+
+// credential is what a request authenticated with by an access file: the
+// SHA-256 of its bearer token or, when cert is set, its verified client
+// certificate.
+type credential struct {
+	sum  [sha256.Size]byte
+	cert *x509.Certificate
+}
+
+// lookup finds the client cred names in p, as authenticate did.
+func (c credential) lookup(p *access.Policy) (*access.Client, bool) {
+	if c.cert != nil {
+		return p.ByCertificate(c.cert)
+	}
+	return p.ByTokenSum(c.sum)
 }
 
 type clientNoteKey struct{}
@@ -74,12 +92,23 @@ func client(r *http.Request) *access.Client {
 	return nil
 }
 
-func setClient(r *http.Request, c *access.Client) {
+func setClient(r *http.Request, c *access.Client, cred credential) {
 	if n, ok := r.Context().Value(clientNoteKey{}).(*clientNote); ok {
 		n.mu.Lock()
-		n.name, n.client = c.Name, c
+		n.name, n.client, n.cred = c.Name, c, cred
 		n.mu.Unlock()
 	}
+}
+
+// credentialOf is the credential r's access client was found by, and
+// whether one was (none without an access file).
+func credentialOf(r *http.Request) (credential, bool) {
+	if n, ok := r.Context().Value(clientNoteKey{}).(*clientNote); ok {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.cred, n.client != nil
+	}
+	return credential{}, false
 }
 
 // authenticate checks the credentials of every /v1 call, before routing
@@ -149,17 +178,20 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		ok := false
 		var c *access.Client
+		var cred credential
 		switch {
 		case s.access != nil:
 			p := s.access.Policy()
 			if hasTok {
-				c, ok = p.ByTokenSum(sum)
+				cred.sum = sum
+				c, ok = cred.lookup(p)
 			} else if !sent && r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
 				// A header that is there but holds no bearer token (an
 				// empty variable, another scheme) is refused, not passed
 				// over for the certificate: the client meant to be known
 				// by a token.
-				c, ok = p.ByCertificate(r.TLS.VerifiedChains[0][0])
+				cred.cert = r.TLS.VerifiedChains[0][0]
+				c, ok = cred.lookup(p)
 			}
 		case hasTok:
 			ok = subtle.ConstantTimeCompare(sum[:], s.authSum[:]) == 1
@@ -176,14 +208,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				s.tooMany(w, r, wait, conn)
 				return
 			}
-			detail, www := "this API requires an Authorization: Bearer <token> header", `Bearer realm="fencegate"`
-			if hasTok {
-				detail, www = "the bearer token is not valid", `Bearer realm="fencegate", error="invalid_token"`
-			} else if s.access != nil {
-				detail = "this API requires an Authorization: Bearer <token> header or a client certificate it knows"
-			}
-			s.refuse(w, r, &problem.Error{Status: http.StatusUnauthorized, Code: "unauthorized", Detail: detail,
-				Headers: http.Header{"Www-Authenticate": {www}}})
+			s.refuse(w, r, s.unauthorized(hasTok))
 			return
 		} else if wait, blocked := s.limiter.Blocked(addr); blocked && !byCert && !(hasTok && conn.holds(sum)) {
 			// Failures that raced with this call spent the address.
@@ -193,10 +218,47 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			conn.pin(sum)
 		}
 		if c != nil {
-			setClient(r, c)
+			setClient(r, c, cred)
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// unauthorized is the 401 of a call whose credentials name no one: a
+// bearer token (hasTok) that is not valid, or none that the API knows.
+func (s *Server) unauthorized(hasTok bool) *problem.Error {
+	detail, www := "this API requires an Authorization: Bearer <token> header", `Bearer realm="fencegate"`
+	if hasTok {
+		detail, www = "the bearer token is not valid", `Bearer realm="fencegate", error="invalid_token"`
+	} else if s.access != nil {
+		detail = "this API requires an Authorization: Bearer <token> header or a client certificate it knows"
+	}
+	return &problem.Error{Status: http.StatusUnauthorized, Code: "unauthorized", Detail: detail,
+		Headers: http.Header{"Www-Authenticate": {www}}}
+}
+
+// recheck judges r's call again, to op on resource as owner, under the
+// access policy in force now: r was authenticated and permitted under the
+// one in force when it came, and a reload since may have narrowed or
+// removed its client. The client is found again by the credential it
+// authenticated with; one the policy no longer knows gets the 401 a fresh
+// call would (not counted as a failed authentication: nothing was
+// guessed), one no longer allowed the 403. Without an access file, or for
+// a call no access client made, it returns nil.
+func (s *Server) recheck(r *http.Request, op access.Op, resource, owner string) error {
+	cred, ok := credentialOf(r)
+	if s.access == nil || !ok {
+		return nil
+	}
+	c, ok := cred.lookup(s.access.Policy())
+	if !ok {
+		return s.unauthorized(cred.cert == nil)
+	}
+	setClient(r, c, cred)
+	if err := permit(r, op, resource); err != nil {
+		return err
+	}
+	return permitOwner(r, owner)
 }
 
 // connKey is the context key of a connection's *connAuth (ConnContext).

@@ -28,7 +28,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	p := problem.From(err)
-	if p.Code == "forbidden" {
+	if p.Code == "forbidden" || p.Code == "unauthorized" {
+		// 401 here: a waiting acquisition's client removed by a reload
+		// (recheck); authenticate logs its own.
 		s.logRefusal(r, p)
 	}
 	s.countRefusal(r, p.Code)
@@ -201,6 +203,9 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name stri
 	var lease fencing.Lease
 	if wait > 0 {
 		lease, err = s.acquireWait(r.Context(), req, wait)
+		if err == nil {
+			err = s.permitAfterWait(r, lease)
+		}
 	} else {
 		lease, err = s.store.Acquire(r.Context(), req)
 	}
@@ -208,6 +213,20 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name stri
 		return nil, err
 	}
 	return toLeaseJSON(lease), nil
+}
+
+// permitAfterWait checks a waiting acquisition that got lease again, under
+// the access policy in force now (recheck): its wait may have outlasted a
+// reload that removed its client or narrowed what it may do. A client no
+// longer allowed gets the refusal a fresh call would, and the lease, just
+// taken for it, is given back: it never learns the token, and the next
+// waiter may have it.
+func (s *Server) permitAfterWait(r *http.Request, lease fencing.Lease) error {
+	err := s.recheck(r, access.Acquire, lease.Resource, lease.Owner)
+	if err != nil {
+		s.giveBack(r.Context(), lease, "for a client the access file no longer allows")
+	}
+	return err
 }
 
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, name string) (any, error) {

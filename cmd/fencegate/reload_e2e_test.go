@@ -3,16 +3,23 @@
 package main
 
 import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/fencegate/fencegate/internal/certs/certstest"
+	"github.com/fencegate/fencegate/leaseapi/access"
 )
 
 // replaceFile puts text in file's place whole, by a rename, as docs/gate.md
@@ -135,5 +142,154 @@ func TestStartRefusesAFIFOConfigFile(t *testing.T) {
 				t.Errorf("%s with %v: exit %d, want %d naming %s and the FIFO\n%s%s", cmd, tc.env, r.code, exitUsage, tc.want, r.stdout, r.stderr)
 			}
 		}
+	}
+}
+
+// TestAccessReloadOpenConnectionsAndWaiters: pool-a's prefix shrinks, then
+// pool-a is removed, by rename + SIGHUP, while pool-a holds an HTTP/1.1
+// keep-alive connection and an HTTP/2 connection and has an acquisition
+// waiting (wait_seconds) on a resource the admin holds. Its next call on
+// either open connection is judged by the new file; the waiting
+// acquisition is judged again when the admin lets go: 403 forbidden once
+// the resource is outside its prefix, 401 unauthorized once pool-a is
+// gone, and the lease it was given is released, not left to pool-a. Before,
+// the waiter kept the permission it was checked with and got the lease.
+func TestAccessReloadOpenConnectionsAndWaiters(t *testing.T) {
+	s := newAccessSetup(t)
+	mk := func(h2 bool) *http.Client {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.set.CA.Pool(), Certificates: []tls.Certificate{s.set.Client.TLS(t)}}, ForceAttemptHTTP2: h2, MaxIdleConnsPerHost: 1}
+		t.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr}
+	}
+	c1, c2, c3 := mk(false), mk(true), mk(false)
+	type res struct {
+		st     int
+		proto  string
+		reused bool
+		body   string
+	}
+	// send runs outside the test's goroutine too: no t.Fatal.
+	send := func(c *http.Client, method, path, body string) res {
+		var reused bool
+		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
+		req, _ := http.NewRequestWithContext(ctx, method, s.api+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer tok-a")
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			return res{body: err.Error()}
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return res{resp.StatusCode, resp.Proto, reused, string(b)}
+	}
+	// heldTries is how many acquisitions the store has refused as held:
+	// here only pool-a's waiting ones, each once it passed its first check
+	// and asked the store.
+	heldTries := func() float64 {
+		t.Helper()
+		resp, err := c1.Get(s.api + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return max(sample(string(b), "fencegate_store_duration_seconds_count", `operation="acquire"`, `outcome="lease-held"`), 0)
+	}
+	// wait has the admin take res and pool-a wait for it; it returns the
+	// admin's release body and pool-a's answer to come.
+	wait := func(resource string) (string, chan res) {
+		t.Helper()
+		st, m, raw := s.do(t, "tok-admin", "POST", "/v1/leases/"+resource+"/acquire", `{"owner":"adm","ttl_seconds":60}`)
+		if st != 200 {
+			t.Fatalf("admin acquire %s: %d %s", resource, st, raw)
+		}
+		tries := heldTries()
+		out := make(chan res, 1)
+		go func() {
+			out <- send(c3, "POST", "/v1/leases/"+resource+"/acquire", `{"owner":"pool-a/w","ttl_seconds":60,"wait_seconds":20}`)
+		}()
+		for deadline := time.After(30 * time.Second); heldTries() <= tries; {
+			select {
+			case r := <-out:
+				t.Fatalf("pool-a's acquisition of %s answered before it waited: %+v", resource, r)
+			case <-deadline:
+				t.Fatalf("pool-a's acquisition of %s never asked the store", resource)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		return fmt.Sprintf(`{"owner":"adm","token":%d}`, token(t, m)), out
+	}
+	rewrite := func(doc string) {
+		t.Helper()
+		replaceFile(t, s.file, doc)
+		sighup(t, s.p)
+	}
+	// givenBack checks that res is free, its last lease pool-a's, released
+	// (the given-back lease ends before the refusal is answered).
+	givenBack := func(res string) {
+		t.Helper()
+		st := s.status(t, res)
+		prev, _ := st["previous"].(map[string]any)
+		if st["lease"] != nil || prev == nil || prev["owner"] != "pool-a/w" || prev["ended"] != "released" {
+			t.Errorf("%s after pool-a's refused wait: %v, want it free, pool-a's lease released", res, st)
+		}
+	}
+	reloaded := `"msg":"reloaded","what":"FENCEGATE_ACCESS_FILE ` + s.file
+
+	for _, c := range []*http.Client{c1, c2} {
+		if r := send(c, "GET", "/v1/leases/job:a:1", ""); r.st != 200 {
+			t.Fatalf("warm-up: %+v", r)
+		}
+	}
+	rel, waited := wait("job:a:w")
+	shrunk := strings.Replace(accessFileDoc(), `prefix: "job:a:"`, `prefix: "job:a:x:"`, 1)
+	rewrite(shrunk)
+	s.p.waitLog(reloaded, 1)
+	for i, c := range []*http.Client{c1, c2} {
+		r := send(c, "GET", "/v1/leases/job:a:1", "")
+		if r.st != 403 || !r.reused || (i == 1 && r.proto != "HTTP/2.0") {
+			t.Errorf("client %d after the prefix shrank, on its open connection: %+v, want 403 on a reused connection", i, r)
+		}
+		if r := send(c, "GET", "/v1/leases/job:a:x:1", ""); r.st != 200 {
+			t.Errorf("client %d inside the new prefix: %+v", i, r)
+		}
+	}
+	if st, _, raw := s.do(t, "tok-admin", "POST", "/v1/leases/job:a:w/release", rel); st != 200 {
+		t.Fatalf("admin release: %d %s", st, raw)
+	}
+	if w := <-waited; w.st != 403 || !strings.Contains(w.body, `"forbidden"`) {
+		t.Errorf("pool-a's acquisition of job:a:w, waiting when a reload took job:a:w out of its prefix: %d %s, want 403 forbidden", w.st, w.body)
+	}
+	givenBack("job:a:w")
+
+	rel, waited = wait("job:a:x:w")
+	removed := strings.Replace(shrunk, "  - name: pool-a\n", "  - name: pool-gone\n", 1)
+	removed = strings.Replace(removed, access.HashToken("tok-a"), access.HashToken("tok-other"), 1)
+	rewrite(removed)
+	s.p.waitLog(reloaded, 2)
+	for i, c := range []*http.Client{c1, c2} {
+		if r := send(c, "GET", "/v1/leases/job:a:x:1", ""); r.st != 401 {
+			t.Errorf("client %d removed, on its open connection: %+v, want 401", i, r)
+		}
+	}
+	if st, _, raw := s.do(t, "tok-admin", "POST", "/v1/leases/job:a:x:w/release", rel); st != 200 {
+		t.Fatalf("admin release: %d %s", st, raw)
+	}
+	if w := <-waited; w.st != 401 || !strings.Contains(w.body, `"unauthorized"`) {
+		t.Errorf("pool-a's acquisition of job:a:x:w, waiting when a reload removed pool-a: %d %s, want 401 unauthorized", w.st, w.body)
+	}
+	givenBack("job:a:x:w")
+
+	// A file cut short keeps the one in force (pool-a still out).
+	rewrite(accessFileDoc()[:40])
+	s.p.waitLog(`"msg":"reload refused: the configuration in force stays","what":"FENCEGATE_ACCESS_FILE `+s.file, 1)
+	if r := send(c1, "GET", "/v1/leases/job:a:x:1", ""); r.st != 401 && r.st != 429 {
+		t.Errorf("after a refused reload pool-a: %+v", r)
+	}
+	if err := s.p.stop(); err != nil {
+		t.Fatalf("exit: %v", err)
 	}
 }
