@@ -202,10 +202,13 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name stri
 	req := fencing.AcquireRequest{Resource: name, Owner: body.Owner, TTL: ttl}
 	var lease fencing.Lease
 	if wait > 0 {
-		lease, err = s.acquireWait(r.Context(), req, wait)
-		if err == nil {
-			err = s.permitAfterWait(r, lease)
-		}
+		// Each try after a wait is checked again under the access policy
+		// in force then: the wait may outlast a reload that removed the
+		// client or narrowed what it may do, which then gets the refusal
+		// a fresh call would, before any lease is taken for it.
+		lease, err = s.acquireWait(r.Context(), req, wait, func() error {
+			return s.recheck(r, access.Acquire, name, body.Owner)
+		})
 	} else {
 		lease, err = s.store.Acquire(r.Context(), req)
 	}
@@ -213,20 +216,6 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name stri
 		return nil, err
 	}
 	return toLeaseJSON(lease), nil
-}
-
-// permitAfterWait checks a waiting acquisition that got lease again, under
-// the access policy in force now (recheck): its wait may have outlasted a
-// reload that removed its client or narrowed what it may do. A client no
-// longer allowed gets the refusal a fresh call would, and the lease, just
-// taken for it, is given back: it never learns the token, and the next
-// waiter may have it.
-func (s *Server) permitAfterWait(r *http.Request, lease fencing.Lease) error {
-	err := s.recheck(r, access.Acquire, lease.Resource, lease.Owner)
-	if err != nil {
-		s.giveBack(r.Context(), lease, "for a client the access file no longer allows")
-	}
-	return err
 }
 
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, name string) (any, error) {

@@ -151,7 +151,9 @@ func (q *waitQueues) waiting(resource string) int {
 // comment at the top of this file). It returns the last
 // *fencing.LeaseHeldError when the wait runs out and ctx's error when ctx
 // ends first, having released a lease the store gave it after ctx ended.
-func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wait time.Duration) (fencing.Lease, error) {
+// Every try after the store refused the call is preceded by permit (nil:
+// none), whose error ends the wait with it, nothing taken.
+func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wait time.Duration, permit func() error) (fencing.Lease, error) {
 	if err := fencing.ValidateWait(wait); err != nil {
 		return fencing.Lease{}, err
 	}
@@ -162,6 +164,11 @@ func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wa
 
 	refused := false // the store answered lease-held to this call at least once
 	try := func() (fencing.Lease, *fencing.LeaseHeldError, error) {
+		if refused && permit != nil {
+			if err := permit(); err != nil {
+				return fencing.Lease{}, nil, err
+			}
+		}
 		lease, err := s.store.Acquire(ctx, req)
 		var held *fencing.LeaseHeldError
 		switch {
