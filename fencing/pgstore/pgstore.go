@@ -300,10 +300,10 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 		tsa = os.Getenv("PGTARGETSESSIONATTRS") // as pgx reads it
 	}
 	switch tsa {
-	case "", "read-write", "primary":
+	case "", "any", "read-write", "primary": // checkSession holds every one to a writable primary
 	default:
 		return nil, fmt.Errorf("pgstore: target_session_attrs=%s: fencegate needs the primary, writable (a standby's rows may lag "+
-			"behind it, and a superseded token could be admitted): leave target_session_attrs out, or set it to read-write or primary", tsa)
+			"behind it, and a superseded token could be admitted): leave target_session_attrs out, or set it to any, read-write or primary", tsa)
 	}
 	cfg.ConnConfig.ValidateConnect = checkSession
 	return cfg, nil

@@ -195,11 +195,12 @@ func TestHotStandbyReadIsNotTrusted(t *testing.T) {
 }
 
 // TestTargetSessionAttrs: a URL may ask for the primary (read-write,
-// primary) or say nothing; any other target_session_attrs, which lets
-// connections land on a standby, is refused before anything connects.
+// primary), say nothing or say any (each held to a writable primary by the
+// session check); one that asks for a standby or a read-only session is
+// refused before anything connects.
 func TestTargetSessionAttrs(t *testing.T) {
 	const base = "postgres://fencegate@127.0.0.1:1/app"
-	for _, tsa := range []string{"any", "read-only", "standby", "prefer-standby"} {
+	for _, tsa := range []string{"read-only", "standby", "prefer-standby"} {
 		_, err := poolConfig(Options{URL: base + "?target_session_attrs=" + tsa})
 		if err == nil || !strings.Contains(err.Error(), "target_session_attrs="+tsa) || errors.Is(err, fencing.ErrUnavailable) {
 			t.Errorf("target_session_attrs=%s: %v, want a refusal naming it", tsa, err)
@@ -209,7 +210,7 @@ func TestTargetSessionAttrs(t *testing.T) {
 	if _, err := poolConfig(Options{URL: base}); err == nil || !strings.Contains(err.Error(), "target_session_attrs=standby") {
 		t.Errorf("PGTARGETSESSIONATTRS=standby: %v, want a refusal", err)
 	}
-	for _, tsa := range []string{"", "read-write", "primary"} {
+	for _, tsa := range []string{"", "any", "read-write", "primary"} {
 		u := base
 		if tsa != "" {
 			u += "?target_session_attrs=" + tsa
