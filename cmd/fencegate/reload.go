@@ -93,6 +93,9 @@ func (r *reloads) run(ctx context.Context, ch <-chan os.Signal) (stop func(wait 
 			case <-ctx.Done():
 				return
 			case <-ch:
+				if ctx.Err() != nil { // both were ready: stop wins
+					return
+				}
 				r.reload(ctx)
 			}
 		}
