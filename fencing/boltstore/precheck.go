@@ -59,8 +59,8 @@ func checkLength(path string) error {
 		}
 	} else {
 		// Page 0 is unreadable: page 1 sits one page further, at a
-		// size bbolt allows; try the usual ones.
-		for _, size := range []int64{4096, 8192, 16384, 65536} {
+		// page size bbolt could have used; try them as bbolt does.
+		for size := int64(1024); size <= 1<<24; size <<= 1 {
 			if newest, ok = readMeta(f, size); ok && int64(newest.pageSize) == size {
 				break
 			}

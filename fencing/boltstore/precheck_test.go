@@ -44,10 +44,11 @@ func TestFileCutShortIsRefused(t *testing.T) {
 		bytes []byte
 		opens bool
 	}{
-		"whole":       {good, true},
-		"longer":      {append(append([]byte(nil), good...), make([]byte, 8192)...), true},
-		"half":        {good[:len(good)/2], false},
-		"three pages": {good[:3*4096], false},
+		"whole":                         {good, true},
+		"longer":                        {append(append([]byte(nil), good...), make([]byte, 8192)...), true},
+		"half":                          {good[:len(good)/2], false},
+		"three pages":                   {good[:3*4096], false},
+		"three pages, the first zeroed": {append(make([]byte, 4096), good[4096:3*4096]...), false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "fencegate.db")

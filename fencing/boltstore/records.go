@@ -151,7 +151,7 @@ func (s *Store) fail(err error) {
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) || errors.Is(err, berrors.ErrTxClosed) || s.closed.Load() {
 		return // closing, not failing
 	}
-	stop := fmt.Errorf("%w: store file %s: a commit failed (%w): the store stopped, as its file may hold writes that are not on the disk; restart fencegate once the disk is sound",
+	stop := fmt.Errorf("%w: store file %s: a commit failed (%v): the store stopped, as its file may hold writes that are not on the disk; restart fencegate once the disk is sound",
 		fencing.ErrUnavailable, s.path, err)
 	if s.failed.CompareAndSwap(nil, &stop) && s.log != nil {
 		s.log.Error("boltstore: a commit to the store file failed: every lease operation and write is refused until fencegate restarts",
