@@ -227,14 +227,22 @@ func TestAccessReloadOpenConnectionsAndWaiters(t *testing.T) {
 		replaceFile(t, s.file, doc)
 		sighup(t, s.p)
 	}
-	// givenBack checks that res is free, its last lease the admin's: none
-	// was taken for pool-a's refused wait.
-	givenBack := func(res string) {
+	// refusedWait has the admin release resource (body rel), then checks
+	// pool-a's waiting acquisition of it answers status and code, and that
+	// the resource is free, its last lease the admin's: none was taken for
+	// pool-a.
+	refusedWait := func(resource, rel string, waited chan res, status int, code, why string) {
 		t.Helper()
-		st := s.status(t, res)
+		if st, _, raw := s.do(t, "tok-admin", "POST", "/v1/leases/"+resource+"/release", rel); st != 200 {
+			t.Fatalf("admin release: %d %s", st, raw)
+		}
+		if w := <-waited; w.st != status || !strings.Contains(w.body, `"`+code+`"`) {
+			t.Errorf("pool-a's acquisition of %s, waiting when a reload %s: %d %s, want %d %s", resource, why, w.st, w.body, status, code)
+		}
+		st := s.status(t, resource)
 		prev, _ := st["previous"].(map[string]any)
 		if st["lease"] != nil || prev == nil || prev["owner"] == "pool-a/w" {
-			t.Errorf("%s after pool-a's refused wait: %v, want it free, no lease of pool-a's", res, st)
+			t.Errorf("%s after pool-a's refused wait: %v, want it free, no lease of pool-a's", resource, st)
 		}
 	}
 	reloaded := `"msg":"reloaded","what":"FENCEGATE_ACCESS_FILE ` + s.file
@@ -257,13 +265,7 @@ func TestAccessReloadOpenConnectionsAndWaiters(t *testing.T) {
 			t.Errorf("client %d inside the new prefix: %+v", i, r)
 		}
 	}
-	if st, _, raw := s.do(t, "tok-admin", "POST", "/v1/leases/job:a:w/release", rel); st != 200 {
-		t.Fatalf("admin release: %d %s", st, raw)
-	}
-	if w := <-waited; w.st != 403 || !strings.Contains(w.body, `"forbidden"`) {
-		t.Errorf("pool-a's acquisition of job:a:w, waiting when a reload took job:a:w out of its prefix: %d %s, want 403 forbidden", w.st, w.body)
-	}
-	givenBack("job:a:w")
+	refusedWait("job:a:w", rel, waited, 403, "forbidden", "took it out of its prefix")
 
 	rel, waited = wait("job:a:x:w")
 	removed := strings.Replace(shrunk, "  - name: pool-a\n", "  - name: pool-gone\n", 1)
@@ -275,13 +277,7 @@ func TestAccessReloadOpenConnectionsAndWaiters(t *testing.T) {
 			t.Errorf("client %d removed, on its open connection: %+v, want 401", i, r)
 		}
 	}
-	if st, _, raw := s.do(t, "tok-admin", "POST", "/v1/leases/job:a:x:w/release", rel); st != 200 {
-		t.Fatalf("admin release: %d %s", st, raw)
-	}
-	if w := <-waited; w.st != 401 || !strings.Contains(w.body, `"unauthorized"`) {
-		t.Errorf("pool-a's acquisition of job:a:x:w, waiting when a reload removed pool-a: %d %s, want 401 unauthorized", w.st, w.body)
-	}
-	givenBack("job:a:x:w")
+	refusedWait("job:a:x:w", rel, waited, 401, "unauthorized", "removed pool-a")
 
 	// A file cut short keeps the one in force (pool-a still out).
 	rewrite(accessFileDoc()[:40])
