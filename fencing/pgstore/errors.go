@@ -60,6 +60,14 @@ func syncOffErr(op string) error {
 	return fmt.Errorf("%w: %s: %w", fencing.ErrUnavailable, op, errSyncCommitOff)
 }
 
+// standbyErr refuses operation op, answered by a server in recovery (a
+// pooler sent the statement to a standby: see onStandby); nothing was
+// changed or relied on.
+func standbyErr(op string) error {
+	return fmt.Errorf("%w: %s: the statement ran on a standby (pg_is_in_recovery), whose rows may lag the primary's; "+
+		"fencegate needs the primary for every statement: a pooler in front must not send its reads to standbys", fencing.ErrUnavailable, op)
+}
+
 // connectionLost reports a failure that closed the connection without a
 // server answer, before COMMIT was sent: worth one more try on a fresh
 // connection (a pooled connection that a restarted server had closed).

@@ -75,6 +75,9 @@ func tryWrite[T any](ctx context.Context, s *Store, op, resource, lockSQL string
 	if err != nil {
 		return zero, classify(op, err, false), connectionLost(err)
 	}
+	if w.standby {
+		return zero, standbyErr(op), false
+	}
 	if w.syncOff {
 		// Nothing written yet: rolled back, nothing done.
 		return zero, syncOffErr(op), false
@@ -137,6 +140,9 @@ func (s *Store) read(ctx context.Context, op, sql, resource string, extra ...any
 		w, err = scanRow(s.pool.QueryRow(ctx, sql, resource), extra...)
 		return err
 	})
+	if err == nil && w.standby {
+		return nil, standbyErr(op)
+	}
 	return w, err
 }
 

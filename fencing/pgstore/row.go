@@ -7,13 +7,14 @@ import (
 	"github.com/fencegate/fencegate/fencing/record"
 )
 
-// row is a resources row as scanned after the clock, the found flag and
-// the synchronous_commit flag of the read statements (nullable: the join
+// row is a resources row as scanned after the clock, the found flag, the
+// synchronous_commit flag and the standby flag of the read statements (nullable: the join
 // yields NULLs for an unknown resource). Its fields follow recordColumns.
 type row struct {
 	nowUs         int64
 	found         bool
 	syncOff       bool // the session's synchronous_commit is off
+	standby       bool // the statement ran on a server in recovery
 	issued, hw    *int64
 	owner         *string
 	token, ttlMs  *int64
@@ -32,7 +33,7 @@ type row struct {
 
 // dest lists the scan destinations in the statements' column order.
 func (w *row) dest() []any {
-	return []any{&w.nowUs, &w.found, &w.syncOff, &w.issued, &w.hw, &w.owner, &w.token, &w.ttlMs, &w.acquired, &w.exp,
+	return []any{&w.nowUs, &w.found, &w.syncOff, &w.standby, &w.issued, &w.hw, &w.owner, &w.token, &w.ttlMs, &w.acquired, &w.exp,
 		&w.released, &w.fin, &w.priorOwner, &w.priorToken, &w.priorEnded, &w.priorFinished,
 		&w.cpToken, &w.cpUpdated, &w.cpSize, &w.floor, &w.touched}
 }

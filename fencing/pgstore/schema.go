@@ -147,6 +147,15 @@ const nowMicros = `pg_catalog.floor(extract(epoch FROM pg_catalog.clock_timestam
 // already open (ALTER SYSTEM and a reload, a pooler's server sessions).
 const syncOff = `pg_catalog.current_setting('synchronous_commit') = 'off'`
 
+// onStandby says whether the statement ran on a server in recovery (a hot
+// standby). Every new connection is checked to be on a primary
+// (checkSession), but a pooler may send a connection's statements to
+// other servers (pgpool-II balances read-only statements across
+// standbys): a read that says it ran on one is refused (see Store.read),
+// for a standby's rows may lag the primary's and a superseded token could
+// be admitted at its copy of the mark.
+const onStandby = `pg_catalog.pg_is_in_recovery()`
+
 // newStatements builds the statements for the quoted schema. Every
 // function they call is qualified with pg_catalog (extract, coalesce and
 // greatest are syntax, not looked up), so that a function of the same name
@@ -159,14 +168,14 @@ func newStatements(schema string) statements {
 	// resource exists, and its record.
 	locked := func(mode string) string {
 		return `WITH r AS (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1 FOR ` + mode + `)
-			SELECT ` + nowMicros + `, r.issued IS NOT NULL, ` + syncOff + `, r.* FROM (VALUES (true)) AS one LEFT JOIN r ON true`
+			SELECT ` + nowMicros + `, r.issued IS NOT NULL, ` + syncOff + `, ` + onStandby + `, r.* FROM (VALUES (true)) AS one LEFT JOIN r ON true`
 	}
 	st := statements{
 		readLocked: locked("UPDATE"),
 		readShared: locked("SHARE"),
-		read: `SELECT ` + nowMicros + `, r.issued IS NOT NULL, ` + syncOff + `, r.* FROM (VALUES (true)) AS one
+		read: `SELECT ` + nowMicros + `, r.issued IS NOT NULL, ` + syncOff + `, ` + onStandby + `, r.* FROM (VALUES (true)) AS one
 			LEFT JOIN (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1) r ON true`,
-		readCheckpoint: `SELECT ` + nowMicros + `, r.issued IS NOT NULL, ` + syncOff + `, r.*, c.state FROM (VALUES (true)) AS one
+		readCheckpoint: `SELECT ` + nowMicros + `, r.issued IS NOT NULL, ` + syncOff + `, ` + onStandby + `, r.*, c.state FROM (VALUES (true)) AS one
 			LEFT JOIN (SELECT ` + recordColumns + ` FROM ` + r + ` WHERE resource = $1) r ON true
 			LEFT JOIN ` + schema + `.checkpoints c ON c.resource = $1`,
 		insert: `INSERT INTO ` + r + ` (resource, ` + recordColumns + `)

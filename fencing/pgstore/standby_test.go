@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/pgstore/pgtest"
@@ -164,7 +165,30 @@ func TestHotStandbyReadIsNotTrusted(t *testing.T) {
 	if adm, err := s.Admit(ctx, fencing.AdmitRequest{Resource: res, Token: b.Token}); err != nil || !adm.Raised {
 		t.Fatalf("Admit(b): %+v %v", adm, err)
 	}
-	// b's write is forwarded. The primary becomes unreachable.
+	// b's write is forwarded. A pooler that sends reads to a standby
+	// (pgpool-II's load balancing), which the connection check does not
+	// see: here, a pool that reaches the standby without that check.
+	cfg, err := poolConfig(Options{URL: standbyURL(c, port)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.ValidateConnect = nil
+	balanced, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary := s.pool
+	s.pool = balanced
+	if adm, err := s.Admit(ctx, fencing.AdmitRequest{Resource: res, Token: a.Token}); !errors.Is(err, fencing.ErrUnavailable) || !strings.Contains(err.Error(), "standby") {
+		t.Errorf("a's token %d, superseded by b's %d, read through a pooler that sent the read to a lagging standby: %+v err=%v, want unavailable (a standby)",
+			a.Token, b.Token, adm, err)
+	}
+	if _, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: "other", Owner: "x", TTL: time.Minute}); !errors.Is(err, fencing.ErrUnavailable) {
+		t.Errorf("Acquire sent to a standby: %v, want unavailable", err)
+	}
+	s.pool = primary
+	balanced.Close()
+	// The primary becomes unreachable.
 	c.Stop()
 	if _, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: "other", Owner: "x", TTL: time.Minute}); !fencing.IsStoreFault(err) {
 		t.Fatalf("Acquire with the primary down: %v, want a store fault", err)
