@@ -29,7 +29,10 @@ import (
 // wait ends before its turn answers lease-held with the holder the queue
 // last saw refuse it; it asks the store itself only when no waiter has been
 // refused yet (the head's first try still out), since a try of its own
-// could take a lease just freed ahead of the head. A waiter whose client
+// could take a lease just freed ahead of the head. The holder is not made
+// to queue for its own lease: a waiting acquisition by the owner the queue
+// last saw hold it asks the store at once, and at the end of its wait, as
+// an acquisition without a wait would (the store extends the lease). A waiter whose client
 // hung up while the store gave it the lease releases that lease again: no
 // one is left to use it.
 
@@ -183,6 +186,20 @@ func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wa
 		return lease, nil, err
 	}
 
+	// The holder itself, re-acquiring with a wait (to extend its lease, or
+	// to learn the outcome of an acquisition whose answer it lost) while
+	// others wait: the queue is for owners other than the holder, and the
+	// store extends a live lease of the same owner at once, as it does
+	// without a wait. Without this it would wait its whole wait behind the
+	// queue and be refused with its own name.
+	if !head {
+		if held := s.waiters.lastRefusal(req.Resource); held != nil && held.Holder == req.Owner {
+			if lease, held, err := try(); held == nil {
+				return lease, err
+			}
+		}
+	}
+
 	poll := waitPollMin
 	for {
 		if !head {
@@ -195,7 +212,7 @@ func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wa
 				// The wait is over before its turn came: the holder as
 				// the queue last saw it or, with no refusal yet, as the
 				// store has it now.
-				if held := s.waiters.lastRefusal(req.Resource); held != nil {
+				if held := s.waiters.lastRefusal(req.Resource); held != nil && held.Holder != req.Owner {
 					return fencing.Lease{}, held
 				}
 				lease, held, err := try()

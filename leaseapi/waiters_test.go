@@ -210,3 +210,35 @@ func TestWaiterWhoseWaitEndsDoesNotJumpTheQueue(t *testing.T) {
 		wantOK(t, "w1, head of the queue", <-first)
 	})
 }
+
+// TestHolderReacquiringWithAWaitIsNotQueued: the live holder acquires its
+// own lease again with wait_seconds (DESIGN §2: a live lease of the same
+// owner is extended, same token) while another owner waits in the queue:
+// extended at once, as without a wait. It used to queue behind the waiter
+// for its whole wait and then be refused lease-held, naming itself.
+func TestHolderReacquiringWithAWaitIsNotQueued(t *testing.T) {
+	forEachStore(t, func(t *testing.T, k storeKind) {
+		e := newEnv(t, k, nil) // fake clock: leases never expire by themselves
+		holder := e.post("/v1/leases/job:1/acquire", `{"owner":"holder","ttl_seconds":30}`)
+		wantOK(t, "holder", holder)
+
+		other := make(chan answer, 1)
+		go func() {
+			other <- e.reqNoFatal(http.MethodPost, "/v1/leases/job:1/acquire", `{"owner":"other","wait_seconds":5}`)
+		}()
+		waitFor(t, "the other owner to queue", func() bool { return leaseapi.Waiting(e.api, "job:1") == 1 })
+
+		// Without a wait, the store extends it at once (holds).
+		wantOK(t, "holder re-acquires without wait", e.post("/v1/leases/job:1/acquire", `{"owner":"holder","ttl_seconds":30}`))
+		// With a wait, the same call must do the same.
+		again := e.post("/v1/leases/job:1/acquire", `{"owner":"holder","ttl_seconds":30,"wait_seconds":2}`)
+		if again.status != http.StatusOK || again.num("token") != holder.num("token") {
+			t.Errorf("holder re-acquiring its live lease with wait_seconds while another waits: status %d %s; want 200, token %d (extended at once)",
+				again.status, again.raw, holder.num("token"))
+		}
+		wantOK(t, "release", e.post("/v1/leases/job:1/release", fmt.Sprintf(`{"owner":"holder","token":%d}`, holder.num("token"))))
+		if a := <-other; a.status != http.StatusOK || a.str("owner") != "other" {
+			t.Fatalf("the waiter after the release: %d %s", a.status, a.raw)
+		}
+	})
+}
