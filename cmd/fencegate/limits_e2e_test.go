@@ -193,3 +193,35 @@ func TestGateSlowClientsAreBounded(t *testing.T) {
 		t.Fatalf("upstream got %d requests, want 1", n)
 	}
 }
+
+// TestAPIHeadIsBounded: the lease API reads at most apiMaxHeaderBytes of a
+// request's line and headers. A larger head is answered 431 as a problem,
+// unauthenticated, instead of being held (net/http's default bound is 1
+// MiB a connection: with the connection caps, gigabytes of heads that
+// never end); one within the bound is served as before.
+func TestAPIHeadIsBounded(t *testing.T) {
+	p := start(t, t.TempDir(), []string{"FENCEGATE_STORE=memory:", "FENCEGATE_API_TOKEN=tok-s3cret"}, "api")
+	ask := func(extra int) string {
+		t.Helper()
+		c, err := net.Dial("tcp", p.addr["api"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		req := "GET /v1/leases/job:1 HTTP/1.1\r\nHost: api\r\nConnection: close\r\nAuthorization: Bearer tok-s3cret\r\nX-Pad: " + strings.Repeat("p", extra) + "\r\n\r\n"
+		if _, err := io.WriteString(c, req); err != nil {
+			return "write: " + err.Error() // the server may stop reading early
+		}
+		b, _ := io.ReadAll(io.LimitReader(c, 4096))
+		return string(b)
+	}
+	if got := ask(8 << 10); !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Errorf("a head of 8 KiB: %.200q, want 200", got)
+	}
+	for _, n := range []int{apiMaxHeaderBytes, 64 << 10, 1 << 20} {
+		if got := ask(n); !strings.HasPrefix(got, "HTTP/1.1 431") || !strings.Contains(got, "application/problem+json") {
+			t.Errorf("a head of %d bytes: %.300q, want 431 as a problem", n, got)
+		}
+	}
+}

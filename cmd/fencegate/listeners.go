@@ -82,6 +82,7 @@ func (l *listener) listen() error {
 	l.ln, l.conns = cl, cl.Counter
 	hs := &http.Server{
 		Handler:           overflowHandler(l.handler, l.health, cl.Counter),
+		MaxHeaderBytes:    apiMaxHeaderBytes - 4096, // net/http allows 4 KiB beyond it
 		ReadHeaderTimeout: l.cfg.ReadHeaderTimeout,
 		ReadTimeout:       l.cfg.ReadHeaderTimeout + l.cfg.BodyTimeout,
 		IdleTimeout:       l.cfg.IdleTimeout,
@@ -103,6 +104,13 @@ func (l *listener) listen() error {
 	l.srv = hs
 	return nil
 }
+
+// apiMaxHeaderBytes bounds a lease API request's line and headers (431
+// beyond, on HTTP/1.1; on HTTP/2 the header list, as net/http applies it):
+// a lease call carries a bearer token and a few small fields, and without
+// a bound (net/http's default is 1 MiB) every connection allowed by the
+// caps could hold a megabyte of a head that never ends, unauthenticated.
+const apiMaxHeaderBytes = 16 << 10
 
 // apiVersions is the detail of the lease API's 505 answer.
 const apiVersions = "the lease API speaks HTTP/1.x (and HTTP/2 by TLS ALPN)"
