@@ -140,6 +140,14 @@ type Options struct {
 	// still fail closed with 503 store-unavailable. Draining still answers
 	// 503. Off by default: a pod that cannot fence is not ready.
 	ReadyWithoutStore bool
+	// MaxWaiting and MaxWaitingPerClient bound the acquisitions that wait
+	// at once (wait_seconds), in all and per client address (0: no
+	// bound); one beyond either is answered at once, as without a wait.
+	// fencegate sets them to the listener's connection caps
+	// (FENCEGATE_MAX_CONNS, FENCEGATE_MAX_CONNS_PER_CLIENT), which over
+	// HTTP/1.1 bound them already: over HTTP/2 one connection carries many
+	// streams.
+	MaxWaiting, MaxWaitingPerClient int
 }
 
 // Server serves the lease API. It implements http.Handler and is safe for
@@ -162,6 +170,7 @@ type Server struct {
 	accessLog       bool
 	readyNoStore    bool
 	waiters         waitQueues   // the acquisitions waiting on this server (waiters.go)
+	waitSlots       waitSlots    // how many may wait (waitslots.go)
 	handler         http.Handler // the routes, wrapped with otelhttp when telemetry is on
 }
 
@@ -198,6 +207,7 @@ func NewServer(opts Options) *Server {
 		authOn:          opts.AuthToken != "",
 		defaultTTL:      opts.DefaultTTL,
 		checkpointLimit: int64(opts.MaxCheckpointBytes) + CheckpointBodyHeadroom,
+		waitSlots:       waitSlots{total: max(opts.MaxWaiting, 0), perClient: max(opts.MaxWaitingPerClient, 0)},
 		metrics:         opts.Metrics,
 		telemetry:       opts.MeterProvider != nil || opts.TracerProvider != nil,
 		access:          opts.Access,

@@ -242,3 +242,55 @@ func TestHolderReacquiringWithAWaitIsNotQueued(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitingAcquisitionsAreBounded: beyond MaxWaitingPerClient waiting
+// acquisitions from one client address, or MaxWaiting in all, an
+// acquisition with wait_seconds does not wait: it is answered at once, as
+// without a wait. Over HTTP/2 one connection carries many streams, so the
+// connection caps alone did not bound how many one client held (each a
+// goroutine for up to a minute).
+func TestWaitingAcquisitionsAreBounded(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		set  func(*leaseapi.Options)
+	}{
+		{"per client", func(o *leaseapi.Options) { o.MaxWaitingPerClient = 2 }},
+		{"in all", func(o *leaseapi.Options) { o.MaxWaiting = 2 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, storeKinds[0], c.set)
+			holder := e.post("/v1/leases/job:1/acquire", `{"owner":"holder","ttl_seconds":30}`)
+			wantOK(t, "holder", holder)
+			waiting := make(chan answer, 2)
+			for i := range 2 {
+				go func() {
+					waiting <- e.reqNoFatal(http.MethodPost, "/v1/leases/job:1/acquire", fmt.Sprintf(`{"owner":"w%d","wait_seconds":30}`, i))
+				}()
+				waitFor(t, "a waiter to queue", func() bool { return leaseapi.Waiting(e.api, "job:1") == i+1 })
+			}
+			// A third waits nowhere: answered at once (its 30 s wait would
+			// outlast the test's own deadline otherwise).
+			third := e.post("/v1/leases/job:1/acquire", `{"owner":"w2","wait_seconds":30}`)
+			if third.status != http.StatusConflict || third.str("code") != "lease-held" {
+				t.Errorf("a third waiting acquisition beyond the bound: %d %s, want 409 lease-held at once", third.status, third.raw)
+			}
+			if n := leaseapi.Waiting(e.api, "job:1"); n != 2 {
+				t.Errorf("%d waiting, want 2", n)
+			}
+			// The two that wait are served in turn; their slots come back.
+			wantOK(t, "release", e.post("/v1/leases/job:1/release", fmt.Sprintf(`{"owner":"holder","token":%d}`, holder.num("token"))))
+			first := <-waiting
+			wantOK(t, "the first waiter", first)
+			wantOK(t, "its release", e.post("/v1/leases/job:1/release", fmt.Sprintf(`{"owner":%q,"token":%d}`, first.str("owner"), first.num("token"))))
+			wantOK(t, "the second waiter", <-waiting)
+			waitFor(t, "the queue to empty", func() bool { return leaseapi.Waiting(e.api, "job:1") == 0 })
+			late := make(chan answer, 1)
+			go func() {
+				late <- e.reqNoFatal(http.MethodPost, "/v1/leases/job:1/acquire", `{"owner":"w3","wait_seconds":30}`)
+			}()
+			waitFor(t, "a waiter to queue again once slots are free", func() bool { return leaseapi.Waiting(e.api, "job:1") == 1 })
+			e.clock.Advance(time.Minute) // the second waiter's lease expires: w3 gets it
+			wantOK(t, "the waiter after the slots came back", <-late)
+		})
+	}
+}

@@ -106,6 +106,10 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		ServerName:         cfg.APIAddr,
 		AccessLog:          cfg.AccessLog,
 		ReadyWithoutStore:  cfg.ReadyWithoutStore,
+		// As many waiting acquisitions as the listener's caps allow
+		// connections (over HTTP/2 a connection carries many streams).
+		MaxWaiting:          cfg.MaxConns,
+		MaxWaitingPerClient: cfg.ConnsPerClient(),
 	})
 	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api, health: isHealthCheck, log: log, cfg: cfg, tls: apiTLS}}
 
