@@ -201,11 +201,12 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name stri
 	}
 	req := fencing.AcquireRequest{Resource: name, Owner: body.Owner, TTL: ttl}
 	var lease fencing.Lease
-	client := limitKey(r)
-	if wait > 0 && !s.waitSlots.take(client) {
-		wait = 0 // no slot to wait in: answered at once (waitslots.go)
-	} else if wait > 0 {
-		defer s.waitSlots.give(client)
+	if wait > 0 {
+		if client := limitKey(r); s.waitSlots.take(client) {
+			defer s.waitSlots.give(client)
+		} else {
+			wait = 0 // no slot to wait in: answered at once (waitslots.go)
+		}
 	}
 	if wait > 0 {
 		// Each try after a wait is checked again under the access policy

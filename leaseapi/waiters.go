@@ -176,7 +176,7 @@ func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wa
 		var held *fencing.LeaseHeldError
 		switch {
 		case err == nil && refused && ctx.Err() != nil:
-			s.giveBack(ctx, lease, "for a client that hung up")
+			s.giveBack(ctx, lease)
 			return fencing.Lease{}, nil, ctx.Err()
 		case errors.As(err, &held):
 			refused = true
@@ -250,16 +250,15 @@ func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wa
 	}
 }
 
-// giveBack releases lease, which the store gave a waiting acquisition that
-// will not answer it: its client hung up, or may no longer have it (why
-// says which, for the log). The lease is new and its token never
-// answered, so no one else holds it.
-func (s *Server) giveBack(ctx context.Context, lease fencing.Lease, why string) {
+// giveBack releases lease, which the store gave a waiting acquisition
+// after its client hung up. The lease is new (the call was refused before
+// it got it), so no one else holds its token.
+func (s *Server) giveBack(ctx context.Context, lease fencing.Lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
 	defer cancel()
 	released, err := s.store.Release(ctx, fencing.ReleaseRequest{Resource: lease.Resource, Owner: lease.Owner, Token: lease.Token})
 	if err != nil {
-		s.log.LogAttrs(ctx, slog.LevelWarn, "a lease acquired "+why+" could not be released; it ends at its expiry",
+		s.log.LogAttrs(ctx, slog.LevelWarn, "a lease acquired for a client that hung up could not be released; it ends at its expiry",
 			slog.String("resource", lease.Resource), slog.String("owner", lease.Owner), slog.String("error", err.Error()))
 		return
 	}
