@@ -65,8 +65,8 @@ func (s *Store) sweepBatch(ctx context.Context) (locked, removed int, err error)
 	defer s.rollback(ctx, tx)
 	// The cut-off is taken on the database's clock, in the statement: $1
 	// is the retention as an interval, with the slack of the admissions
-	// whose touch was not written (record.Record.Idle).
-	rows, err := tx.Query(ctx, s.sql.sweepLock, s.retention+record.TouchSlack(s.retention), s.batch)
+	// whose touch was not written (record.Kept).
+	rows, err := tx.Query(ctx, s.sql.sweepLock, record.Kept(s.retention), s.batch)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -153,3 +153,29 @@ func TestSweepLeavesTheSlackOfUnwrittenAdmissions(t *testing.T) {
 		t.Fatalf("status after the removal: %+v, %v; want a resource never used", st, err)
 	}
 }
+
+// TestSweepUnderACenturiesLongRetention: a retention whose slack takes it
+// past the longest duration keeps a record released just now, with its
+// checkpoint: the interval the sweep sends is saturated, not wrapped to a
+// negative one that makes every ended lease's record idle.
+func TestSweepUnderACenturiesLongRetention(t *testing.T) {
+	ctx := context.Background()
+	ret := 2300000 * time.Hour
+	s := openWith(t, freshSchema(), ret)
+	l, err := s.Acquire(ctx, fencing.AcquireRequest{Resource: "r", Owner: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Checkpoint(ctx, fencing.CheckpointRequest{Resource: "r", Owner: "a", Token: l.Token, State: []byte(`{"step":7}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(ctx, fencing.ReleaseRequest{Resource: "r", Owner: "a", Token: l.Token}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Sweep(ctx); err != nil || n != 0 {
+		t.Fatalf("Sweep with retention %v just after the release: removed %d (%v), want 0", ret, n, err)
+	}
+	if _, err := s.ReadCheckpoint(ctx, "r"); err != nil {
+		t.Fatalf("checkpoint gone just after the release with retention %v: %v", ret, err)
+	}
+}

@@ -13,6 +13,7 @@
 package record
 
 import (
+	"math"
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -318,8 +319,8 @@ func (r *Record) lastTouched() int64 {
 }
 
 // Idle reports whether retention may remove the record at now: no live
-// lease, and untouched for at least retention plus TouchSlack(retention)
-// as far as the record tells. The slack covers the admissions a store
+// lease, and untouched for at least Kept(retention) as far as the record
+// tells. The slack covers the admissions a store
 // left unwritten (TouchStale): whatever the store wrote, a record goes
 // only once a whole retention has passed since its last operation, and at
 // most the slack after that. A zero or negative retention keeps every
@@ -329,7 +330,19 @@ func (r *Record) Idle(now time.Time, retention time.Duration) bool {
 		return false
 	}
 	n := millis(now)
-	return !r.live(n) && r.lastTouched() <= n-(retention+TouchSlack(retention)).Milliseconds()
+	return !r.live(n) && r.lastTouched() <= n-Kept(retention).Milliseconds()
+}
+
+// Kept is how long after its last operation an idle record stays at
+// least: the retention plus TouchSlack(retention), saturated at the
+// longest duration, so that a retention of centuries keeps records for
+// centuries instead of wrapping to a negative age that removes them at
+// once.
+func Kept(retention time.Duration) time.Duration {
+	if k := retention + TouchSlack(retention); k >= retention {
+		return k
+	}
+	return math.MaxInt64
 }
 
 // TouchSlack is how long after the record's last touch an admission at the

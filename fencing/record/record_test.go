@@ -3,6 +3,7 @@ package record_test
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -200,6 +201,24 @@ func TestIdle(t *testing.T) {
 	r.Touch(t0.Add(2 * time.Hour))
 	if r.Idle(t0.Add(150*time.Minute), time.Hour) {
 		t.Fatal("a touched record is idle")
+	}
+}
+
+// TestIdleUnderACenturiesLongRetention: a retention whose slack takes it
+// past the longest duration (FENCEGATE_RETENTION accepts up to about
+// 2,562,047h) keeps a released record, as long as it says, instead of
+// wrapping to a negative age that removes it at the next sweep.
+func TestIdleUnderACenturiesLongRetention(t *testing.T) {
+	for _, retention := range []time.Duration{2300000 * time.Hour, math.MaxInt64 - time.Second, math.MaxInt64} {
+		var r record.Record
+		l, _ := r.AcquireAt(fencing.AcquireRequest{Resource: "r", Owner: "a", TTL: time.Second}, t0, 0)
+		r.Release(fencing.ReleaseRequest{Resource: "r", Owner: "a", Token: l.Token}, t0)
+		if r.Idle(t0.Add(time.Second), retention) || r.Idle(t0.Add(100*365*24*time.Hour), retention) {
+			t.Errorf("retention %v: a record released at t0 is idle within a century", retention)
+		}
+		if k := record.Kept(retention); k < retention {
+			t.Errorf("Kept(%v) = %v, less than the retention", retention, k)
+		}
 	}
 }
 

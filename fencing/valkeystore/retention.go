@@ -1,6 +1,9 @@
 package valkeystore
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Retention (Options.Retention, DESIGN §12) is key expiry: the server
 // removes what is idle, the store never scans.
@@ -41,12 +44,16 @@ import "time"
 // (the TTL they give it, and the retention argument they get): the
 // retention, and two of keepSlack(keptFor) on top for the admissions that
 // do not rewrite it: a quarter of the retention, at most 2 s. 0 (keep
-// forever) stays 0.
+// forever) stays 0; a sum past the longest duration is the longest.
 func keptFor(retention time.Duration) time.Duration {
 	if retention <= 0 {
 		return 0
 	}
-	return (retention + min(retention/4, 2*time.Second)).Truncate(time.Millisecond)
+	k := retention + min(retention/4, 2*time.Second)
+	if k < retention {
+		k = math.MaxInt64
+	}
+	return k.Truncate(time.Millisecond)
 }
 
 // keepSlack is how far a record's TTL may fall behind keptFor's before an

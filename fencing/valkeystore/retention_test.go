@@ -3,6 +3,7 @@ package valkeystore
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -86,6 +87,14 @@ func TestKeptForCoversTheSlack(t *testing.T) {
 	}
 	if keptFor(0) != 0 {
 		t.Errorf("retention 0 kept for %v, want 0 (for ever)", keptFor(0))
+	}
+	// A retention near the longest duration keeps records for as long,
+	// not for a wrapped-around negative time (which PERSIST would read as
+	// for ever, another retention than the one asked).
+	for _, ret := range []time.Duration{math.MaxInt64, math.MaxInt64 - time.Second} {
+		if kept := keptFor(ret); kept < ret.Truncate(time.Millisecond) {
+			t.Errorf("retention %v kept for %v, less than it", ret, kept)
+		}
 	}
 }
 
