@@ -207,7 +207,11 @@ func New(opts Options) (*Gate, error) {
 	if u.Scheme == "unix" {
 		g.upstreamBase, g.urlHost = "", unixHost
 	}
-	g.pooled = g.newReverseProxy(newTransport(u, g.dialer, g.upstreamConns, opts.UpstreamTLS, opts.UpstreamHTTP2, true))
+	var pooled http.RoundTripper = newTransport(u, g.dialer, g.upstreamConns, opts.UpstreamTLS, opts.UpstreamHTTP2, true)
+	if !opts.UpstreamHTTP2 {
+		pooled = staleConnCheck{next: pooled, tries: g.upstreamConns + 1}
+	}
+	g.pooled = g.newReverseProxy(pooled)
 	g.fresh = g.newReverseProxy(newTransport(u, g.dialer, g.upstreamConns, opts.UpstreamTLS, opts.UpstreamHTTP2, false))
 	if err := g.tel.init(opts); err != nil {
 		return nil, err

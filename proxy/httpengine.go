@@ -209,13 +209,24 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 	if x.destination != "" {
 		h[HeaderDestination] = []string{x.destination} // under the upstream's base path, as judged
 	}
+	// GetBody lets the body go again on another connection only while
+	// nothing of the request was written (net/http's transport: a reused
+	// connection that failed before a byte went; staleConnCheck: one found
+	// closed by the upstream). A write is never resent after that: the
+	// transport resends a sent request only for the methods it deems
+	// idempotent, which no fenced write is, or one with an Idempotency-Key,
+	// which goes on a connection of its own and is never resent (mayReuse).
 	switch {
 	case x.buffered != nil:
-		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(*x.buffered)), int64(len(*x.buffered))
+		b := *x.buffered
+		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 	case x.body != nil:
-		out.Body = io.NopCloser(x.body)
+		rb := newReplayableBody(x.body)
+		out.Body, out.GetBody = rb.first(), rb.again
+	default:
+		out.GetBody = nil
 	}
-	out.GetBody = nil // never resent
 	out.Trailer = nil // trailers arrive after the decision: never forwarded
 }
 

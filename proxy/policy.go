@@ -22,7 +22,10 @@ import (
 //     UpstreamTimeout: 504 upstream-timeout when the response's head is
 //     late, cut off when its body is.
 //   - Retry only a request that was never sent: a write retried after it
-//     left the gate could be applied twice. The general engine's transport
+//     left the gate could be applied twice. A pooled connection found
+//     closed by the upstream as a request takes it is given up before a
+//     byte goes (staleConnCheck, as the event loops' look before reuse), and
+//     the request goes on another. The general engine's transport
 //     retries reads on a pooled connection that turned out closed; a write
 //     that carries an Idempotency-Key (which net/http would retry after
 //     sending) goes on a connection of its own (freshTransport), as do all

@@ -295,9 +295,10 @@ func isTimeout(err error) bool {
 }
 
 // notSent reports whether err proves the request never left the gate: the
-// connection to the upstream could not be made, or none was free in time.
+// connection to the upstream could not be made, none was free in time, or
+// each one it was given had been closed by the upstream (errStaleConn).
 func notSent(err error) bool {
 	var oe *net.OpError
 	return (errors.As(err, &oe) && oe.Op == "dial") || errors.Is(err, errNoFreeConns) ||
-		errors.Is(err, errDialTimeout)
+		errors.Is(err, errDialTimeout) || errors.Is(err, errStaleConn)
 }
