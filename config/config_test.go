@@ -116,6 +116,34 @@ func TestStoreURLPasswordIsRedacted(t *testing.T) {
 	}
 }
 
+// TestStoreURLQueryPasswordIsRedacted: PostgreSQL also takes its password
+// from ?password= (and an encrypted client key's from ?sslpassword=), and
+// its host from ?host= or PGHOST (an empty URL host): the store open line
+// (Redacted), ParseStore's errors and `fencegate check` (RedactURL) hide
+// them all; a connection string of another form is refused without being
+// repeated.
+func TestStoreURLQueryPasswordIsRedacted(t *testing.T) {
+	const pw = "hunter2"
+	for _, raw := range []string{
+		"postgres://fencegate@db:5432/app?password=" + pw,
+		"postgres://fencegate@db:5432/app?sslmode=verify-full&sslpassword=" + pw,
+		"postgres://fencegate:" + pw + "@/app?host=/run/postgresql",
+		"postgres:///app?host=/run/postgresql&password=" + pw,
+		"host=db user=fencegate password=" + pw + " dbname=app",
+	} {
+		spec, err := ParseStore(raw)
+		if err != nil && strings.Contains(err.Error(), pw) {
+			t.Errorf("ParseStore(%q) error shows the password: %v", raw, err)
+		}
+		if err == nil && strings.Contains(spec.Redacted(), pw) {
+			t.Errorf("StoreSpec.Redacted() of %q shows the password: %s", raw, spec.Redacted())
+		}
+		if got := RedactURL(raw); err == nil && strings.Contains(got, pw) {
+			t.Errorf("RedactURL(%q) shows the password: %s", raw, got)
+		}
+	}
+}
+
 func TestParseStore(t *testing.T) {
 	for raw, want := range map[string]StoreSpec{
 		"memory:":           {Kind: StoreMemory},

@@ -3,13 +3,14 @@ package config
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"reflect"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/agnivade/levenshtein"
+
+	"github.com/fencegate/fencegate/internal/redact"
 )
 
 // ClientVars are FENCEGATE_* variables read by the client commands
@@ -228,25 +229,5 @@ func (c Config) Effective(environ []string) []Setting {
 
 // RedactURL hides the password of a URL (user:pass@) and the values of
 // query parameters that carry credentials (password, token, secret, ...).
-// Anything that is not a URL with a scheme and host is returned as is.
-func RedactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.Scheme == "" || u.Host == "" {
-		return s
-	}
-	q := u.Query()
-	changed := false
-	for k := range q {
-		lk := strings.ToLower(k)
-		for _, w := range []string{"pass", "secret", "token", "key", "auth"} {
-			if strings.Contains(lk, w) {
-				q[k] = []string{"xxxxx"}
-				changed = true
-			}
-		}
-	}
-	if changed {
-		u.RawQuery = q.Encode()
-	}
-	return u.Redacted()
-}
+// Anything that is not a URL with a scheme is returned as is.
+func RedactURL(s string) string { return redact.URL(s) }

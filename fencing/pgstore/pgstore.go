@@ -95,6 +95,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/retention"
+	"github.com/fencegate/fencegate/internal/redact"
 )
 
 // Defaults for Options.
@@ -249,7 +250,7 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(opts.URL)
 	if err != nil {
 		// pgx's parse errors may quote the URL: never show a password.
-		return nil, fmt.Errorf("pgstore: invalid URL %s: %v", u.Redacted(), redactErr(err, u))
+		return nil, fmt.Errorf("pgstore: invalid URL %s: %v", redact.Parsed(u), redact.Message(err.Error(), u))
 	}
 	if _, has := u.User.Password(); !has && opts.Password != "" {
 		cfg.ConnConfig.Password = opts.Password
@@ -368,15 +369,6 @@ var (
 	errStandby  = errors.New("the server is a standby (in recovery): fencegate needs the primary")
 	errReadOnly = errors.New("the session is read-only (transaction_read_only is on): fencegate needs the primary, writable")
 )
-
-func redactErr(err error, u *url.URL) string {
-	msg := err.Error()
-	if pw, ok := u.User.Password(); ok && pw != "" {
-		msg = strings.ReplaceAll(msg, pw, "xxxxx")
-		msg = strings.ReplaceAll(msg, url.QueryEscape(pw), "xxxxx")
-	}
-	return msg
-}
 
 // start checks the server and migrates the schema.
 func (s *Store) start(ctx context.Context, log *slog.Logger) error {
