@@ -31,6 +31,10 @@ const Prefix = "FENCEGATE_"
 // MaxLoops bounds FENCEGATE_LOOPS.
 const MaxLoops = 256
 
+// MinAPIBodyMemory is the least FENCEGATE_API_BODY_MEMORY: one lease
+// call's largest body (leaseapi.LeaseBodyLimit).
+const MinAPIBodyMemory = 64 << 10
+
 // Config is fencegate's whole configuration. Each field's env tag is the
 // variable name after Prefix; the help tag says what it accepts and is used
 // in error messages and the README's table; secret:"true" keeps a value
@@ -68,6 +72,7 @@ type Config struct {
 
 	DefaultTTL         time.Duration `env:"DEFAULT_TTL" envDefault:"30s" help:"lease TTL when ttl_seconds is absent, whole seconds in [1s, 24h]"`
 	MaxCheckpointBytes int           `env:"MAX_CHECKPOINT_BYTES" envDefault:"1048576" help:"largest checkpoint state in bytes, 1 to 16777216"`
+	APIBodyMemory      int           `env:"API_BODY_MEMORY" envDefault:"8388608" help:"most bytes of request bodies the lease API holds at once, at least 65536 (one client address may hold half; neither is ever below one checkpoint body, FENCEGATE_MAX_CHECKPOINT_BYTES + 65536); a call whose body would not fit is answered 503 overloaded with Retry-After before its body is read"`
 	Retention          time.Duration `env:"RETENTION" envDefault:"720h" help:"how long a resource with no live lease, untouched (acquire, renew, release, checkpoint, admitted write), keeps its record before the store removes it with its checkpoint (its old tokens stay refused), a duration >= 1s; 0 keeps records forever"`
 
 	Rules           string        `env:"RULES" help:"write gate route rules, one per line"`
@@ -219,6 +224,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxCheckpointBytes < 1 || c.MaxCheckpointBytes > fencing.MaxCheckpointBytesCeiling {
 		check("MaxCheckpointBytes", fmt.Errorf("%d is out of range", c.MaxCheckpointBytes))
+	}
+	if c.APIBodyMemory < MinAPIBodyMemory {
+		check("APIBodyMemory", fmt.Errorf("%d is below %d", c.APIBodyMemory, MinAPIBodyMemory))
 	}
 	if c.Rules != "" && c.RulesFile != "" {
 		check("RulesFile", errors.New("set FENCEGATE_RULES or FENCEGATE_RULES_FILE, not both"))

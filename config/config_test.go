@@ -15,7 +15,7 @@ func TestLoadDefaults(t *testing.T) {
 	if c.APIAddr != "127.0.0.1:7070" || c.ProxyAddr != "127.0.0.1:8080" || c.Store != "file:fencegate.db" {
 		t.Fatalf("defaults: %+v", c)
 	}
-	if c.DefaultTTL != 30*time.Second || c.MaxCheckpointBytes != 1<<20 || c.ResourceHeader != nil || c.Upstream != "" {
+	if c.DefaultTTL != 30*time.Second || c.MaxCheckpointBytes != 1<<20 || c.APIBodyMemory != 8<<20 || c.ResourceHeader != nil || c.Upstream != "" {
 		t.Fatalf("defaults: %+v", c)
 	}
 	// Unset: the Fencing-Resource header is a fallback only without rules.
@@ -51,6 +51,8 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{"FENCEGATE_DEFAULT_TTL=25h", "FENCEGATE_DEFAULT_TTL"},
 		{"FENCEGATE_MAX_CHECKPOINT_BYTES=-1", "FENCEGATE_MAX_CHECKPOINT_BYTES"},
 		{"FENCEGATE_MAX_CHECKPOINT_BYTES=lots", "FENCEGATE_MAX_CHECKPOINT_BYTES"},
+		{"FENCEGATE_API_BODY_MEMORY=65535", "FENCEGATE_API_BODY_MEMORY"},
+		{"FENCEGATE_API_BODY_MEMORY=-1", "FENCEGATE_API_BODY_MEMORY"},
 		{"FENCEGATE_RESOURCE_HEADER=maybe", "FENCEGATE_RESOURCE_HEADER"},
 		{"FENCEGATE_STORE=mysql://x", "FENCEGATE_STORE"},
 		{"FENCEGATE_STORE=postgres://h:99999999999/%zz", "FENCEGATE_STORE"},

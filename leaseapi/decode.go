@@ -25,7 +25,13 @@ import (
 // quick path costs a third of the stream decoder's time per lease call
 // (BenchmarkDecodeBody).
 func decodeJSON(body io.Reader, limit int64, dst any) error {
-	raw, err := io.ReadAll(body)
+	raw, err := readBody(body, -1, limit)
+	return decodeRead(raw, err, limit, dst)
+}
+
+// decodeRead is decodeJSON of a body already read: raw, its bytes, and
+// err, the error that ended its reading early (nil at its end).
+func decodeRead(raw []byte, err error, limit int64, dst any) error {
 	// Unmarshal checks the whole body before it fills anything, so a
 	// malformed one leaves dst as it was. One it fills and then refuses (a
 	// value of the wrong type) the reference refuses too, whatever dst holds.
@@ -38,6 +44,35 @@ func decodeJSON(body io.Reader, limit int64, dst any) error {
 		replay = io.MultiReader(replay, failingReader{err})
 	}
 	return decodeJSONStream(replay, limit, dst)
+}
+
+// readBody reads body to its end, as io.ReadAll does (the bytes, and the
+// error that ended it early, nil at its end), into one buffer sized from
+// size, the body's declared length, when it has one within limit: no
+// growth by doubling, no copy, so a body holds its own length in memory
+// and no more. A body without a declared length (size -1) grows from a
+// small buffer as io.ReadAll's does, up to limit (the caller bounds body
+// with http.MaxBytesReader).
+func readBody(body io.Reader, size, limit int64) ([]byte, error) {
+	if size < 0 || size > limit {
+		return io.ReadAll(body)
+	}
+	b := make([]byte, 0, size+1) // one more byte: room for the read that sees the end
+	for {
+		n, err := body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			// Longer than declared: not from net/http, which holds a
+			// body to its Content-Length.
+			b = append(b, 0)[:len(b)]
+		}
+	}
 }
 
 // failingReader returns err: the read error that ended a body, after its

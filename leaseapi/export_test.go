@@ -15,3 +15,9 @@ func SetLimiter(s *Server, l *access.Limiter) { s.limiter = l }
 
 // Waiting returns how many acquisitions wait on resource in s's queue.
 func Waiting(s *Server, resource string) int { return s.waiters.waiting(resource) }
+
+// BodiesHeld returns the request body bytes s holds now (bodybudget.go).
+func BodiesHeld(s *Server) int64 { return s.bodies.held() }
+
+// BodyBudget returns s's body budget: in all, and per client address.
+func BodyBudget(s *Server) (total, perClient int64) { return s.bodies.total, s.bodies.perClient }

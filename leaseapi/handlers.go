@@ -185,9 +185,11 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	var body acquireBody
-	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
+	hold, err := s.decodeBody(w, r, LeaseBodyLimit, &body)
+	if err != nil {
 		return nil, err
 	}
+	defer hold.release()
 	if err := permitOwner(r, body.Owner); err != nil {
 		return nil, err
 	}
@@ -227,9 +229,11 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name stri
 
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	var body renewBody
-	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
+	hold, err := s.decodeBody(w, r, LeaseBodyLimit, &body)
+	if err != nil {
 		return nil, err
 	}
+	defer hold.release()
 	if err := permitOwner(r, body.Owner); err != nil {
 		return nil, err
 	}
@@ -246,9 +250,11 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, name string
 
 func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	var body releaseBody
-	if err := decodeBody(w, r, LeaseBodyLimit, &body); err != nil {
+	hold, err := s.decodeBody(w, r, LeaseBodyLimit, &body)
+	if err != nil {
 		return nil, err
 	}
+	defer hold.release()
 	if err := permitOwner(r, body.Owner); err != nil {
 		return nil, err
 	}
@@ -264,9 +270,11 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, name stri
 
 func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request, name string) (any, error) {
 	var body checkpointBody
-	if err := decodeBody(w, r, s.checkpointLimit, &body); err != nil {
+	hold, err := s.decodeBody(w, r, s.checkpointLimit, &body)
+	if err != nil {
 		return nil, err
 	}
+	defer hold.release()
 	if string(body.State) == "null" {
 		body.State = nil // a JSON null member counts as absent: refused below
 	}

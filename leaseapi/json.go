@@ -183,18 +183,40 @@ func checkContentType(r *http.Request) error {
 }
 
 // decodeBody reads r's body, at most limit bytes, as exactly one JSON object
-// into dst. Errors are *problem.Error values ready for problem.Write.
-func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, dst any) error {
+// into dst, within the server's body budget (bodybudget.go). The body's
+// bytes (its Content-Length, or limit when it has none) are reserved
+// before any is read: a body the budget cannot cover is refused as
+// overloaded, unread. The hold returned keeps the bytes the body had
+// reserved until the caller releases it, done with dst; on an error
+// nothing stays reserved. Errors are *problem.Error values ready for
+// problem.Write.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, limit int64, dst any) (bodyHold, error) {
 	if r.ContentLength == 0 && r.Header.Get("Content-Type") == "" {
-		return errEmptyBody
+		return bodyHold{}, errEmptyBody
 	}
 	if err := checkContentType(r); err != nil {
-		return err
+		return bodyHold{}, err
 	}
 	if r.ContentLength > limit {
-		return tooLarge(limit)
+		return bodyHold{}, tooLarge(limit)
 	}
-	return decodeJSON(http.MaxBytesReader(w, r.Body, limit), limit, dst)
+	h := bodyHold{budget: s.bodies, client: limitKey(r), n: limit}
+	if r.ContentLength >= 0 {
+		h.n = r.ContentLength
+	}
+	if !s.bodies.take(h.client, h.n) {
+		return bodyHold{}, overloaded()
+	}
+	raw, err := readBody(http.MaxBytesReader(w, r.Body, limit), r.ContentLength, limit)
+	// Only what was read stays held: what dst holds is no larger.
+	kept := min(int64(len(raw)), h.n)
+	s.bodies.give(h.client, h.n-kept)
+	h.n = kept
+	if err := decodeRead(raw, err, limit, dst); err != nil {
+		h.release()
+		return bodyHold{}, err
+	}
+	return h, nil
 }
 
 var errEmptyBody = problem.New(http.StatusBadRequest, "invalid-json", "the request body is empty; expected a JSON object")

@@ -103,6 +103,13 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 	draining := newEnv(t, storeKinds[0], nil)
 	draining.api.SetDraining()
 	envs["draining"] = draining
+	// A budget of one checkpoint body, held by a call stalled before its
+	// body's end: any other body is refused.
+	overloaded := newEnv(t, storeKinds[0], func(o *leaseapi.Options) { o.BodyMemory = 1 })
+	budget, _ := leaseapi.BodyBudget(overloaded.api)
+	stallHTTP1(t, overloaded.srv.Listener.Addr().String(), 1, "/v1/leases/job:1/checkpoint", make([]byte, budget))
+	awaitHeld(t, overloaded.api, budget)
+	envs["overloaded"] = overloaded
 	panicking, spy := newSpyEnv(t, storeKinds[0])
 	spy.panic.Store(true)
 	envs["panic"] = panicking
@@ -147,6 +154,7 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 		{"another client's owner", "access", "POST", "/v1/leases/job:b:1/acquire", js, `{"owner":"pool-a"}`, 403, "forbidden"},
 		{"failed authentications spent", "limited", "GET", "/v1/leases", "", "", 429, "too-many-requests"},
 		{"store closed", "closed", "POST", "/v1/leases/job:1/acquire", js, `{"owner":"w"}`, 503, "store-unavailable"},
+		{"body budget spent", "overloaded", "POST", "/v1/leases/job:1/acquire", js, `{"owner":"w"}`, 503, "overloaded"},
 		{"store closed, status", "closed", "GET", "/v1/leases/job:1", "", "", 503, "store-unavailable"},
 		{"store closed, readyz", "closed", "GET", "/readyz", "", "", 503, "store-unavailable"},
 		{"draining", "draining", "GET", "/readyz", "", "", 503, "draining"},

@@ -38,6 +38,9 @@
 //   - Bodies are size-limited (LeaseBodyLimit for lease calls,
 //     MaxCheckpointBytes+CheckpointBodyHeadroom for checkpoints); a larger
 //     body is 413 "payload-too-large".
+//   - The bodies held at once are bounded too (Options.BodyMemory, in all
+//     and per client address): a call whose body would not fit is 503
+//     "overloaded" with Retry-After, answered before its body is read.
 //   - ttl_seconds and wait_seconds are integers. Absent ttl_seconds means
 //     Options.DefaultTTL on acquire and "keep the lease's current TTL" on
 //     renew; absent wait_seconds means do not wait. Out-of-bounds values
@@ -148,6 +151,14 @@ type Options struct {
 	// HTTP/1.1 bound them already: over HTTP/2 one connection carries many
 	// streams.
 	MaxWaiting, MaxWaitingPerClient int
+	// BodyMemory bounds the request body bytes the API holds at once
+	// (zero or less: DefaultBodyMemory): each call reserves its body's bytes before
+	// reading any, and one the budget cannot cover is answered at once
+	// with 503 "overloaded" and Retry-After, unread, nothing done. One
+	// client address may hold half of it. Neither bound is ever
+	// below one checkpoint body (MaxCheckpointBytes +
+	// CheckpointBodyHeadroom). See bodybudget.go.
+	BodyMemory int64
 }
 
 // Server serves the lease API. It implements http.Handler and is safe for
@@ -171,6 +182,7 @@ type Server struct {
 	readyNoStore    bool
 	waiters         waitQueues   // the acquisitions waiting on this server (waiters.go)
 	waitSlots       waitSlots    // how many may wait (waitslots.go)
+	bodies          *bodyBudget  // the request body bytes held at once (bodybudget.go)
 	handler         http.Handler // the routes, wrapped with otelhttp when telemetry is on
 }
 
@@ -216,6 +228,7 @@ func NewServer(opts Options) *Server {
 		readyNoStore:    opts.ReadyWithoutStore,
 		refusalLines:    loglimit.Limiter{PerSecond: RefusalLinesPerSecond},
 	}
+	s.bodies = newBodyBudget(opts.BodyMemory, s.checkpointLimit)
 	if opts.MeterProvider != nil {
 		// An instrument that cannot be made is left out: refusals are
 		// still answered and logged.

@@ -5,7 +5,7 @@ import "sync"
 // waitSlots bounds the acquisitions that wait at once (wait_seconds), per
 // client address (limitKey) and in all. Over HTTP/1.1 the connection caps
 // bound them already, one a connection; over HTTP/2 a connection carries
-// up to net/http's 250 streams, each of which could hold a waiting
+// up to MaxConcurrentStreams streams, each of which could hold a waiting
 // acquisition (a goroutine and some 40 KiB for up to a minute), so the
 // caps alone would let one client hold hundreds of thousands. An
 // acquisition that finds no slot does not wait: it is answered as one

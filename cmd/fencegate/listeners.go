@@ -15,6 +15,7 @@ import (
 	"github.com/fencegate/fencegate/internal/canned"
 	"github.com/fencegate/fencegate/internal/certs"
 	"github.com/fencegate/fencegate/internal/connlimit"
+	"github.com/fencegate/fencegate/leaseapi"
 	"github.com/fencegate/fencegate/proxy"
 )
 
@@ -86,7 +87,10 @@ func (l *listener) listen() error {
 		ReadHeaderTimeout: l.cfg.ReadHeaderTimeout,
 		ReadTimeout:       l.cfg.ReadHeaderTimeout + l.cfg.BodyTimeout,
 		IdleTimeout:       l.cfg.IdleTimeout,
-		ConnContext:       connContext,
+		// Over TLS: streams per connection and receive windows bounded,
+		// so unread request bodies cannot pile up per connection.
+		HTTP2:       leaseapi.HTTP2Config(),
+		ConnContext: connContext,
 		// A failed handshake (no client certificate, an unknown CA) is
 		// the client's problem, logged at debug by the handler's logger
 		// rather than on net/http's own log.

@@ -110,6 +110,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 		// connections (over HTTP/2 a connection carries many streams).
 		MaxWaiting:          cfg.MaxConns,
 		MaxWaitingPerClient: cfg.ConnsPerClient(),
+		BodyMemory:          int64(cfg.APIBodyMemory),
 	})
 	servers := []*listener{{name: "api", addr: cfg.APIAddr, handler: api, health: isHealthCheck, log: log, cfg: cfg, tls: apiTLS}}
 

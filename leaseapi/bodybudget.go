@@ -1,0 +1,119 @@
+package leaseapi
+
+import (
+	"net/http"
+	"strconv"
+	"sync"
+
+	"github.com/fencegate/fencegate/fencing/problem"
+)
+
+// DefaultBodyMemory is the body budget of a Server whose
+// Options.BodyMemory is zero: room for seven checkpoints of the default
+// largest size at once (their bodies, and then their decoded states),
+// within the process's memory goal of 64 MiB of RSS with 1,000
+// connections (docs/performance.md). With 16 MiB, fifteen such
+// checkpoints decoded at once took the binary to 80 MiB.
+const DefaultBodyMemory = 8 << 20
+
+// RetryAfterOverloaded is the Retry-After, in seconds, of an overloaded
+// answer: bodies are read within the body timeout, most in far less.
+const RetryAfterOverloaded = 1
+
+// bodyBudget bounds the request body bytes the lease API holds at once, in
+// all (total) and per client address (perClient; limitKey). A call
+// reserves its body's bytes before it reads any (its Content-Length, or
+// its body limit when it has none), keeps the bytes it read, and gives
+// them back when it is done with what it decoded from them. So however
+// many connections or HTTP/2 streams send bodies, and however slowly, the
+// bodies held stay within the budget: a call the budget cannot cover is
+// answered at once as overloaded (503), none of its body read, nothing
+// done. A reservation lasts at most the body timeout for the reading (the
+// API server's ReadTimeout cuts a body that stalls) plus the store call.
+//
+// The share per client keeps one address from taking every byte: half the
+// total, so that one address cannot keep the others out. (The connection
+// caps give a client a quarter; bodies get half because the lease API
+// listens on loopback by default, where every worker of the host is one
+// address.) Both are at least floor, one body of the largest kind (a
+// checkpoint's), so that such a body can always be sent when no other is
+// held.
+//
+// What a call holds in memory is about its body's bytes while it reads
+// them, and about as much again while it decodes them (a checkpoint's
+// state is copied out of the body): about twice the budget in all at
+// most, plus the garbage the collector has not yet taken.
+type bodyBudget struct {
+	total, perClient int64
+	mu               sync.Mutex
+	used             int64
+	byClient         map[string]int64 // no entry at zero
+}
+
+// newBodyBudget returns a budget of total bytes (zero or less:
+// DefaultBodyMemory), none of its bounds below floor.
+func newBodyBudget(total, floor int64) *bodyBudget {
+	if total <= 0 {
+		total = DefaultBodyMemory
+	}
+	total = max(total, floor)
+	return &bodyBudget{total: total, perClient: min(total, max(total/2, floor)), byClient: map[string]int64{}}
+}
+
+// take reserves n bytes for client, and reports whether the budget had
+// them; reserved bytes are given back with give.
+func (b *bodyBudget) take(client string, n int64) bool {
+	if n <= 0 {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used+n > b.total || b.byClient[client]+n > b.perClient {
+		return false
+	}
+	b.used += n
+	b.byClient[client] += n
+	return true
+}
+
+// give gives back n of client's reserved bytes.
+func (b *bodyBudget) give(client string, n int64) {
+	if n <= 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used -= n
+	if b.byClient[client] -= n; b.byClient[client] <= 0 {
+		delete(b.byClient, client)
+	}
+}
+
+// held returns the bytes reserved now, in all.
+func (b *bodyBudget) held() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}
+
+// bodyHold is the part of the budget a decoded body still holds; its
+// zero value holds nothing.
+type bodyHold struct {
+	budget *bodyBudget
+	client string
+	n      int64
+}
+
+// release gives the hold back to its budget.
+func (h bodyHold) release() {
+	if h.budget != nil {
+		h.budget.give(h.client, h.n)
+	}
+}
+
+// overloaded refuses a call whose body the budget cannot cover.
+func overloaded() *problem.Error {
+	return &problem.Error{Status: http.StatusServiceUnavailable, Code: "overloaded",
+		Detail:  "the lease API holds as many request bodies as its memory budget allows; nothing of this request was read or done, retry later",
+		Headers: http.Header{"Retry-After": {strconv.Itoa(RetryAfterOverloaded)}}}
+}
