@@ -31,7 +31,12 @@ import (
 // ServeHTTP decides, fences and forwards one request (see decide for the
 // contract). Any engine's refusal, admission and forwarding rules apply
 // unchanged; a gRPC call's refusals are gRPC answers (see grpc.go).
-func (g *Gate) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+func (g *Gate) ServeHTTP(rw http.ResponseWriter, r *http.Request) { g.serveHTTP(rw, r, nil) }
+
+// serveHTTP is ServeHTTP; a refusal that is not nil (the server's stream
+// caps: streamCap) answers the request whatever the decision, before its
+// body is read or the store asked.
+func (g *Gate) serveHTTP(rw http.ResponseWriter, r *http.Request, refusal *problem.Error) {
 	w := &answerWriter{ResponseWriter: rw}
 	x := &exchange{w: w, r: r, ctx: context.Background(), start: time.Now(), grpc: isGRPC(r)}
 	x.id = reqid.Choose([]byte(r.Header.Get(reqid.Header)))
@@ -39,7 +44,9 @@ func (g *Gate) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	x.method = r.Method
 	d := g.judge(x, Incoming{Method: r.Method, Target: r.RequestURI, Host: r.Host, Header: r.Header})
 	defer g.end(x)
-	if p := contentLengthProblem(r); p != nil && d.Verdict != Refuse {
+	if refusal != nil {
+		d = Decision{Verdict: Refuse, Problem: refusal}
+	} else if p := contentLengthProblem(r); p != nil && d.Verdict != Refuse {
 		d = Decision{Verdict: Refuse, Problem: p}
 	}
 	switch g.verdict(x, d) {

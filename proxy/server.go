@@ -48,14 +48,18 @@ type ServerOptions struct {
 	MaxHeaderBytes int
 	// MaxConns caps the open client connections: one beyond it gets a 503
 	// too-many-connections answer, written before its request is read,
-	// and is closed. Zero means no cap.
+	// and is closed. Half of it caps the HTTP/2 requests in flight over
+	// all connections (one connection carries many): one beyond is
+	// answered 503 too-many-connections at once, its body unread (see
+	// streamCap). Zero means no cap.
 	MaxConns int
 	// MaxConnsPerClient caps the open connections of one client (a TCP
 	// peer's IP address, an IPv6 one's /64: connlimit.Client) the same
 	// way, so that one client cannot take every place under MaxConns; a
-	// connection refused for it counts against nothing. A listener
-	// without IP addresses (a Unix socket) is not capped per client.
-	// Zero means no per-client cap.
+	// connection refused for it counts against nothing. Half of it caps
+	// one client's HTTP/2 requests in flight the same way (streamCap). A
+	// listener without IP addresses (a Unix socket) is not capped per
+	// client. Zero means no per-client cap.
 	MaxConnsPerClient int
 	// Logger receives connection errors the server cannot answer (a
 	// client gone mid-response); nil discards.
@@ -96,7 +100,9 @@ type ServerOptions struct {
 	// (FENCEGATE_PROXY_H2C). Off, such a connection is refused.
 	H2C bool
 	// MaxConcurrentStreams bounds the HTTP/2 streams per connection. Zero
-	// means DefaultMaxConcurrentStreams.
+	// means DefaultMaxConcurrentStreams. MaxConns and MaxConnsPerClient
+	// bound them over all connections, and the receive windows the DATA
+	// they may send ahead (h2streams.go).
 	MaxConcurrentStreams int
 }
 
@@ -118,6 +124,7 @@ type Server struct {
 	idleTimeout   time.Duration
 	maxHead       int
 	limit         *connlimit.Counter // client connections, against MaxConns and MaxConnsPerClient
+	streams       streamCap          // HTTP/2 requests in flight, against half those numbers
 	tls           *tls.Config        // or nil
 	// noLoops keeps the event loops off: the general engine serves every
 	// connection (ServerOptions.NoEventLoops).
@@ -152,6 +159,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		idleTimeout:    cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
 		maxHead:        cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
 		limit:          connlimit.NewCounter(opts.MaxConns, 0, opts.MaxConnsPerClient),
+		streams:        newStreamCap(opts.MaxConns, opts.MaxConnsPerClient),
 		noRing:         opts.NoIOURing,
 		noMarks:        opts.NoMarkReaders,
 		loopsWanted:    opts.Loops,
@@ -171,7 +179,7 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		protos.SetUnencryptedHTTP2(true)
 	}
 	s.hs = &http.Server{
-		Handler:           tlsFacts{g},
+		Handler:           serverHandler{g, s.streams},
 		ReadHeaderTimeout: s.headerTimeout,
 		IdleTimeout:       s.idleTimeout,
 		// net/http allows 4 KiB beyond MaxHeaderBytes.
@@ -183,6 +191,9 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 			// HPACK-decoded header lists are bounded like HTTP/1.1 heads.
 			MaxDecoderHeaderTableSize: 4096,
 			MaxReadFrameSize:          1 << 14,
+			// What a client may send ahead of the gate's reads.
+			MaxReceiveBufferPerStream:     h2StreamWindow,
+			MaxReceiveBufferPerConnection: h2ConnWindow,
 		},
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		ConnContext: connContext,
@@ -295,27 +306,39 @@ func (s *Server) closeListener() {
 	_ = s.handoff.Close()
 }
 
-// tlsFacts gives the general engine the TLS of a connection the loops
+// serverHandler is the general engine's handler: the gate, behind the
+// stream caps (streamCap), and with the TLS of a connection the loops
 // handed over whose TLS a relay terminates (looptls_linux.go): net/http
 // sees a plaintext socket, the gate must see the client's TLS
 // (X-Forwarded-Proto https), as for a *tls.Conn. The client's address
 // is the handed connection's RemoteAddr.
-type tlsFacts struct{ g *Gate }
+type serverHandler struct {
+	g       *Gate
+	streams streamCap
+}
 
 // tlsStateKey finds a handed connection's TLS in its requests' context.
 type tlsStateKey struct{}
 
-func (f tlsFacts) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h serverHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.TLS == nil {
 		if st, ok := r.Context().Value(tlsStateKey{}).(*tls.ConnectionState); ok {
 			r.TLS = st
 		}
 	}
-	f.g.ServeHTTP(w, r)
+	client, counted, ok := h.streams.enter(r)
+	if !ok {
+		h.g.serveHTTP(w, r, tooManyStreams())
+		return
+	}
+	if counted {
+		defer h.streams.leave(client)
+	}
+	h.g.serveHTTP(w, r, nil)
 }
 
 // connContext notes the TLS of a handed connection whose TLS a relay
-// terminates (see tlsFacts).
+// terminates (see serverHandler).
 func connContext(ctx context.Context, c net.Conn) context.Context {
 	if t, ok := canned.Unwrap(c).(interface{ tlsState() *tls.ConnectionState }); ok {
 		if st := t.tlsState(); st != nil {
