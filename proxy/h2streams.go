@@ -38,11 +38,13 @@ const (
 )
 
 // streamCap bounds the HTTP/2 requests (streams) the general engine serves
-// at once, over all connections, in all and per client (connlimit.Client:
-// an IPv4 address, an IPv6 /64), at half the numbers of the connection
-// caps: a stalled stream holds more memory than an HTTP/1.1 connection
-// does. With the defaults (FENCEGATE_MAX_CONNS 4096), 2048 in all and 512
-// per client address. A stream beyond either is answered at once,
+// at once, over all connections: a quarter of the connection cap in all,
+// half of the per-client cap per client (connlimit.Client: an IPv4
+// address, an IPv6 /64). A stalled stream holds more memory than an
+// HTTP/1.1 connection does, and the total is what bounds the gate's
+// memory against many sources: with the defaults (FENCEGATE_MAX_CONNS
+// 4096), 1024 in all, some 46 MiB of heap when all stall, and 512 per
+// client address. A stream beyond either is answered at once,
 // tooManyStreams, before its body is read: nothing is forwarded and the
 // store is not asked. HTTP/1.1 requests are not counted (the connection
 // caps bound them). A refused stream counts against nothing, so one
@@ -51,21 +53,21 @@ type streamCap struct {
 	c *connlimit.Counter // nil: no cap
 }
 
-// newStreamCap caps the streams at half the connection caps, maxConns in
-// all and perClient per client (either zero or less: no such cap).
+// newStreamCap caps the streams at a quarter of maxConns in all and half
+// of perClient per client (either zero or less: no such cap).
 func newStreamCap(maxConns, perClient int) streamCap {
 	if maxConns <= 0 && perClient <= 0 {
 		return streamCap{}
 	}
-	return streamCap{connlimit.NewCounter(half(maxConns), 0, half(perClient))}
+	return streamCap{connlimit.NewCounter(share(maxConns, 4), 0, share(perClient, 2))}
 }
 
-// half is n/2, at least 1, for a cap n (zero or less: none).
-func half(n int) int {
+// share is n/d, at least 1, for a cap n (zero or less: none).
+func share(n, d int) int {
 	if n <= 0 {
 		return 0
 	}
-	return max(n/2, 1)
+	return max(n/d, 1)
 }
 
 // enter counts r if it is an HTTP/2 request, from client, and reports

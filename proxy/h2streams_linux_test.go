@@ -140,12 +140,12 @@ func TestH2StreamsPerClient(t *testing.T) {
 	}
 }
 
-// TestH2StreamsInAll: with MaxConns 4 (so 2 HTTP/2 requests in flight in
-// all), two clients' stalled streams fill the gate, and a third client's
+// TestH2StreamsInAll: with MaxConns 8 (so 2 HTTP/2 requests in flight in
+// all, a quarter), two clients' stalled streams fill the gate, and a third client's
 // stream is refused, 503 too-many-connections, not forwarded.
 func TestH2StreamsInAll(t *testing.T) {
 	e := newEnv(t, testRules, func(o *Options) { o.BodyTimeout = time.Minute })
-	srv := serveGateWith(t, e.gate, ServerOptions{H2C: true, NoEventLoops: true, MaxConns: 4})
+	srv := serveGateWith(t, e.gate, ServerOptions{H2C: true, NoEventLoops: true, MaxConns: 8})
 	addr := srv.Listener.Addr().String()
 	lease := e.acquire("job:1", "a", time.Hour)
 	for i, ip := range []net.IP{hostileIP, otherIP} {
