@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,27 +18,6 @@ import (
 	"github.com/fencegate/fencegate/internal/certs/certstest"
 	"github.com/fencegate/fencegate/leaseapi"
 )
-
-// procMemory reads a memory field of /proc/PID/status (VmRSS, VmHWM), in
-// bytes.
-func procMemory(t *testing.T, pid int, field string) int64 {
-	t.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.SplitSeq(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatalf("no %s in /proc/%d/status", field, pid)
-	return 0
-}
 
 // TestAPICheckpointFloodMemory: the binary as deployed (memory store,
 // default connection caps and body budget, GOMEMLIMIT 115 MiB under the
