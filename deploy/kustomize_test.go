@@ -324,6 +324,12 @@ func checkSidecarDeployment(t *testing.T, where string, deps []appsv1.Deployment
 	if req.Cmp(measuredRSS) < 0 || lim.Cmp(req) <= 0 {
 		t.Errorf("memory request %s / limit %s: want a request of at least the measured %s and a limit above it", req.String(), lim.String(), measuredRSS.String())
 	}
+	// The connections the memory was measured at: the default cap (4,096
+	// a listener) lets clients stalling small bodies take more than the
+	// limit.
+	if cfg.MaxConns > 1000 {
+		t.Errorf("FENCEGATE_MAX_CONNS %d: want at most the 1,000 connections the memory limit was measured at", cfg.MaxConns)
+	}
 	// Go's soft memory limit below the container's, above what it uses.
 	if soft, err := goMemLimit(env["GOMEMLIMIT"]); err != nil {
 		t.Errorf("GOMEMLIMIT: %v", err)
