@@ -64,6 +64,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -239,7 +240,11 @@ type exchange struct {
 	body     *bodyReader    // a streamed body while it is forwarded, or nil
 	flight   *sendingFlight // the general engine's write in flight to the upstream, or nil
 	buffered *[]byte        // a body read in full (bufferBody), or nil
-	bodyErr  error          // the body read with the head failed (the event loops)
+	// replay gives the body again for another attempt on another
+	// connection while nothing of the request was sent (staleConnCheck;
+	// set by rewrite), or nil.
+	replay  func() (io.ReadCloser, error)
+	bodyErr error // the body read with the head failed (the event loops)
 	// destination replaces the client's Destination upstream, if not ""
 	// (Decision.Destination).
 	destination string

@@ -216,23 +216,27 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 	if x.destination != "" {
 		h[HeaderDestination] = []string{x.destination} // under the upstream's base path, as judged
 	}
-	// GetBody lets the body go again on another connection only while
-	// nothing of the request was written (net/http's transport: a reused
-	// connection that failed before a byte went; staleConnCheck: one found
-	// closed by the upstream). A write is never resent after that: the
-	// transport resends a sent request only for the methods it deems
-	// idempotent, which no fenced write is, or one with an Idempotency-Key,
-	// which goes on a connection of its own and is never resent (mayReuse).
+	// The body goes again on another connection only through x.replay,
+	// which staleConnCheck alone uses, on the pooled HTTP/1 connections,
+	// while nothing of the request was written. GetBody stays nil here: an
+	// HTTP/2 transport resends a request with a GetBody after the upstream
+	// reset its stream, which it may have applied.
 	switch {
 	case x.buffered != nil:
 		b := *x.buffered
 		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
-		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+		x.replay = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 	case x.body != nil:
 		rb := newReplayableBody(x.body)
-		out.Body, out.GetBody = rb.first(), rb.again
-	default:
-		out.GetBody = nil
+		out.Body, x.replay = rb.first(), rb.again
+	}
+	out.GetBody = nil // never resent, but by staleConnCheck
+	if g.upstreamHTTP2 && out.Body == nil && !safeMethod(in.Method) {
+		// The HTTP/2 transport resends a request without a body after its
+		// stream was reset with PROTOCOL_ERROR, as freely as one it never
+		// sent: a body it cannot rewind stops that. It goes as an empty
+		// DATA frame that ends the stream, a body of no bytes.
+		out.Body = emptyBody{}
 	}
 	out.Trailer = nil // trailers arrive after the decision: never forwarded
 }

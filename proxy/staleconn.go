@@ -44,7 +44,16 @@ type staleConnCheck struct {
 // byte was written (see staleConnCheck).
 var errStaleConn = errors.New("proxy: the upstream had closed the pooled connection; nothing was sent")
 
+// RoundTrip sends req through the HTTP/1 transport it wraps, with the
+// exchange's replay as its GetBody: net/http's HTTP/1 transport resends a
+// write with one only when it wrote nothing of it on a reused connection
+// (and a read, as ever, when the connection failed before the answer).
 func (c staleConnCheck) RoundTrip(req *http.Request) (*http.Response, error) {
+	if x, ok := req.Context().Value(exchangeKey{}).(*exchange); ok && x.replay != nil {
+		r := *req // shallow, as Request.WithContext
+		r.GetBody = x.replay
+		req = &r
+	}
 	for try := 1; ; try++ {
 		var a connAttempt
 		resp, err := c.next.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(),
@@ -91,6 +100,13 @@ func (a *connAttempt) gotConn(info httptrace.GotConnInfo) {
 		_ = raw.Close()
 	}
 }
+
+// emptyBody is a request body of no bytes that a transport cannot send
+// again (it is not http.NoBody).
+type emptyBody struct{}
+
+func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (emptyBody) Close() error             { return nil }
 
 // replayableBody is a streamed request body handed to the transport one
 // attempt at a time: GetBody gives the next attempt the same body as long
