@@ -235,7 +235,9 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 		// The HTTP/2 transport resends a request without a body after its
 		// stream was reset with PROTOCOL_ERROR, as freely as one it never
 		// sent: a body it cannot rewind stops that. It goes as an empty
-		// DATA frame that ends the stream, a body of no bytes.
+		// DATA frame that ends the stream, a body of no bytes (and, to an
+		// https upstream that chose HTTP/1.1 by ALPN, as an empty chunked
+		// body).
 		out.Body = emptyBody{}
 	}
 	out.Trailer = nil // trailers arrive after the decision: never forwarded
