@@ -9,7 +9,7 @@ import (
 )
 
 // DefaultBodyMemory is the body budget of a Server whose
-// Options.BodyMemory is zero: room for seven checkpoints of the default
+// Options.BodyMemory is zero: room for six checkpoints of the default
 // largest size at once (their bodies, and then their decoded states),
 // within the process's memory goal of 64 MiB of RSS with 1,000
 // connections (docs/performance.md). With 16 MiB, fifteen such
@@ -29,7 +29,8 @@ const RetryAfterOverloaded = 1
 // bodies held stay within the budget: a call the budget cannot cover is
 // answered at once as overloaded (503), none of its body read, nothing
 // done. A reservation lasts at most the body timeout for the reading (the
-// API server's ReadTimeout cuts a body that stalls) plus the store call.
+// API server's ReadTimeout cuts a body that stalls), plus, for a
+// checkpoint, the store call (the other calls give it back once decoded).
 //
 // The share per client keeps one address from taking every byte: half the
 // total, so that one address cannot keep the others out. (The connection
@@ -39,12 +40,20 @@ const RetryAfterOverloaded = 1
 // checkpoint's), so that such a body can always be sent when no other is
 // held.
 //
+// Small bodies keep a part of the budget for themselves (reserve, an
+// eighth of it): a body of more than smallBody bytes (a large checkpoint)
+// may not take it, so calls that declare large bodies and stall, which
+// hold their reservations without sending a byte, cannot keep the small
+// calls that keep leases alive (acquire, renew, release: a few hundred
+// bytes each) out.
+//
 // What a call holds in memory is about its body's bytes while it reads
 // them, and about as much again while it decodes them (a checkpoint's
 // state is copied out of the body): about twice the budget in all at
 // most, plus the garbage the collector has not yet taken.
 type bodyBudget struct {
 	total, perClient int64
+	reserve          int64 // of total, for bodies of at most smallBody bytes
 	mu               sync.Mutex
 	used             int64
 	byClient         map[string]int64 // no entry at zero
@@ -57,8 +66,13 @@ func newBodyBudget(total, floor int64) *bodyBudget {
 		total = DefaultBodyMemory
 	}
 	total = max(total, floor)
-	return &bodyBudget{total: total, perClient: min(total, max(total/2, floor)), byClient: map[string]int64{}}
+	return &bodyBudget{total: total, perClient: min(total, max(total/2, floor)),
+		reserve: min(total/8, total-floor), byClient: map[string]int64{}}
 }
+
+// smallBody is the largest body that may take the budget's reserve: what
+// an acquire, renew or release sends, with room to spare.
+const smallBody = 4 << 10
 
 // take reserves n bytes for client, and reports whether the budget had
 // them; reserved bytes are given back with give.
@@ -68,7 +82,11 @@ func (b *bodyBudget) take(client string, n int64) bool {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.used+n > b.total || b.byClient[client]+n > b.perClient {
+	room := b.total
+	if n > smallBody {
+		room -= b.reserve
+	}
+	if b.used+n > room || b.byClient[client]+n > b.perClient {
 		return false
 	}
 	b.used += n

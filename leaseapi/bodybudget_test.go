@@ -51,6 +51,36 @@ func TestBodyBudgetBounds(t *testing.T) {
 		t.Fatalf("all given back: held %d, by client %v", b.held(), b.byClient)
 	}
 
+	// Large bodies leave the reserve (an eighth) to small ones, whatever
+	// they hold; small ones may take it all.
+	r := newBodyBudget(64*smallBody, smallBody+1)
+	if r.reserve != 8*smallBody {
+		t.Fatalf("reserve %d, want %d", r.reserve, 8*smallBody)
+	}
+	for i, s := range []struct {
+		client string
+		n      int64
+		ok     bool
+	}{
+		{"a", 28 * smallBody, true},
+		{"b", 28 * smallBody, true},
+		{"c", smallBody + 1, false}, // into the reserve
+		{"c", smallBody, true},      // a small body may
+		{"c", 7 * smallBody, false}, // nor a large one
+	} {
+		if got := r.take(s.client, s.n); got != s.ok {
+			t.Fatalf("reserve step %d: take(%s, %d) = %v, want %v (held %d)", i, s.client, s.n, got, s.ok, r.held())
+		}
+	}
+	for range 7 {
+		if !r.take("d", smallBody) {
+			t.Fatalf("small bodies could not take the reserve: held %d of %d", r.held(), r.total)
+		}
+	}
+	if r.held() != r.total || r.take("e", 1) {
+		t.Fatalf("held %d of %d, and one more byte taken", r.held(), r.total)
+	}
+
 	for _, c := range []struct{ total, floor, wantTotal, wantPer int64 }{
 		{0, 10, DefaultBodyMemory, DefaultBodyMemory / 2},
 		{-1, 10, DefaultBodyMemory, DefaultBodyMemory / 2},

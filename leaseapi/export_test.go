@@ -19,5 +19,8 @@ func Waiting(s *Server, resource string) int { return s.waiters.waiting(resource
 // BodiesHeld returns the request body bytes s holds now (bodybudget.go).
 func BodiesHeld(s *Server) int64 { return s.bodies.held() }
 
-// BodyBudget returns s's body budget: in all, and per client address.
-func BodyBudget(s *Server) (total, perClient int64) { return s.bodies.total, s.bodies.perClient }
+// BodyBudget returns s's body budget for large bodies (above the small
+// calls' reserve): in all, and per client address.
+func BodyBudget(s *Server) (total, perClient int64) {
+	return s.bodies.total - s.bodies.reserve, s.bodies.perClient
+}

@@ -189,7 +189,7 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name stri
 	if err != nil {
 		return nil, err
 	}
-	defer hold.release()
+	hold.release() // the decoded body holds none of its bytes
 	if err := permitOwner(r, body.Owner); err != nil {
 		return nil, err
 	}
@@ -233,7 +233,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, name string
 	if err != nil {
 		return nil, err
 	}
-	defer hold.release()
+	hold.release() // the decoded body holds none of its bytes
 	if err := permitOwner(r, body.Owner); err != nil {
 		return nil, err
 	}
@@ -254,7 +254,7 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, name stri
 	if err != nil {
 		return nil, err
 	}
-	defer hold.release()
+	hold.release() // the decoded body holds none of its bytes
 	if err := permitOwner(r, body.Owner); err != nil {
 		return nil, err
 	}

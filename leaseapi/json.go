@@ -207,15 +207,21 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, limit int64,
 	if !s.bodies.take(h.client, h.n) {
 		return bodyHold{}, overloaded()
 	}
+	held := false
+	defer func() {
+		if !held { // an error, or a panic on the way
+			h.release()
+		}
+	}()
 	raw, err := readBody(http.MaxBytesReader(w, r.Body, limit), r.ContentLength, limit)
 	// Only what was read stays held: what dst holds is no larger.
 	kept := min(int64(len(raw)), h.n)
 	s.bodies.give(h.client, h.n-kept)
 	h.n = kept
 	if err := decodeRead(raw, err, limit, dst); err != nil {
-		h.release()
 		return bodyHold{}, err
 	}
+	held = true
 	return h, nil
 }
 
