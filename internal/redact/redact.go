@@ -23,39 +23,54 @@ func credential(k string) bool {
 }
 
 // URL is s with the password of its user information and the values of
-// its credential parameters shown as "xxxxx". A value that does not parse
-// as a URL with a scheme is returned as is: it is no URL, and carries no
+// its credential parameters shown as "xxxxx". A value with a scheme that
+// does not parse as a URL (a bad escape in its password, say) is shown as
+// its scheme alone; a value without "://" that does not parse (a host and
+// port) is returned as is, as is one without a scheme: neither carries a
 // URL's credentials.
 func URL(s string) string {
 	u, err := url.Parse(s)
-	if err != nil || u.Scheme == "" {
+	if err != nil {
+		if scheme, _, ok := strings.Cut(s, "://"); ok {
+			return scheme + "://(not shown: not a valid URL)"
+		}
+		return s
+	}
+	if u.Scheme == "" {
 		return s
 	}
 	return Parsed(u)
 }
 
-// Parsed is URL for a parsed URL; u is not changed.
+// Parsed is URL for a parsed URL; u is not changed. The query is masked
+// pair by pair as written, so that a pair with a bad escape, which
+// url.Values would drop, is masked too.
 func Parsed(u *url.URL) string {
 	c := *u
 	if c.RawQuery != "" {
-		q := c.Query()
-		changed := false
-		for k := range q {
-			if credential(k) {
-				q[k] = []string{"xxxxx"}
-				changed = true
+		pairs := strings.Split(c.RawQuery, "&")
+		for i, p := range pairs {
+			if k, _, ok := strings.Cut(p, "="); ok && credential(unescape(k)) {
+				pairs[i] = k + "=xxxxx"
 			}
 		}
-		if changed {
-			c.RawQuery = q.Encode()
-		}
+		c.RawQuery = strings.Join(pairs, "&")
 	}
 	return c.Redacted()
 }
 
+// unescape is a query key or value unescaped, or as written when it does
+// not unescape.
+func unescape(s string) string {
+	if v, err := url.QueryUnescape(s); err == nil {
+		return v
+	}
+	return s
+}
+
 // Secrets lists the credentials u carries (its user's password, its
-// credential parameters' values), as given and as escaped in a query, for
-// scrubbing from messages that may quote them (a parser's error).
+// credential parameters' values), as written and unescaped, for scrubbing
+// from messages that may quote them (a parser's error).
 func Secrets(u *url.URL) []string {
 	var out []string
 	add := func(v string) {
@@ -66,11 +81,10 @@ func Secrets(u *url.URL) []string {
 	if pw, ok := u.User.Password(); ok {
 		add(pw)
 	}
-	for k, vs := range u.Query() {
-		if credential(k) {
-			for _, v := range vs {
-				add(v)
-			}
+	for p := range strings.SplitSeq(u.RawQuery, "&") {
+		if k, v, ok := strings.Cut(p, "="); ok && credential(unescape(k)) {
+			add(v)
+			add(unescape(v))
 		}
 	}
 	return out

@@ -33,6 +33,16 @@ func TestURLHidesEveryCredential(t *testing.T) {
 			t.Errorf("Message for %q = %q: the password shows", raw, msg)
 		}
 	}
+	// Bad escapes: url.Values drops the pair, url.Parse refuses the URL.
+	for _, raw := range []string{
+		"postgres://h/db?password=S3cret%zz",
+		"postgres://u:S3cret%zz@h/db",
+		"http://u:S3cret%@h",
+	} {
+		if got := URL(raw); strings.Contains(got, "S3cret") {
+			t.Errorf("URL(%q) = %q: the password shows", raw, got)
+		}
+	}
 	for _, plain := range []string{"127.0.0.1:7070", "file:fencegate.db", "30s", "/etc/fencegate/rules", "postgres://db/app?sslmode=require"} {
 		if got := URL(plain); got != plain {
 			t.Errorf("URL(%q) = %q, want it unchanged", plain, got)
