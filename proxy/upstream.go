@@ -270,6 +270,8 @@ func (g *Gate) upstreamFailed(x *exchange, t flight, err error) {
 		if fenced {
 			p.Detail += "; the write may still be applied by the upstream"
 		}
+	case errors.Is(err, errStaleConn):
+		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream had closed the connection the request was given, and the request could not go on another; nothing was sent")
 	case !sent:
 		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream could not be reached (or no connection to it was free in time)")
 	case fenced || x.flight != nil:
