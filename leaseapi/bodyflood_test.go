@@ -20,6 +20,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/internal/h2test"
 	"github.com/fencegate/fencegate/leaseapi"
 )
 
@@ -413,30 +414,9 @@ func TestHTTP2ConfigBoundsStreamsAndWindows(t *testing.T) {
 	if p := conn.ConnectionState().NegotiatedProtocol; p != "h2" {
 		t.Fatalf("ALPN chose %q", p)
 	}
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	io.WriteString(conn, http2.ClientPreface)
-	fr := http2.NewFramer(conn, conn)
-	if err := fr.WriteSettings(); err != nil {
+	settings, connWindow, err := h2test.ServerSettings(conn, 10*time.Second)
+	if err != nil {
 		t.Fatal(err)
-	}
-	settings := map[http2.SettingID]uint32{}
-	var connWindow uint32
-	for seen := false; !seen || connWindow == 0; {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			t.Fatalf("reading the server's settings: %v", err)
-		}
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				f.ForeachSetting(func(s http2.Setting) error { settings[s.ID] = s.Val; return nil })
-				seen = true
-			}
-		case *http2.WindowUpdateFrame:
-			if f.StreamID == 0 {
-				connWindow = 65535 + f.Increment
-			}
-		}
 	}
 	want := map[http2.SettingID]uint32{
 		http2.SettingMaxConcurrentStreams: leaseapi.MaxConcurrentStreams,

@@ -54,6 +54,12 @@ func serveRaw(t *testing.T, serve func(net.Conn)) net.Listener {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveOn(t, ln, serve)
+}
+
+// serveOn accepts on ln until the test ends and hands each connection to
+// serve, on a goroutine of its own.
+func serveOn(t *testing.T, ln net.Listener, serve func(net.Conn)) net.Listener {
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {

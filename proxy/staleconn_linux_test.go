@@ -63,7 +63,7 @@ func newClosingUpstreamTLS(t *testing.T) *closingUpstream {
 	return u
 }
 
-// newClosingUpstreamUnix is an closingUpstream on a Unix socket.
+// newClosingUpstreamUnix is a closingUpstream on a Unix socket.
 func newClosingUpstreamUnix(t *testing.T) *closingUpstream {
 	u := &closingUpstream{got: map[string]int{}, idle: map[net.Conn]bool{}, raw: map[net.Conn]net.Conn{}, done: map[net.Conn]chan struct{}{}}
 	path := t.TempDir() + "/up.sock"
@@ -71,17 +71,7 @@ func newClosingUpstreamUnix(t *testing.T) *closingUpstream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go u.serve(c)
-		}
-	}()
-	u.ln = ln
+	u.ln = serveOn(t, ln, u.serve)
 	u.url = "unix:" + path
 	return u
 }

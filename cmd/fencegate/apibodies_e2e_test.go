@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/fencegate/fencegate/config"
 	"github.com/fencegate/fencegate/internal/certs/certstest"
+	"github.com/fencegate/fencegate/internal/h2test"
 	"github.com/fencegate/fencegate/leaseapi"
 )
 
@@ -166,30 +166,9 @@ func TestAPIOverHTTP2BoundsStreams(t *testing.T) {
 	if proto := conn.ConnectionState().NegotiatedProtocol; proto != "h2" {
 		t.Fatalf("ALPN chose %q", proto)
 	}
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	io.WriteString(conn, http2.ClientPreface)
-	fr := http2.NewFramer(conn, conn)
-	if err := fr.WriteSettings(); err != nil {
+	settings, connWindow, err := h2test.ServerSettings(conn, 10*time.Second)
+	if err != nil {
 		t.Fatal(err)
-	}
-	settings := map[http2.SettingID]uint32{}
-	var connWindow uint32
-	for seen := false; !seen || connWindow == 0; {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			t.Fatalf("reading the server's settings: %v", err)
-		}
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				f.ForeachSetting(func(s http2.Setting) error { settings[s.ID] = s.Val; return nil })
-				seen = true
-			}
-		case *http2.WindowUpdateFrame:
-			if f.StreamID == 0 {
-				connWindow = 65535 + f.Increment
-			}
-		}
 	}
 	if settings[http2.SettingMaxConcurrentStreams] != leaseapi.MaxConcurrentStreams || settings[http2.SettingInitialWindowSize] != 64<<10 || connWindow != 256<<10 {
 		t.Fatalf("settings %v, connection window %d: want %d streams, 64 KiB a stream, 256 KiB a connection",
