@@ -384,3 +384,37 @@ func TestEarlyAnswerEndsTheConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestEmptyWritesReachTheUpstreamAlike: a fenced PUT with an empty body
+// reaches an HTTP/1.1 upstream framed alike (Content-Length: 0, not an
+// empty chunked body) whether its client spoke HTTP/1.1 or HTTP/2.
+func TestEmptyWritesReachTheUpstreamAlike(t *testing.T) {
+	e := newEnv(t, testRules)
+	var mu sync.Mutex
+	var seen []string
+	e.up.handle = func(w http.ResponseWriter, r *http.Request, _ received) bool {
+		mu.Lock()
+		seen = append(seen, strings.Join(r.TransferEncoding, ",")+"|"+r.Header.Get("Content-Length"))
+		mu.Unlock()
+		return false
+	}
+	s := serveGateWith(t, e.gate, ServerOptions{H2C: true})
+	l := e.acquire("job:1", "a", time.Hour)
+	for _, c := range []*http.Client{s.Client(), h2client()} {
+		req, _ := http.NewRequest("PUT", s.URL+"/jobs/1", http.NoBody)
+		req.Header.Set(HeaderToken, tok(l.Token))
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 2 || seen[0] != seen[1] {
+		t.Fatalf("upstream framing (Transfer-Encoding|Content-Length): HTTP/1.1 client %q, HTTP/2 client %q; want the same", seen[0], seen[1])
+	}
+}

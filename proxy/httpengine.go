@@ -222,6 +222,11 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 	// HTTP/2 transport resends a request with a GetBody after the upstream
 	// reset its stream, which it may have applied.
 	switch {
+	case x.buffered != nil && len(*x.buffered) == 0:
+		// An HTTP/2 request's content-length: 0: no body, sent as
+		// Content-Length: 0, as from an HTTP/1.1 client (a non-nil body
+		// of no declared length would go chunked).
+		out.Body, out.ContentLength = nil, 0
 	case x.buffered != nil:
 		b := *x.buffered
 		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))

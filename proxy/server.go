@@ -48,7 +48,7 @@ type ServerOptions struct {
 	MaxHeaderBytes int
 	// MaxConns caps the open client connections: one beyond it gets a 503
 	// too-many-connections answer, written before its request is read,
-	// and is closed. Half of it caps the HTTP/2 requests in flight over
+	// and is closed. A quarter of it caps the HTTP/2 requests in flight over
 	// all connections (one connection carries many): one beyond is
 	// answered 503 too-many-connections at once, its body unread (see
 	// streamCap). Zero means no cap.
@@ -124,7 +124,7 @@ type Server struct {
 	idleTimeout   time.Duration
 	maxHead       int
 	limit         *connlimit.Counter // client connections, against MaxConns and MaxConnsPerClient
-	streams       streamCap          // HTTP/2 requests in flight, against half those numbers
+	streams       streamCap          // HTTP/2 requests in flight, against a quarter and half of those numbers
 	tls           *tls.Config        // or nil
 	// noLoops keeps the event loops off: the general engine serves every
 	// connection (ServerOptions.NoEventLoops).
