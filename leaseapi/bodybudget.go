@@ -1,6 +1,8 @@
 package leaseapi
 
 import (
+	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"sync"
@@ -41,8 +43,8 @@ const RetryAfterOverloaded = 1
 // held.
 //
 // Small bodies keep a part of the budget for themselves (reserve, an
-// eighth of it): a body of more than smallBody bytes (a large checkpoint)
-// may not take it, so calls that declare large bodies and stall, which
+// eighth of it, and clientReserve, an eighth of each client's share): a
+// body of more than smallBody bytes (a large checkpoint) may not take it, so calls that declare large bodies and stall, which
 // hold their reservations without sending a byte, cannot keep the small
 // calls that keep leases alive (acquire, renew, release: a few hundred
 // bytes each) out.
@@ -53,10 +55,12 @@ const RetryAfterOverloaded = 1
 // most, plus the garbage the collector has not yet taken.
 type bodyBudget struct {
 	total, perClient int64
-	reserve          int64 // of total, for bodies of at most smallBody bytes
-	mu               sync.Mutex
-	used             int64
-	byClient         map[string]int64 // no entry at zero
+	// reserve of total and clientReserve of perClient are for bodies of
+	// at most smallBody bytes.
+	reserve, clientReserve int64
+	mu                     sync.Mutex
+	used                   int64
+	byClient               map[string]int64 // no entry at zero
 }
 
 // newBodyBudget returns a budget of total bytes (zero or less:
@@ -66,8 +70,10 @@ func newBodyBudget(total, floor int64) *bodyBudget {
 		total = DefaultBodyMemory
 	}
 	total = max(total, floor)
-	return &bodyBudget{total: total, perClient: min(total, max(total/2, floor)),
-		reserve: min(total/8, total-floor), byClient: map[string]int64{}}
+	perClient := min(total, max(total/2, floor))
+	return &bodyBudget{total: total, perClient: perClient,
+		reserve: min(total/8, total-floor), clientReserve: min(perClient/8, perClient-floor),
+		byClient: map[string]int64{}}
 }
 
 // smallBody is the largest body that may take the budget's reserve: what
@@ -82,11 +88,11 @@ func (b *bodyBudget) take(client string, n int64) bool {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	room := b.total
+	room, clientRoom := b.total, b.perClient
 	if n > smallBody {
-		room -= b.reserve
+		room, clientRoom = room-b.reserve, clientRoom-b.clientReserve
 	}
-	if b.used+n > room || b.byClient[client]+n > b.perClient {
+	if b.used+n > room || b.byClient[client]+n > clientRoom {
 		return false
 	}
 	b.used += n
@@ -127,6 +133,33 @@ func (h bodyHold) release() {
 	if h.budget != nil {
 		h.budget.give(h.client, h.n)
 	}
+}
+
+// growingHold reads a body of unknown length within h, which it makes
+// grow from its first reservation to the whole limit once the body goes
+// past it; a body the budget cannot cover then fails with errOverBudget.
+type growingHold struct {
+	r     io.Reader
+	h     *bodyHold
+	limit int64
+	read  int64
+}
+
+var errOverBudget = errors.New("leaseapi: the body budget cannot cover this body")
+
+func (g *growingHold) Read(p []byte) (int, error) {
+	if g.read >= g.h.n && g.h.n < g.limit {
+		if !g.h.budget.take(g.h.client, g.limit-g.h.n) {
+			return 0, errOverBudget
+		}
+		g.h.n = g.limit
+	}
+	if room := g.h.n - g.read; g.h.n < g.limit && int64(len(p)) > room {
+		p = p[:room]
+	}
+	n, err := g.r.Read(p)
+	g.read += int64(n)
+	return n, err
 }
 
 // overloaded refuses a call whose body the budget cannot cover.

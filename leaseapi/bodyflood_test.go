@@ -432,3 +432,56 @@ func TestHTTP2ConfigBoundsStreamsAndWindows(t *testing.T) {
 		t.Errorf("connection receive window %d, want %d", connWindow, 256<<10)
 	}
 }
+
+// TestLeaseCallsGoOnBesideTheirAddressLargeBodies: on the default
+// loopback listener every worker is one address. Large checkpoint bodies
+// stalled from it take its share but an eighth, which stays for the small
+// calls that keep leases alive: the same address's acquire goes through.
+func TestLeaseCallsGoOnBesideTheirAddressLargeBodies(t *testing.T) {
+	api, srv := newFloodServer(t, false, 0)
+	_, perClient := leaseapi.BodyBudget(api)
+	body := []byte(strings.Repeat("x", 1<<20))
+	var held []*stalledCall
+	for i := range 4 {
+		held = append(held, stallHTTP1(t, srv.Listener.Addr().String(), 1, fmt.Sprintf("/v1/leases/big:%d/checkpoint", i), body))
+	}
+	awaitHeld(t, api, perClient/int64(len(body))*int64(len(body)))
+	c := clientFrom(srv, 1)
+	a := send(t, c, srv.URL, "POST", "/v1/leases/job:1/acquire", `{"owner":"w","ttl_seconds":60}`)
+	if a.status != http.StatusOK {
+		t.Errorf("a 40-byte acquire from the same address while large bodies stall: %d %s; want 200", a.status, a.raw)
+	}
+	_ = held
+}
+
+// TestChunkedLeaseCallsUseTheReserve: a lease call without a
+// Content-Length (chunked) reserves a small body's bytes first, and so
+// goes through on the reserve while large bodies from other addresses
+// hold all the rest.
+func TestChunkedLeaseCallsUseTheReserve(t *testing.T) {
+	api, srv := newFloodServer(t, false, 0)
+	total, _ := leaseapi.BodyBudget(api)
+	body := floodBody()
+	size := int64(len(body))
+	n := int(total / size)
+	for i := range n {
+		stallHTTP1(t, srv.Listener.Addr().String(), byte(2+i/3), fmt.Sprintf("/v1/leases/big:%d/checkpoint", i), body)
+	}
+	rest := total - int64(n)*size - 100 // the rest of the large bodies' room, but 100 bytes
+	stallHTTP1(t, srv.Listener.Addr().String(), 10, "/v1/leases/big:x/checkpoint", []byte(strings.Repeat("x", int(rest))))
+	awaitHeld(t, api, int64(n)*size+rest)
+	c := clientFrom(srv, 20)
+	if a := send(t, c, srv.URL, "POST", "/v1/leases/job:2/acquire", `{"owner":"w","ttl_seconds":60}`); a.status != http.StatusOK {
+		t.Fatalf("with Content-Length: %d", a.status)
+	}
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/leases/job:1/acquire", struct{ *strings.Reader }{strings.NewReader(`{"owner":"w","ttl_seconds":60}`)}) // unknown length: chunked
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("a chunked 30-byte acquire from a fresh address: %d; want 200: the reserve for small calls is free", resp.StatusCode)
+	}
+}

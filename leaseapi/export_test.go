@@ -22,5 +22,5 @@ func BodiesHeld(s *Server) int64 { return s.bodies.held() }
 // BodyBudget returns s's body budget for large bodies (above the small
 // calls' reserve): in all, and per client address.
 func BodyBudget(s *Server) (total, perClient int64) {
-	return s.bodies.total - s.bodies.reserve, s.bodies.perClient
+	return s.bodies.total - s.bodies.reserve, s.bodies.perClient - s.bodies.clientReserve
 }

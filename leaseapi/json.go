@@ -200,7 +200,9 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, limit int64,
 	if r.ContentLength > limit {
 		return bodyHold{}, tooLarge(limit)
 	}
-	h := bodyHold{budget: s.bodies, client: limitKey(r), n: limit}
+	// A body of unknown length (chunked) reserves a small body's bytes
+	// first, and the rest of its limit only if it grows past them.
+	h := bodyHold{budget: s.bodies, client: limitKey(r), n: min(limit, smallBody)}
 	if r.ContentLength >= 0 {
 		h.n = r.ContentLength
 	}
@@ -213,7 +215,14 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, limit int64,
 			h.release()
 		}
 	}()
-	raw, err := readBody(http.MaxBytesReader(w, r.Body, limit), r.ContentLength, limit)
+	var body io.Reader = http.MaxBytesReader(w, r.Body, limit)
+	if r.ContentLength < 0 {
+		body = &growingHold{r: body, h: &h, limit: limit}
+	}
+	raw, err := readBody(body, r.ContentLength, limit)
+	if errors.Is(err, errOverBudget) {
+		return bodyHold{}, overloaded()
+	}
 	// Only what was read stays held: what dst holds is no larger.
 	kept := min(int64(len(raw)), h.n)
 	s.bodies.give(h.client, h.n-kept)
