@@ -352,14 +352,14 @@ func validateUpstream(raw string) error {
 func UpstreamSocket(raw string) (string, error) {
 	p, ok := strings.CutPrefix(raw, "unix:")
 	if !ok {
-		return "", fmt.Errorf("%q is not a unix: upstream", raw)
+		return "", fmt.Errorf("%q is not a unix: upstream", RedactURL(raw))
 	}
 	p = strings.TrimPrefix(p, "//") // unix:///run/x.sock, as some tools write it
 	if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?#") || strings.ContainsFunc(p, func(r rune) bool { return r < ' ' || r == 0x7f }) {
-		return "", fmt.Errorf("%q is not unix:/absolute/path.sock", raw)
+		return "", fmt.Errorf("%q is not unix:/absolute/path.sock", RedactURL(raw))
 	}
 	if path.Clean(p) != p {
-		return "", fmt.Errorf("%q: the socket path is not clean (want %s)", raw, path.Clean(p))
+		return "", fmt.Errorf("%q: the socket path is not clean (want %s)", RedactURL(raw), path.Clean(p))
 	}
 	return p, nil
 }

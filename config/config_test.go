@@ -355,3 +355,13 @@ func TestLoops(t *testing.T) {
 		}
 	}
 }
+
+// TestUpstreamSocketErrorsHideCredentials: a unix: upstream refused for
+// its query does not repeat a credential in it.
+func TestUpstreamSocketErrorsHideCredentials(t *testing.T) {
+	for _, raw := range []string{"unix:/run/app.sock?token=S3cret", "unix:/run/a%zz.sock?token=S3cret"} {
+		if err := validateUpstream(raw); err == nil || strings.Contains(err.Error(), "S3cret") {
+			t.Errorf("validateUpstream(%q) = %v: the token shows", raw, err)
+		}
+	}
+}

@@ -250,7 +250,7 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(opts.URL)
 	if err != nil {
 		// pgx's parse errors may quote the URL: never show a password.
-		return nil, fmt.Errorf("pgstore: invalid URL %s: %v", redact.Parsed(u), redact.Message(err.Error(), u))
+		return nil, fmt.Errorf("pgstore: invalid URL %s: %v", redact.Parsed(u), redact.Message(err.Error(), opts.URL, u))
 	}
 	if _, has := u.User.Password(); !has && opts.Password != "" {
 		cfg.ConnConfig.Password = opts.Password

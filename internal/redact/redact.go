@@ -23,40 +23,70 @@ func credential(k string) bool {
 }
 
 // URL is s with the password of its user information and the values of
-// its credential parameters shown as "xxxxx". A value with a scheme that
-// does not parse as a URL (a bad escape in its password, say) is shown as
-// its scheme alone; a value without "://" that does not parse (a host and
-// port) is returned as is, as is one without a scheme: neither carries a
-// URL's credentials.
+// its credential parameters (in its query or its fragment, pairs split at
+// "&" or ";") shown as "xxxxx". A value that does not parse as a URL with
+// a scheme is returned as is unless it carries a credential pair
+// anywhere ("password=…", as in a libpq connection string, or a query
+// past a bad escape), in which case it is not shown at all.
 func URL(s string) string {
 	u, err := url.Parse(s)
-	if err != nil {
-		if scheme, _, ok := strings.Cut(s, "://"); ok {
-			return scheme + "://(not shown: not a valid URL)"
+	if err != nil || u.Scheme == "" {
+		if hasCredentialPair(s) || err != nil && strings.Contains(s, "@") {
+			return "(not shown: it may carry a credential)"
 		}
-		return s
-	}
-	if u.Scheme == "" {
 		return s
 	}
 	return Parsed(u)
 }
 
-// Parsed is URL for a parsed URL; u is not changed. The query is masked
-// pair by pair as written, so that a pair with a bad escape, which
-// url.Values would drop, is masked too.
+// Parsed is URL for a parsed URL; u is not changed. Pairs are masked as
+// written, so that one with a bad escape, which url.Values would drop, is
+// masked too.
 func Parsed(u *url.URL) string {
 	c := *u
-	if c.RawQuery != "" {
-		pairs := strings.Split(c.RawQuery, "&")
-		for i, p := range pairs {
-			if k, _, ok := strings.Cut(p, "="); ok && credential(unescape(k)) {
-				pairs[i] = k + "=xxxxx"
-			}
-		}
-		c.RawQuery = strings.Join(pairs, "&")
+	c.RawQuery = maskPairs(c.RawQuery)
+	if c.Fragment != "" && hasCredentialPair(c.EscapedFragment()) {
+		c.Fragment, c.RawFragment = "xxxxx", ""
 	}
 	return c.Redacted()
+}
+
+// maskPairs masks the values of the credential pairs of a query as
+// written, its separators kept.
+func maskPairs(q string) string {
+	var b strings.Builder
+	start := 0
+	for i := 0; i <= len(q); i++ {
+		if i < len(q) && !isPairSep(rune(q[i])) {
+			continue
+		}
+		p := q[start:i]
+		if k, _, ok := strings.Cut(p, "="); ok && credential(unescape(k)) {
+			p = k + "=xxxxx"
+		}
+		b.WriteString(p)
+		if i < len(q) {
+			b.WriteByte(q[i])
+		}
+		start = i + 1
+	}
+	return b.String()
+}
+
+func isPairSep(r rune) bool { return r == '&' || r == ';' }
+
+// hasCredentialPair reports whether s holds a word "key=value" whose key
+// names a credential, separated from the rest by blanks, "&", ";", "?"
+// or "#".
+func hasCredentialPair(s string) bool {
+	for _, w := range strings.FieldsFunc(s, func(r rune) bool {
+		return r == ' ' || r == '\t' || r == '&' || r == ';' || r == '?' || r == '#'
+	}) {
+		if k, _, ok := strings.Cut(w, "="); ok && credential(unescape(k)) {
+			return true
+		}
+	}
+	return false
 }
 
 // unescape is a query key or value unescaped, or as written when it does
@@ -80,8 +110,11 @@ func Secrets(u *url.URL) []string {
 	}
 	if pw, ok := u.User.Password(); ok {
 		add(pw)
+		if _, rawPW, ok := strings.Cut(u.User.String(), ":"); ok {
+			add(rawPW)
+		}
 	}
-	for p := range strings.SplitSeq(u.RawQuery, "&") {
+	for _, p := range strings.FieldsFunc(u.RawQuery, isPairSep) {
 		if k, v, ok := strings.Cut(p, "="); ok && credential(unescape(k)) {
 			add(v)
 			add(unescape(v))
@@ -90,10 +123,24 @@ func Secrets(u *url.URL) []string {
 	return out
 }
 
-// Message is msg with every one of u's credentials (Secrets) shown as
-// "xxxxx".
-func Message(msg string, u *url.URL) string {
-	for _, s := range Secrets(u) {
+// SecretsOf is Secrets for the URL as written, raw: also the password
+// exactly as spelt there (an escape may be written in either case).
+func SecretsOf(raw string, u *url.URL) []string {
+	out := Secrets(u)
+	if _, rest, ok := strings.Cut(raw, "://"); ok {
+		if at := strings.LastIndex(strings.SplitN(rest, "/", 2)[0], "@"); at >= 0 {
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok && pw != "" {
+				out = append(out, pw)
+			}
+		}
+	}
+	return out
+}
+
+// Message is msg with every one of the credentials of raw, parsed as u,
+// (SecretsOf) shown as "xxxxx".
+func Message(msg, raw string, u *url.URL) string {
+	for _, s := range SecretsOf(raw, u) {
 		msg = strings.ReplaceAll(msg, s, "xxxxx")
 	}
 	return msg
