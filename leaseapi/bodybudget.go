@@ -148,11 +148,22 @@ type growingHold struct {
 var errOverBudget = errors.New("leaseapi: the body budget cannot cover this body")
 
 func (g *growingHold) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
 	if g.read >= g.h.n && g.h.n < g.limit {
+		// One byte first: a body that ends at its reservation needs no
+		// more of the budget.
+		n, err := g.r.Read(p[:1])
+		if n == 0 {
+			return 0, err
+		}
 		if !g.h.budget.take(g.h.client, g.limit-g.h.n) {
 			return 0, errOverBudget
 		}
 		g.h.n = g.limit
+		g.read += int64(n)
+		return n, err
 	}
 	if room := g.h.n - g.read; g.h.n < g.limit && int64(len(p)) > room {
 		p = p[:room]

@@ -3,6 +3,7 @@ package leaseapi
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"testing"
 	"testing/iotest"
@@ -122,5 +123,38 @@ func TestReadBodySizedFromLength(t *testing.T) {
 	r := io.MultiReader(bytes.NewReader(body[:100]), iotest.ErrReader(broken))
 	if got, err := readBody(r, int64(len(body)), 2<<20); !errors.Is(err, broken) || !bytes.Equal(got, body[:100]) {
 		t.Fatalf("read error: %d bytes, %v", len(got), err)
+	}
+}
+
+// TestGrowingHoldTakesMoreOnlyPastItsReservation: a body of unknown length
+// that ends at its first reservation reads whole with the budget spent; one
+// byte past it takes the rest of its limit, or fails with errOverBudget
+// when the budget cannot.
+func TestGrowingHoldTakesMoreOnlyPastItsReservation(t *testing.T) {
+	const limit = 16 * smallBody
+	for _, c := range []struct {
+		size    int
+		spent   bool // the budget spent by another client meanwhile
+		err     error
+		holding int64
+	}{
+		{smallBody, true, nil, smallBody},
+		{smallBody + 1, true, errOverBudget, smallBody},
+		{3 * smallBody, false, nil, limit},
+	} {
+		b := newBodyBudget(64*smallBody, smallBody)
+		h := bodyHold{budget: b, client: "c", n: smallBody}
+		if !b.take(h.client, h.n) {
+			t.Fatal("no room for the first reservation")
+		}
+		for i := 0; c.spent && i < 64; i++ {
+			for b.take(fmt.Sprint("other ", i), smallBody) {
+			}
+		}
+		raw, err := readBody(&growingHold{r: bytes.NewReader(bytes.Repeat([]byte("x"), c.size)), h: &h, limit: limit}, -1, limit)
+		if !errors.Is(err, c.err) || h.n != c.holding || err == nil && len(raw) != c.size {
+			t.Errorf("a body of %d bytes, budget spent %v: %d bytes read, %v, holding %d; want %v, holding %d",
+				c.size, c.spent, len(raw), err, h.n, c.err, c.holding)
+		}
 	}
 }
