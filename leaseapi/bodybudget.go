@@ -176,6 +176,6 @@ func (g *growingHold) Read(p []byte) (int, error) {
 // overloaded refuses a call whose body the budget cannot cover.
 func overloaded() *problem.Error {
 	return &problem.Error{Status: http.StatusServiceUnavailable, Code: "overloaded",
-		Detail:  "the lease API holds as many request bodies as its memory budget allows; nothing of this request was read or done, retry later",
+		Detail:  "the lease API holds as many request bodies as its memory budget allows; nothing of this request was done, retry later",
 		Headers: http.Header{"Retry-After": {strconv.Itoa(RetryAfterOverloaded)}}}
 }

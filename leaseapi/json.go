@@ -184,9 +184,10 @@ func checkContentType(r *http.Request) error {
 
 // decodeBody reads r's body, at most limit bytes, as exactly one JSON object
 // into dst, within the server's body budget (bodybudget.go). The body's
-// bytes (its Content-Length, or limit when it has none) are reserved
-// before any is read: a body the budget cannot cover is refused as
-// overloaded, unread. The hold returned keeps the bytes the body had
+// bytes are reserved before any is read (its Content-Length; without one,
+// a small body's bytes, and the rest of limit once it grows past them): a
+// body the budget cannot cover is refused as overloaded, unread (a body
+// without a length, once it outgrows its first reservation). The hold returned keeps the bytes the body had
 // reserved until the caller releases it, done with dst; on an error
 // nothing stays reserved. Errors are *problem.Error values ready for
 // problem.Write.
