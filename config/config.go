@@ -22,7 +22,6 @@ import (
 	"github.com/fencegate/fencegate/fencing/pgstore"
 	"github.com/fencegate/fencegate/fencing/valkeystore"
 	"github.com/fencegate/fencegate/internal/apitoken"
-	"github.com/fencegate/fencegate/internal/redact"
 )
 
 // Prefix starts every variable fencegate reads.
@@ -443,29 +442,20 @@ func ParseStore(raw string) (StoreSpec, error) {
 		strings.HasPrefix(raw, "redis://"), strings.HasPrefix(raw, "rediss://"):
 		u, err := url.Parse(raw)
 		if err != nil || u.Host == "" {
-			return StoreSpec{}, fmt.Errorf("%q is not a valkey URL with a host", redactURL(raw))
+			return StoreSpec{}, fmt.Errorf("%q is not a valkey URL with a host", RedactURL(raw))
 		}
 		return StoreSpec{Kind: StoreValkey, URL: raw}, nil
 	case strings.HasPrefix(raw, "postgres://"), strings.HasPrefix(raw, "postgresql://"):
 		// The host may come from PGHOST or default to the local socket,
 		// as with libpq; pgx checks the rest when the store opens.
 		if _, err := url.Parse(raw); err != nil {
-			return StoreSpec{}, fmt.Errorf("%q is not a postgres URL", redactURL(raw))
+			return StoreSpec{}, fmt.Errorf("%q is not a postgres URL", RedactURL(raw))
 		}
 		return StoreSpec{Kind: StorePostgres, URL: raw}, nil
 	}
 	// Not echoed: a connection string in another form (libpq's
 	// "host=… password=…") would show its password.
 	return StoreSpec{}, errors.New("the value is not a store URL: memory:, file:PATH, valkey://… or postgres://…")
-}
-
-// redactURL hides a URL's credentials so errors and logs never carry them.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return redact.Parsed(u)
 }
 
 // Redacted is the store URL with any password hidden, for logs.
@@ -476,7 +466,7 @@ func (s StoreSpec) Redacted() string {
 	case StoreMemory:
 		return "memory:"
 	}
-	return redactURL(s.URL)
+	return RedactURL(s.URL)
 }
 
 // MinTLSWatch is the shortest FENCEGATE_TLS_WATCH other than 0.
