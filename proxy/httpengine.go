@@ -248,6 +248,13 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 	out.Trailer = nil // trailers arrive after the decision: never forwarded
 }
 
+// emptyBody is a request body of no bytes that a transport cannot send
+// again (it is not http.NoBody).
+type emptyBody struct{}
+
+func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (emptyBody) Close() error             { return nil }
+
 // answered runs when the upstream's response head arrives: a fenced
 // write's place at the barrier is left once its request has been written
 // whole (the next token may go while the answer's body is relayed), and the

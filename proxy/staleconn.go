@@ -101,13 +101,6 @@ func (a *connAttempt) gotConn(info httptrace.GotConnInfo) {
 	}
 }
 
-// emptyBody is a request body of no bytes that a transport cannot send
-// again (it is not http.NoBody).
-type emptyBody struct{}
-
-func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
-func (emptyBody) Close() error             { return nil }
-
 // replayableBody is a streamed request body handed to the transport one
 // attempt at a time: GetBody gives the next attempt the same body as long
 // as the transport has not read from the last one. An attempt given up is
