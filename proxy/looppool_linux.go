@@ -130,10 +130,11 @@ func (p *upstreamPool) drop(u *upConn) {
 	}
 }
 
-// get gives c an upstream connection: an idle one, a new one, or a
-// place in the queue when UpstreamConns are all in use.
+// get gives c an upstream connection: an idle one the upstream has not
+// closed (see upConn.closedByPeer), a new one, or a place in the queue
+// when UpstreamConns are all in use.
 func (p *upstreamPool) get(c *loopConn) {
-	if n := len(p.idle); n > 0 {
+	for n := len(p.idle); n > 0; n = len(p.idle) {
 		// The one used last, as nginx's upstream keepalive and net/http
 		// take theirs: at low load the same few connections (warm in the
 		// kernel, at a worker of the upstream that is awake) carry the
@@ -143,6 +144,10 @@ func (p *upstreamPool) get(c *loopConn) {
 		u := p.idle[n-1]
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
+		if u.closedByPeer(p.l.now) {
+			u.close()
+			continue
+		}
 		u.attach(c)
 		return
 	}

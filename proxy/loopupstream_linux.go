@@ -180,6 +180,29 @@ func (u *upConn) ready(ev uint32) {
 	}
 }
 
+// closedByPeer reports whether the upstream has closed u, idle since
+// idleSince, or sent on it what no request asked for, as far as the loop
+// can tell at now, as a request takes it. The loop learns of a close from
+// the events of its last wait; a close that came since (an upstream's idle
+// timeout fires at any moment) would take the request with it, and a
+// write sent on a closed connection is answered 502 "may have been
+// applied" with the barrier held, though the upstream never read it. So a
+// connection idle for upstreamLook or longer gets one read of its socket
+// here (nothing to read: live). One busier than that is taken on its
+// events alone: under load no request pays the read, and upstreams close
+// idle connections after seconds, not within a millisecond.
+func (u *upConn) closedByPeer(now time.Time) bool {
+	if len(u.In) > 0 || u.EOF || u.Hup || u.Err != nil { // read ahead this pass
+		return true
+	}
+	if now.Sub(u.idleSince) < upstreamLook {
+		return false
+	}
+	u.Readable = true
+	u.Fill(u.l.buf)
+	return len(u.In) > 0 || u.EOF
+}
+
 // attach gives u to c's request.
 func (u *upConn) attach(c *loopConn) {
 	u.client = c

@@ -24,7 +24,7 @@ import (
 //   - Retry only a request that was never sent: a write retried after it
 //     left the gate could be applied twice. A pooled connection found
 //     closed by the upstream as a request takes it is given up before a
-//     byte goes (staleConnCheck, as the event loops' look before reuse), and
+//     byte goes (staleConnCheck; the event loops' upConn.closedByPeer), and
 //     the request goes on another. The general engine's transport
 //     retries reads on a pooled connection that turned out closed; a write
 //     that carries an Idempotency-Key (which net/http would retry after
@@ -45,6 +45,7 @@ import (
 const (
 	upstreamDialTimeout  = 5 * time.Second
 	upstreamIdle         = time.Minute
+	upstreamLook         = time.Millisecond // the event loops' look at an idle connection (upConn.closedByPeer)
 	upstreamStreamWindow = 64 << 10
 )
 

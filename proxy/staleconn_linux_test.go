@@ -163,6 +163,13 @@ func (u *closingUpstream) count(body string) int {
 // job:1 held with token returned.
 func closingGate(t *testing.T, kind engine, up *closingUpstream, set func(*Options)) (addr string, token uint64, st *memstore.Store) {
 	t.Helper()
+	addr, token, st, _ = closingServer(t, kind, up, set)
+	return addr, token, st
+}
+
+// closingServer is closingGate with the gate's Server.
+func closingServer(t *testing.T, kind engine, up *closingUpstream, set func(*Options)) (addr string, token uint64, st *memstore.Store, s *Server) {
+	t.Helper()
 	st = memstore.New(memstore.Options{})
 	l, err := st.Acquire(context.Background(), fencing.AcquireRequest{Resource: "job:1", Owner: "holder", TTL: time.Hour})
 	if err != nil {
@@ -188,11 +195,11 @@ func closingGate(t *testing.T, kind engine, up *closingUpstream, set func(*Optio
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewServer(g, ServerOptions{NoIOURing: kind == engineLoopsPlainIO})
+	s = NewServer(g, ServerOptions{NoIOURing: kind == engineLoopsPlainIO})
 	s.noLoops = kind == engineGeneral
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(func() { _ = s.Close() })
-	return ln.Addr().String(), uint64(l.Token), st
+	return ln.Addr().String(), uint64(l.Token), st, s
 }
 
 // keepAliveClient is one keep-alive client connection to the gate.
@@ -348,3 +355,104 @@ func TestWritesGoOnWhenTheUpstreamClosedIdleConnections(t *testing.T) {
 		}
 	}
 }
+
+// TestLoopsLookAtAnIdleConnectionBeforeTheWrite: the upstream closes an
+// idle keep-alive connection in the moment between the loop's look at
+// its sockets' events and its forwarding of a write it has admitted in
+// that pass (here: the loop is held, by a function posted to it, after it
+// read and admitted the write). The loop has not seen the close: it must
+// not send the write on that connection, which the upstream will never
+// read (a 502 "may have been applied" for a write the upstream never got,
+// and the barrier held for the grace against the next holder), but look
+// at the socket first and take another. Judged from the upstream's own
+// record: every write received once, all 2xx.
+func TestLoopsLookAtAnIdleConnectionBeforeTheWrite(t *testing.T) {
+	const writes = 12
+	for _, kind := range []engine{engineLoops, engineLoopsPlainIO} {
+		for _, rst := range []bool{false, true} {
+			name := map[engine]string{engineLoops: "event loops", engineLoopsPlainIO: "event loops without io_uring"}[kind]
+			name += map[bool]string{false: "/FIN", true: "/RST"}[rst]
+			t.Run(name, func(t *testing.T) {
+				up := newClosingUpstream(t)
+				addr, token, _, s := closingServer(t, kind, up, func(o *Options) { o.TimeoutGrace = NoGrace })
+				waitFor(t, "the event loops", func() bool { return s.engine() != nil })
+				e := s.engine()
+				cl := dialKeepAliveClient(t, addr)
+				var r reuseTally
+				if status, problem := cl.put(t, "/jobs/1", token, name+"-first"); status != 200 {
+					t.Fatalf("first write: %d %s", status, problem)
+				}
+				for i := range writes {
+					body := fmt.Sprintf("%s-w%d", name, i)
+					before := holdLoops(t, e)
+					before.wait()
+					req := "PUT /jobs/1 HTTP/1.1\r\nHost: gate\r\nFencing-Token: " + strconv.FormatUint(token, 10) +
+						"\r\nContent-Type: text/plain\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+					_ = cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+					if _, err := io.WriteString(cl.c, req); err != nil {
+						t.Fatal(err)
+					}
+					// The next pass reads the write from its events, then
+					// runs this hold from its inbox, then forwards.
+					during := holdLoops(t, e)
+					// The connection has been idle for a while: the loop
+					// looks at those idle for upstreamLook and longer.
+					time.Sleep(2 * upstreamLook)
+					before.release()
+					during.wait()
+					closed := up.closeIdle(rst) // the upstream's idle timeout
+					during.release()
+					resp, err := http.ReadResponse(cl.br, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					problem, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if closed == 0 && resp.StatusCode == 200 {
+						t.Fatalf("write %d: no idle upstream connection was closed", i)
+					}
+					r.add(t, up, resp.StatusCode, string(problem), body)
+					if r.failedNotReceived+r.doubled+r.lost > 0 {
+						break // the next write finds no idle connection to close
+					}
+					if resp.Close {
+						t.Fatalf("write %d: the gate ended the client's connection (%d %s)", i, resp.StatusCode, problem)
+					}
+				}
+				t.Logf("%s: %v accepts=%d first failure: %s", name, r, up.accepts, r.sample)
+				if r.failedNotReceived > 0 || r.doubled > 0 || r.lost > 0 {
+					t.Errorf("%s: %v: a write went onto a connection the upstream had closed before the loop sent it (%s)", name, r, r.sample)
+				}
+			})
+		}
+	}
+}
+
+// loopHold is a function posted to every event loop of an engine that
+// holds the loop until released (at the latest when the test ends).
+type loopHold struct {
+	held, free chan struct{}
+	loops      int
+	once       sync.Once
+}
+
+func holdLoops(t *testing.T, e *loopEngine) *loopHold {
+	t.Helper()
+	h := &loopHold{held: make(chan struct{}, len(e.loops)), free: make(chan struct{}), loops: len(e.loops)}
+	t.Cleanup(h.release)
+	for _, l := range e.loops {
+		if !l.post(func() { h.held <- struct{}{}; <-h.free }) {
+			t.Fatal("a loop refused the posted function")
+		}
+	}
+	return h
+}
+
+// wait returns once every loop runs the hold.
+func (h *loopHold) wait() {
+	for range h.loops {
+		<-h.held
+	}
+}
+
+func (h *loopHold) release() { h.once.Do(func() { close(h.free) }) }
