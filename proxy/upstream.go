@@ -252,8 +252,10 @@ func (g *Gate) upstreamFailed(x *exchange, t flight, err error) {
 	// A request whose headers were sent, even with its body cut off, may
 	// be applied: an upstream can act on a request before reading its
 	// body (a DELETE handler that ignores it), so only a request that
-	// never left the gate is certainly not applied.
-	sent := !notSent(err)
+	// never left the gate, or that the upstream turned away unprocessed
+	// by protocol, is certainly not applied.
+	refused := refusedUnprocessed(err)
+	sent := !notSent(err) && !refused
 	if fenced {
 		if sent {
 			t.Hold(g.grace)
@@ -270,6 +272,8 @@ func (g *Gate) upstreamFailed(x *exchange, t flight, err error) {
 		if fenced {
 			p.Detail += "; the write may still be applied by the upstream"
 		}
+	case refused:
+		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream refused the request before processing it (HTTP/2 REFUSED_STREAM, or GOAWAY as it shuts down); nothing was applied, and it may be sent again")
 	case errors.Is(err, errStaleConn):
 		p = problem.New(http.StatusBadGateway, "upstream-unavailable", "the upstream had closed the connection the request was given, and the request could not go on another; nothing was sent")
 	case !sent:
@@ -294,6 +298,27 @@ func isTimeout(err error) bool {
 	}
 	var te interface{ Timeout() bool }
 	return errors.As(err, &te) && te.Timeout()
+}
+
+// refusedUnprocessed reports whether err is the HTTP/2 transport's word
+// that the upstream turned the request away before processing any of it:
+// its stream reset with REFUSED_STREAM (a server at its stream limit), or
+// left out by a GOAWAY (a server shutting down gracefully names the last
+// stream it will process). RFC 9113 §8.7 makes both a promise that
+// nothing of the request was processed, so it may be sent again; a server
+// that breaks that promise could apply a write the gate has let go of.
+// net/http's transport gives these only as text (its errors are
+// unexported, and it formats the reset with %v once it cannot rewind the
+// body), so the test is on its words: TestH2RefusedWritesAreNotApplied
+// fails if they change.
+func refusedUnprocessed(err error) bool {
+	if err == nil {
+		return false
+	}
+	s := err.Error()
+	return strings.Contains(s, "REFUSED_STREAM; received from peer") ||
+		strings.Contains(s, "http2: Transport received Server's graceful shutdown GOAWAY") ||
+		strings.Contains(s, "http2: Transport received GOAWAY from server ErrCode:")
 }
 
 // notSent reports whether err proves the request never left the gate: the
