@@ -26,15 +26,21 @@ type resettingH2Upstream struct {
 	received map[string]int // by method and path
 }
 
-func (u *resettingH2Upstream) serve(c net.Conn) {
-	defer c.Close()
+// h2cFramer reads an HTTP/2 client's preface on c and sends the server's
+// settings; false when either failed.
+func h2cFramer(c net.Conn) (*http2.Framer, bool) {
 	preface := make([]byte, len(http2.ClientPreface))
 	if _, err := io.ReadFull(c, preface); err != nil {
-		return
+		return nil, false
 	}
 	f := http2.NewFramer(c, c)
-	f.ReadMetaHeaders = nil
-	if err := f.WriteSettings(); err != nil {
+	return f, f.WriteSettings() == nil
+}
+
+func (u *resettingH2Upstream) serve(c net.Conn) {
+	defer c.Close()
+	f, ok := h2cFramer(c)
+	if !ok {
 		return
 	}
 	heads := map[uint32]string{}
@@ -87,21 +93,30 @@ func (u *resettingH2Upstream) total() int {
 // it. A fenced write, with a body or without, reaches such an upstream
 // once, and its client gets a 502 that says it may have been applied.
 func TestH2UpstreamWritesAreNotResent(t *testing.T) {
+	up := &resettingH2Upstream{received: map[string]int{}}
+	_, srv, l := h2UpstreamGate(t, up.serve, NoGrace)
+	for _, w := range h2Writes {
+		before := up.total()
+		status, _ := h2Write(t, srv, l, w.method, w.body)
+		if n := up.total() - before; n != 1 || status != http.StatusBadGateway {
+			t.Errorf("%s with %d bytes: the upstream received it %d times, the client got %d; want once and 502", w.method, len(w.body), n, status)
+		}
+	}
+}
+
+// h2Writes are the writes the HTTP/2 upstream tests send: a small body,
+// none, and one the gate streams.
+var h2Writes = []struct{ method, body string }{{"PUT", "a body"}, {"DELETE", ""}, {"PATCH", strings.Repeat("x", 40<<10)}}
+
+// h2UpstreamGate serves a gate in front of an h2c upstream served by
+// serve, with the grace given, and job:1 held by the lease returned.
+func h2UpstreamGate(t *testing.T, serve func(net.Conn), grace time.Duration) (*Gate, *gateServer, fencing.Lease) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	up := &resettingH2Upstream{received: map[string]int{}}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go up.serve(c)
-		}
-	}()
+	serveOn(t, ln, serve)
 	st := memstore.New(memstore.Options{})
 	l, err := st.Acquire(context.Background(), fencing.AcquireRequest{Resource: "job:1", Owner: "a", TTL: time.Hour})
 	if err != nil {
@@ -112,23 +127,110 @@ func TestH2UpstreamWritesAreNotResent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := New(Options{Upstream: u, UpstreamHTTP2: true, Store: st, Rules: rules, UpstreamTimeout: 4 * time.Second, TimeoutGrace: NoGrace})
+	g, err := New(Options{Upstream: u, UpstreamHTTP2: true, Store: st, Rules: rules, UpstreamTimeout: 4 * time.Second, TimeoutGrace: grace})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := serveGate(t, g)
-	for _, w := range []struct{ method, body string }{{"PUT", "a body"}, {"DELETE", ""}, {"PATCH", strings.Repeat("x", 40<<10)}} {
-		before := up.total()
-		req, _ := http.NewRequest(w.method, srv.URL+"/jobs/1", bytes.NewReader([]byte(w.body)))
-		req.Header.Set(HeaderToken, tok(l.Token))
-		resp, err := srv.Client().Do(req)
+	return g, serveGate(t, g), l
+}
+
+// h2Write sends one fenced write to the gate with l's token and returns
+// the status and body of the answer.
+func h2Write(t *testing.T, srv *gateServer, l fencing.Lease, method, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, srv.URL+"/jobs/1", bytes.NewReader([]byte(body)))
+	req.Header.Set(HeaderToken, tok(l.Token))
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(b)
+}
+
+// refusingH2Upstream is an h2c upstream that turns every request away
+// unprocessed as its head arrives, as RFC 9113 §8.7 lets a server: with
+// RST_STREAM(REFUSED_STREAM) (a server at its stream limit), or with a
+// GOAWAY whose last stream comes before it (a server shutting down
+// gracefully, which closes the connection after). It counts the heads.
+type refusingH2Upstream struct {
+	goAway     bool
+	goAwayCode http2.ErrCode // the GOAWAY's error code
+	mu         sync.Mutex
+	heads      int
+}
+
+func (u *refusingH2Upstream) serve(c net.Conn) {
+	defer c.Close()
+	f, ok := h2cFramer(c)
+	if !ok {
+		return
+	}
+	for {
+		fr, err := f.ReadFrame()
 		if err != nil {
-			t.Fatal(err)
+			return
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if n := up.total() - before; n != 1 || resp.StatusCode != http.StatusBadGateway {
-			t.Errorf("%s with %d bytes: the upstream received it %d times, the client got %d; want once and 502", w.method, len(w.body), n, resp.StatusCode)
+		switch fr := fr.(type) {
+		case *http2.SettingsFrame:
+			if !fr.IsAck() {
+				_ = f.WriteSettingsAck()
+			}
+		case *http2.HeadersFrame:
+			u.mu.Lock()
+			u.heads++
+			u.mu.Unlock()
+			if u.goAway {
+				_ = f.WriteGoAway(max(fr.StreamID, 2)-2, u.goAwayCode, nil) // the streams before this one only
+				// Closing now could lose the GOAWAY in a reset: the
+				// client closes once it has no stream left.
+				continue
+			}
+			_ = f.WriteRSTStream(fr.StreamID, http2.ErrCodeRefusedStream)
 		}
+	}
+}
+
+func (u *refusingH2Upstream) count() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.heads
+}
+
+// TestH2RefusedWritesAreNotApplied: an HTTP/2 upstream that refuses a
+// write's stream unprocessed (REFUSED_STREAM, or a GOAWAY that leaves it
+// out: a graceful restart) has not applied it, and says so by protocol.
+// The gate answers such a write 502 saying nothing was applied, and leaves
+// its place at the barrier: the next holder's write is not held for the
+// grace period behind a write that cannot land. Nor is the write sent
+// again by the transport: the upstream sees each head once.
+func TestH2RefusedWritesAreNotApplied(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		goAway     bool
+		goAwayCode http2.ErrCode
+	}{
+		{"REFUSED_STREAM", false, 0},
+		{"GOAWAY", true, http2.ErrCodeNo},
+		{"GOAWAY ENHANCE_YOUR_CALM", true, http2.ErrCodeEnhanceYourCalm},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := &refusingH2Upstream{goAway: tc.goAway, goAwayCode: tc.goAwayCode}
+			g, srv, l := h2UpstreamGate(t, up.serve, time.Hour)
+			for _, w := range h2Writes {
+				before := up.count()
+				status, problem := h2Write(t, srv, l, w.method, w.body)
+				if n := up.count() - before; n != 1 {
+					t.Errorf("%s: the upstream saw its head %d times, want once", w.method, n)
+				}
+				if status != http.StatusBadGateway || !strings.Contains(problem, "nothing was applied") {
+					t.Errorf("%s: %d %s; want 502 saying nothing was applied", w.method, status, problem)
+				}
+				if n := g.registered("job:1", l.Token); n != 0 {
+					t.Errorf("%s: the write's barrier place is still taken (%d): held for the grace as if it might have been applied", w.method, n)
+				}
+			}
+		})
 	}
 }
