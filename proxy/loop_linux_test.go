@@ -76,7 +76,7 @@ func serveLeasedGate(t *testing.T) (*rawUpstream, fencing.Lease, *gateServer) {
 func TestLoopsServeTheListener(t *testing.T) {
 	up, l, gs := serveLeasedGate(t)
 	e := gs.srv.engine()
-	handed := func() int { return len(e.handedConns(false)) }
+	handed := func() int { return len(e.handedConns()) }
 	ask := func(raw string) net.Conn {
 		c, err := net.Dial("tcp", gs.Listener.Addr().String())
 		if err != nil {

@@ -15,5 +15,4 @@ func newLoopEngine(*Server, net.Listener) (*loopEngine, error) { return nil, nil
 func (e *loopEngine) serve() error                             { return nil }
 func (e *loopEngine) shutdown(context.Context) error           { return nil }
 func (e *loopEngine) close(context.Context) error              { return nil }
-func (e *loopEngine) setIdle(net.Conn, bool)                   {}
 func (e *loopEngine) count() int                               { return 0 }

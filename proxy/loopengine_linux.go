@@ -106,7 +106,7 @@ type loopEngine struct {
 	cancel  context.CancelFunc
 
 	mu     sync.Mutex
-	handed map[*handedConn]bool // connections served by the fallback; true while idle
+	handed map[*handedConn]struct{} // connections served by the general engine (net/http ends them on Shutdown)
 }
 
 // count is how many event loops the engine runs.
@@ -139,7 +139,7 @@ func newLoopEngine(s *Server, ln net.Listener) (*loopEngine, error) {
 		}
 	}
 	e := &loopEngine{s: s, g: s.g, lnFD: lnFD, maxUp: int64(s.g.upstreamConns), done: make(chan struct{}),
-		handed: make(map[*handedConn]bool)}
+		handed: make(map[*handedConn]struct{})}
 	if s.tls != nil {
 		e.tlsLn = ln
 	}
@@ -279,7 +279,7 @@ func (e *loopEngine) stopAccepting() {
 		return
 	}
 	for _, l := range e.loops {
-		l.post(func() {
+		l.call(func() {
 			if err := l.p.Remove(e.lnFD); err != nil {
 				// The loop may be woken for connections it then
 				// closes at once (accept checks closing).
@@ -287,10 +287,19 @@ func (e *loopEngine) stopAccepting() {
 			}
 		})
 	}
+	// No loop watches the listener now. Shut it, as a closed listener is:
+	// the kernel refuses new connections at once, and resets those it
+	// had queued (none of their bytes was read), instead of queueing them
+	// unanswered until the engine stops. The descriptor stays open until
+	// stop, so that its number is not reused under a loop meanwhile.
+	if err := unix.Shutdown(e.lnFD, unix.SHUT_RD); err != nil {
+		e.g.log.Warn("gate event loop: could not shut the listener", "error", err)
+	}
 }
 
 // shutdown stops accepting, ends idle connections, and waits for the
-// others to finish their request (see Server.Shutdown).
+// others to finish their request, and for the connections handed to the
+// general engine to be closed by it (see Server.Shutdown).
 func (e *loopEngine) shutdown(ctx context.Context) error {
 	e.stopAccepting()
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -302,9 +311,6 @@ func (e *loopEngine) shutdown(ctx context.Context) error {
 				l.endIdle()
 				open.Add(int64(len(l.clients)))
 			})
-		}
-		for _, h := range e.handedConns(true) {
-			_ = h.Close()
 		}
 		e.mu.Lock()
 		open.Add(int64(len(e.handed)))
@@ -331,7 +337,7 @@ func (e *loopEngine) close(ctx context.Context) error {
 			}
 		})
 	}
-	for _, h := range e.handedConns(false) {
+	for _, h := range e.handedConns() {
 		_ = h.Close()
 	}
 	return e.stop(ctx)

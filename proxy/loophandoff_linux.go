@@ -14,7 +14,8 @@ import (
 // Handing a connection over: a request the loops do not take goes, with its
 // connection and the bytes it sent so far, to the general engine, which
 // serves the connection from then on and counts it in the engine's table
-// (for Shutdown) until it closes.
+// (for Shutdown, which waits for it, and Close, which closes it) until it
+// closes.
 
 // handoff gives c's connection, with the bytes it sent that the loop has
 // not consumed, to the general engine (Server.serveHanded), which serves
@@ -45,7 +46,7 @@ func (l *eventLoop) handoff(c *loopConn) {
 		c.releaseSlot()
 	})
 	l.e.mu.Lock()
-	l.e.handed[h] = false
+	l.e.handed[h] = struct{}{}
 	l.e.mu.Unlock()
 	l.e.goTracked(workHandoff, func() { l.e.s.serveHanded(h) })
 }
@@ -83,33 +84,13 @@ func (h *handedConn) Read(p []byte) (int, error) {
 	return h.Conn.Read(p)
 }
 
-// setIdle records whether h waits between requests (the fallback's
-// ConnState), so Shutdown can end it.
-func (e *loopEngine) setIdle(c net.Conn, idle bool) {
-	h, ok := c.(*handedConn)
-	if !ok {
-		return
-	}
-	e.mu.Lock()
-	if _, open := e.handed[h]; open {
-		e.handed[h] = idle
-	}
-	e.mu.Unlock()
-	if idle && e.closing.Load() {
-		_ = h.Close()
-	}
-}
-
-// handedConns lists the connections served by the fallback: the idle
-// ones, or all.
-func (e *loopEngine) handedConns(idleOnly bool) []*handedConn {
+// handedConns lists the connections served by the general engine.
+func (e *loopEngine) handedConns() []*handedConn {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var hs []*handedConn
-	for h, idle := range e.handed {
-		if idle || !idleOnly {
-			hs = append(hs, h)
-		}
+	hs := make([]*handedConn, 0, len(e.handed))
+	for h := range e.handed {
+		hs = append(hs, h)
 	}
 	return hs
 }

@@ -197,15 +197,6 @@ func NewServer(g *Gate, opts ServerOptions) *Server {
 		},
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		ConnContext: connContext,
-		// Connections the loops handed over: idle or not, for Shutdown.
-		ConnState: func(c net.Conn, st http.ConnState) {
-			if st != http.StateIdle && st != http.StateActive {
-				return
-			}
-			if e := s.engine(); e != nil {
-				e.setIdle(canned.Unwrap(c), st == http.StateIdle)
-			}
-		},
 	}
 	return s
 }
@@ -260,14 +251,31 @@ func (s *Server) serveHanded(c net.Conn) {
 // requests in progress are answered, and the event loops' work has ended
 // (see CloseContext), or ctx ends (then it returns ctx's error and leaves
 // the rest to Close or CloseContext).
+//
+// With the event loops, the general engine's part (the connections they
+// handed over) drains beside theirs, from the start: net/http answers
+// with Connection: close and reads nothing after, sends HTTP/2 clients a
+// GOAWAY, and closes each connection once its last answer is written. A
+// connection the loops would hand over from then on is closed unserved.
 func (s *Server) Shutdown(ctx context.Context) error {
-	var err error
-	if e := s.engine(); e != nil {
-		err = e.shutdown(ctx)
-		s.closeListener()
+	e := s.engine()
+	if e == nil {
+		return ignoreClosed(s.hs.Shutdown(ctx))
 	}
-	if err2 := s.hs.Shutdown(ctx); err == nil && !errors.Is(err2, http.ErrServerClosed) {
+	handed := make(chan error, 1)
+	go func() { handed <- s.hs.Shutdown(ctx) }()
+	err := e.shutdown(ctx)
+	s.closeListener()
+	if err2 := ignoreClosed(<-handed); err == nil {
 		err = err2
+	}
+	return err
+}
+
+// ignoreClosed is err, but nil for http.ErrServerClosed.
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
 	}
 	return err
 }
