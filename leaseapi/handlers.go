@@ -203,6 +203,9 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, name stri
 	}
 	req := fencing.AcquireRequest{Resource: name, Owner: body.Owner, TTL: ttl}
 	var lease fencing.Lease
+	if s.waitingEnded() {
+		wait = 0 // stopping: answered at once (EndWaits)
+	}
 	if wait > 0 {
 		if client := limitKey(r); s.waitSlots.take(client) {
 			defer s.waitSlots.give(client)

@@ -64,6 +64,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -180,7 +181,9 @@ type Server struct {
 	unready         atomic.Bool // the last /readyz store ping failed: log state changes only
 	accessLog       bool
 	readyNoStore    bool
-	waiters         waitQueues   // the acquisitions waiting on this server (waiters.go)
+	waiters         waitQueues    // the acquisitions waiting on this server (waiters.go)
+	waitsEnded      chan struct{} // closed by EndWaits (waiters.go)
+	endWaits        sync.Once
 	waitSlots       waitSlots    // how many may wait (waitslots.go)
 	bodies          *bodyBudget  // the request body bytes held at once (bodybudget.go)
 	handler         http.Handler // the routes, wrapped with otelhttp when telemetry is on
@@ -227,6 +230,7 @@ func NewServer(opts Options) *Server {
 		accessLog:       opts.AccessLog,
 		readyNoStore:    opts.ReadyWithoutStore,
 		refusalLines:    loglimit.Limiter{PerSecond: RefusalLinesPerSecond},
+		waitsEnded:      make(chan struct{}),
 	}
 	s.bodies = newBodyBudget(opts.BodyMemory, s.checkpointLimit)
 	if opts.MeterProvider != nil {

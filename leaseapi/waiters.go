@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
 	"github.com/fencegate/fencegate/fencing"
+	"github.com/fencegate/fencegate/fencing/problem"
 )
 
 // Waiting acquisitions.
@@ -34,7 +36,9 @@ import (
 // last saw hold it asks the store at once, and at the end of its wait, as
 // an acquisition without a wait would (the store extends the lease). A waiter whose client
 // hung up while the store gave it the lease releases that lease again: no
-// one is left to use it.
+// one is left to use it. When the server stops (EndWaits), every waiter
+// is answered 503 draining at once, and a call that would start waiting
+// is answered at once, as without a wait.
 
 const (
 	waitPollMin = 20 * time.Millisecond
@@ -160,6 +164,7 @@ func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wa
 	if err := fencing.ValidateWait(wait); err != nil {
 		return fencing.Lease{}, err
 	}
+	ended := s.waitsEnded
 	deadline := time.Now().Add(wait)
 	w := &waiter{turn: make(chan struct{}, 1), kick: make(chan struct{}, 1)}
 	head := s.waiters.join(req.Resource, w)
@@ -208,6 +213,9 @@ func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wa
 			case <-ctx.Done():
 				t.Stop()
 				return fencing.Lease{}, ctx.Err()
+			case <-ended:
+				t.Stop()
+				return fencing.Lease{}, errWaitsEnded()
 			case <-t.C:
 				// The wait is over before its turn came: the holder as
 				// the queue last saw it or, with no refusal yet, as the
@@ -242,12 +250,41 @@ func (s *Server) acquireWait(ctx context.Context, req fencing.AcquireRequest, wa
 		case <-ctx.Done():
 			t.Stop()
 			return fencing.Lease{}, ctx.Err()
+		case <-ended:
+			t.Stop()
+			return fencing.Lease{}, errWaitsEnded()
 		case <-w.kick:
 			t.Stop()
 		case <-t.C:
 		}
 		poll = min(poll*2, waitPollMax)
 	}
+}
+
+// EndWaits answers every acquisition waiting for a lease (wait_seconds)
+// 503 draining, with Retry-After, and makes a call that would wait from now
+// on try once and answer at once. A server that stops calls it as its
+// listeners shut down: a waiter would otherwise hold the drain for its
+// whole wait, or the shutdown grace, and then find its connection cut.
+// A try already at the store finishes first (a lease it got is answered).
+// It cannot be undone.
+func (s *Server) EndWaits() { s.endWaits.Do(func() { close(s.waitsEnded) }) }
+
+// waitingEnded reports whether EndWaits was called.
+func (s *Server) waitingEnded() bool {
+	select {
+	case <-s.waitsEnded:
+		return true
+	default:
+		return false
+	}
+}
+
+// errWaitsEnded is a waiter's answer once EndWaits was called.
+func errWaitsEnded() error {
+	return &problem.Error{Status: http.StatusServiceUnavailable, Code: "draining",
+		Detail:  "fencegate is shutting down: the wait for this lease ended, nothing was taken; retry on another instance or after the restart",
+		Headers: http.Header{"Retry-After": {"1"}}}
 }
 
 // giveBack releases lease, which the store gave a waiting acquisition

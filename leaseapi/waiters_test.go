@@ -294,3 +294,36 @@ func TestWaitingAcquisitionsAreBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestEndWaitsAnswersTheWaiters: when the server stops (EndWaits, called
+// as the listeners shut down), an acquisition waiting for a held lease is
+// answered 503 draining with Retry-After at once, nothing taken, instead
+// of holding the drain for its whole wait and then finding its
+// connection cut; a call that would wait from then on is answered at once,
+// as without a wait.
+func TestEndWaitsAnswersTheWaiters(t *testing.T) {
+	forEachStore(t, func(t *testing.T, k storeKind) {
+		e := newEnv(t, k, nil)
+		wantOK(t, "holder", e.post("/v1/leases/job:1/acquire", `{"owner":"holder","ttl_seconds":3600}`))
+		waiting := make(chan answer, 2)
+		for _, owner := range []string{"w1", "w2"} { // the head and one behind it
+			go func() {
+				waiting <- e.reqNoFatal(http.MethodPost, "/v1/leases/job:1/acquire", `{"owner":"`+owner+`","wait_seconds":30}`)
+			}()
+		}
+		waitFor(t, "both to wait", func() bool { return leaseapi.Waiting(e.api, "job:1") == 2 })
+		e.api.EndWaits()
+		for range 2 {
+			a := <-waiting
+			wantProblem(t, "a waiter when the server stops", a, http.StatusServiceUnavailable, "draining")
+			if a.header.Get("Retry-After") == "" {
+				t.Errorf("a waiter's draining answer has no Retry-After")
+			}
+		}
+		late := e.reqNoFatal(http.MethodPost, "/v1/leases/job:1/acquire", `{"owner":"w3","wait_seconds":30}`)
+		wantProblem(t, "a call that would wait after EndWaits", late, http.StatusConflict, "lease-held")
+		if h := late.str("holder"); h != "holder" {
+			t.Errorf("the lease is %q's after the stop, want the holder's", h)
+		}
+	})
+}

@@ -129,6 +129,33 @@ func TestSIGTERMDrains(t *testing.T) {
 	}
 }
 
+// TestSIGTERMAnswersWaitingAcquisitions: an acquisition waiting for a
+// held lease (wait_seconds) when the listeners shut down is answered 503
+// draining at once, not left to hold the drain for the whole shutdown
+// grace and then find its connection cut. It is sent during the drain
+// delay, while the API still serves; one that arrived only after the
+// waits ended is answered at once (lease-held), as without a wait.
+func TestSIGTERMAnswersWaitingAcquisitions(t *testing.T) {
+	p := start(t, t.TempDir(), []string{"FENCEGATE_STORE=memory:", "FENCEGATE_DRAIN_DELAY=2s", "FENCEGATE_SHUTDOWN_GRACE=20s"}, "api")
+	if st, _, _ := call(t, "POST", p.url("api", "/v1/leases/r/acquire"), nil, `{"owner":"holder","ttl_seconds":60}`); st != http.StatusOK {
+		t.Fatalf("the holder's acquire: %d", st)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, p, `"msg":"draining"`)
+	st, problem, _ := call(t, "POST", p.url("api", "/v1/leases/r/acquire"), nil, `{"owner":"waiter","wait_seconds":30}`)
+	if !(st == http.StatusServiceUnavailable && problem["code"] == "draining") && !(st == http.StatusConflict && problem["code"] == "lease-held") {
+		t.Errorf("the waiting acquisition: %d %v, want 503 draining", st, problem)
+	}
+	if err := p.wait(30 * time.Second); err != nil {
+		t.Fatalf("exit: %v\n%s", err, p.logs)
+	}
+	if strings.Contains(p.logs.String(), "cut off") && !strings.Contains(p.logs.String(), `"requests_cut_off":false`) {
+		t.Errorf("the stop waited out its grace for the waiting acquisition:\n%s", p.logs)
+	}
+}
+
 // TestSIGTERMWithSlowWrites: a write in flight when SIGTERM arrives is
 // finished within the shutdown grace; one that outlasts the grace is cut
 // off and logged. Either way the process exits 0.

@@ -187,6 +187,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	case <-ctx.Done():
 	case err := <-errc:
 		log.Error("listener failed", "error", err)
+		api.EndWaits()
 		stopBy := time.Now().Add(cfg.ShutdownGrace + gateCloseTimeout)
 		shutdown(servers, cfg.ShutdownGrace, stopBy, log)
 		if gate != nil {
@@ -198,6 +199,7 @@ func serve(ctx context.Context, environ []string, stderr io.Writer) error {
 	log.Info("draining", "drain_delay", cfg.DrainDelay.String(), "shutdown_grace", cfg.ShutdownGrace.String())
 	api.SetDraining()
 	time.Sleep(cfg.DrainDelay)
+	api.EndWaits() // waiting acquisitions answered now, not cut off at the end of the grace
 	// Exit 0 even when requests were cut off: the drain was bounded by
 	// design, and the cut-off is logged above.
 	stopBy := time.Now().Add(cfg.ShutdownGrace + gateCloseTimeout)
