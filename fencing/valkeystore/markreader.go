@@ -19,7 +19,9 @@ import (
 // HMGET issued hw floor per request, and settles the requests at the mark
 // as AdmitBatch does; every other request is left to Admit or AdmitBatch.
 // It speaks RESP2 (the protocol a new connection starts in) and parses the
-// replies with redcon.
+// replies with redcon, each once frameReply has framed it (markframe.go):
+// a reply that is not RESP2, or could not end within maxMarkReplyBytes,
+// fails the reader at once.
 //
 // There is none in a cluster (a request's node follows the slot map the
 // client keeps), with Sentinel (the primary changes), over TLS, with
@@ -36,8 +38,8 @@ type markReaderOption struct {
 	dialTimeout    time.Duration
 }
 
-// maxMarkReplyBytes bounds what a mark reader keeps of replies not yet
-// complete; a server sending more for one batch is not answering HMGET.
+// maxMarkReplyBytes bounds a reply to a mark reader (frameReply): a server
+// sending more for one is not answering HMGET.
 const maxMarkReplyBytes = 1 << 20
 
 // newMarkReaderOption is the mark readers' setting for a client made from
@@ -111,17 +113,17 @@ func (o *markReaderOption) introduce(conn net.Conn) error {
 	buf := make([]byte, 512)
 	for _, c := range cmds {
 		for {
-			n, r := redcon.ReadNextRESP(in)
+			n, r, err := readReply(in)
+			if err != nil {
+				return fmt.Errorf("%w (the reply to %s)", err, c[0])
+			}
 			if n > 0 {
 				in = in[n:]
 				if r.Type != redcon.String || string(r.Data) != "OK" {
 					// c[0] only: AUTH's arguments hold the password.
-					return fmt.Errorf("%w: mark reader: %s answered %q", fencing.ErrUnavailable, c[0], r.Data)
+					return fmt.Errorf("%w: mark reader: %s answered %q", fencing.ErrUnavailable, c[0], clip(r.Data))
 				}
 				break
-			}
-			if len(in) > maxMarkReplyBytes {
-				return fmt.Errorf("%w: mark reader: %s: no valid reply", fencing.ErrUnavailable, c[0])
 			}
 			k, err := conn.Read(buf)
 			if err != nil {
@@ -213,8 +215,8 @@ func grow[T any](s []T, n int) []T {
 }
 
 // add parses the replies in b (appended to what was left unparsed before)
-// and reports whether every reply is in. A reply past the batch's is a
-// protocol error.
+// and reports whether every reply is in. A reply past the batch's, or one
+// frameReply refuses, is a protocol error.
 func (m *markReplies) add(b []byte) (bool, error) {
 	m.in = append(m.in, b...)
 	in := m.in
@@ -222,7 +224,10 @@ func (m *markReplies) add(b []byte) (bool, error) {
 		for !m.calls[m.next].sent {
 			m.next++
 		}
-		n, r := redcon.ReadNextRESP(in)
+		n, r, err := readReply(in)
+		if err != nil {
+			return false, err
+		}
 		if n == 0 {
 			break
 		}
@@ -233,10 +238,7 @@ func (m *markReplies) add(b []byte) (bool, error) {
 	}
 	m.in = append(m.in[:0], in...)
 	if m.got < m.sent {
-		if len(m.in) > maxMarkReplyBytes {
-			return false, fmt.Errorf("%w: mark reader: %d bytes without a valid reply", fencing.ErrUnavailable, len(m.in))
-		}
-		return false, nil
+		return false, nil // frameReply bounds what a reply not yet whole keeps
 	}
 	if len(m.in) > 0 {
 		return false, fmt.Errorf("%w: mark reader: %d bytes after the batch's replies", fencing.ErrUnavailable, len(m.in))

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tidwall/redcon"
 	"golang.org/x/sys/unix"
 
 	"github.com/fencegate/fencegate/fencing"
@@ -339,4 +343,124 @@ func TestMarkReaderLeavesLostMarkRaiseToAdmit(t *testing.T) {
 	}
 	_, err := s.Admit(context.Background(), req)
 	wantLostMarkRaiseRefused(t, s, first, second, err)
+}
+
+// markFront plays a mark reader's server: it answers each introduction
+// command (AUTH, SELECT, CLIENT SETNAME) with intro and each HMGET with
+// reply. A test points a store's mark readers at it (the store's client
+// stays on the real server).
+type markFront struct {
+	ln           net.Listener
+	intro, reply atomic.Pointer[string]
+	wg           sync.WaitGroup
+	mu           sync.Mutex
+	conns        []net.Conn
+}
+
+func newMarkFront(t *testing.T, s *Store) *markFront {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &markFront{ln: ln}
+	ok := "+OK\r\n"
+	f.intro.Store(&ok)
+	f.reply.Store(&ok)
+	s.markReaders.addr = ln.Addr().String()
+	f.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, c)
+			f.mu.Unlock()
+			f.wg.Go(func() { f.serve(c) })
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		f.mu.Lock()
+		for _, c := range f.conns {
+			_ = c.Close()
+		}
+		f.mu.Unlock()
+		f.wg.Wait()
+	})
+	return f
+}
+
+func (f *markFront) serve(c net.Conn) {
+	defer c.Close()
+	var in []byte
+	buf := make([]byte, 4096)
+	for {
+		k, err := c.Read(buf)
+		if err != nil {
+			return
+		}
+		in = append(in, buf[:k]...)
+		var out []byte
+		for {
+			complete, args, _, rest, err := redcon.ReadNextCommand(in, nil)
+			if err != nil || !complete {
+				break
+			}
+			in = rest
+			if strings.EqualFold(string(args[0]), "HMGET") {
+				out = append(out, *f.reply.Load()...)
+			} else {
+				out = append(out, *f.intro.Load()...)
+			}
+		}
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+	}
+}
+
+// TestMarkReaderRefusesMalformedServer: a server answering a mark reader's
+// introduction with a malformed reply (a bulk string of 2^63-1 bytes, on
+// which redcon panics; a RESP3 type) fails its opening as unavailable; one
+// answering a batch's reads so fails the batch at once (the gate then
+// gives it to the worker), long before the command timeout, settling
+// nothing. Neither panics.
+func TestMarkReaderRefusesMalformedServer(t *testing.T) {
+	srv := valkeytest.Start(t)
+	s, err := Open(context.Background(), Options{URL: srv.URL(), KeyPrefix: freshPrefix(), CommandTimeout: time.Minute, DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	a := mustAcquire(t, s, "mr:a", "alice")
+	mustAdmit(t, s, "mr:a", a.Token)
+	reqs := []fencing.AdmitRequest{{Resource: "mr:a", Token: a.Token}}
+	front := newMarkFront(t, s)
+	for _, reply := range []string{"$9223372036854775807\r\n", "*1\r\n$9223372036854775807\r\n", "%1\r\n+a\r\n+b\r\n", "$-2\r\n"} {
+		front.intro.Store(&reply)
+		if r, err := s.OpenMarkReader(context.Background()); !errors.Is(err, fencing.ErrUnavailable) {
+			t.Fatalf("OpenMarkReader answered %q: %v, %v; want unavailable", reply, r, err)
+		}
+	}
+	ok := "+OK\r\n"
+	front.intro.Store(&ok)
+	for _, reply := range []string{
+		"$9223372036854775807\r\n", "*3\r\n$9223372036854775790\r\nab", "*9223372036854775807\r\n",
+		"$2000000\r\n", "*-2\r\n", ">2\r\n$7\r\nmessage\r\n$1\r\nx\r\n", "+OK\n", "*3\r\n$1\r\n9\r\n$1\r\n7\r\n$1\r\n2\r\r",
+	} {
+		front.reply.Store(&reply)
+		r := openReader(t, s)
+		sendMarks(t, r, reqs)
+		_, settled, err := receiveMarks(t, r, len(reqs)) // fails the test after 5 s
+		if !errors.Is(err, fencing.ErrUnavailable) || settled[0] {
+			t.Fatalf("the reply %q to HMGET: settled %v, %v; want a protocol error", reply, settled, err)
+		}
+	}
+	// A reader of the real server settles the write.
+	s.markReaders.addr = srv.Addr()
+	if _, settled := readMarks(t, openReader(t, s), reqs); !settled[0] {
+		t.Fatal("the reader did not settle a write at the mark")
+	}
 }
