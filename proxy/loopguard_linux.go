@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fencegate/fencegate/fencing"
 )
 
 // A loop contains a panic in its own code (a defect: the byte helpers are
@@ -23,6 +25,14 @@ import (
 // closed connection ends as a client hang-up does: an admitted write that
 // may be in the upstream holds its barrier place for the grace period, its
 // upstream connection is closed, never reused.
+//
+// The goroutine that opens a loop's mark reader contains a panic in the
+// store's code the same way (openMarkReader): counted, logged with its
+// cause, and a failed open, so the loop admits through the worker and
+// opens a reader again later. The engine's other goroutines (dials,
+// admissions, handshakes, handoffs) do not: each owes a loop or a
+// connection a result, and a recovered panic would leave it waiting for
+// one that never comes.
 
 // loopPanicHook, set by tests only, runs when a loop connection's request
 // is decided (start): a test provokes a panic there. Atomic, as loops of
@@ -109,4 +119,18 @@ func (l *eventLoop) abandon(c *loopConn) {
 		}
 	}()
 	c.close()
+}
+
+// openMarkReader opens one of stores' mark readers for l, on the opening
+// goroutine (loopMarks.open), containing a panic in it as a failed open.
+func (l *eventLoop) openMarkReader(stores fencing.MarkReaders) (r fencing.MarkReader, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			l.e.g.tel.panics.Add(1)
+			l.e.g.log.Error("gate event loop: contained a panic opening the store's mark reader; it counts as a failed open",
+				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			r, err = nil, fmt.Errorf("opening the store's mark reader panicked: %v", p)
+		}
+	}()
+	return stores.OpenMarkReader(l.e.ctx)
 }

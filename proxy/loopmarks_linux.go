@@ -69,7 +69,7 @@ func (lm *loopMarks) open(l *eventLoop) {
 	lm.opening = true
 	stores := l.e.g.marks
 	l.e.goTracked(workMarks, func() {
-		r, err := stores.OpenMarkReader(l.e.ctx) // bounded by the store's dial and command timeouts, and by stop
+		r, err := l.openMarkReader(stores) // bounded by the store's dial and command timeouts, and by stop
 		lm.mu.Lock()
 		if lm.closed {
 			lm.mu.Unlock()

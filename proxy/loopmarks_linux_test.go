@@ -7,11 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/fencegate/fencegate/fencing"
 	"github.com/fencegate/fencegate/fencing/memstore"
+	"github.com/fencegate/fencegate/internal/syncbuf"
 )
 
 // markedStore is batchedStore with mark readers (fencing.MarkReaders), as
@@ -39,6 +42,7 @@ import (
 //	unread   gets nothing: the reader's Send finds no request it can
 //	         read (as the Valkey store's with invalid ones) and its
 //	         Receive settles none, at once
+//	panic    OpenMarkReader panics (a defect in the store's code)
 type markedStore struct {
 	batchedStore
 	mode         atomic.Pointer[string]
@@ -47,6 +51,7 @@ type markedStore struct {
 	closed       atomic.Int64 // readers closed (failed, or at the end)
 	settled      atomic.Int64
 	sentBatches  atomic.Int64
+	panics       atomic.Int64 // OpenMarkReader calls that panicked
 }
 
 var _ fencing.MarkReaders = (*markedStore)(nil)
@@ -63,6 +68,10 @@ func markedOver(st fencing.Store, mode string) *markedStore {
 }
 
 func (m *markedStore) OpenMarkReader(ctx context.Context) (fencing.MarkReader, error) {
+	if *m.mode.Load() == "panic" {
+		m.panics.Add(1)
+		panic("provoked by the test")
+	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -322,5 +331,52 @@ func TestLoopMarkReadersSwitchedOff(t *testing.T) {
 	}
 	if opened, sent := st.opened.Load(), st.sentBatches.Load(); opened != 0 || sent != 0 {
 		t.Fatalf("%d mark readers opened, %d batches sent to them; want none", opened, sent)
+	}
+}
+
+// TestLoopMarkReaderOpenPanic: a panic in the store's OpenMarkReader, on
+// the goroutine a loop opens its reader with, is contained as a failed
+// open: counted and logged with its cause, the loop's writes are admitted
+// through the store (answered, forwarded once each), and the loop opens a
+// reader again after its pause, which then settles writes. Were the panic
+// not contained, the test binary would exit.
+func TestLoopMarkReaderOpenPanic(t *testing.T) {
+	st := markedOver(memstore.New(memstore.Options{}), "panic")
+	var logs syncbuf.Buffer
+	e := newEnvStore(t, testRules, st, nil, func(o *Options) { o.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
+	waitFor(t, "the server to start", func() bool { return e.gateSrv.srv.engine() != nil })
+	if e.gateSrv.srv.loops.Load() == nil {
+		t.Skip("no event loops on this listener")
+	}
+	l := e.acquire("job:1", "w", time.Hour)
+	writes := 0
+	write := func() {
+		t.Helper()
+		if r := e.do("PUT", "/jobs/1", fmt.Sprint("w", writes), HeaderToken, tok(l.Token)); r.Status != http.StatusOK {
+			t.Fatalf("write %d: %d %s", writes, r.Status, r.Body)
+		}
+		writes++
+	}
+	write() // has the loop open its reader
+	waitFor(t, "the opening to panic", func() bool { return e.gate.tel.panics.Load() > 0 })
+	write()
+	if n := e.up.count(); n != writes {
+		t.Fatalf("the upstream got %d writes, want the %d answered", n, writes)
+	}
+	waitFor(t, "each panic provoked to be counted", func() bool { return e.gate.tel.panics.Load() == st.panics.Load() })
+	if !strings.Contains(logs.String(), "contained a panic opening the store's mark reader") || !strings.Contains(logs.String(), "provoked by the test") {
+		t.Fatalf("the panic is not logged with its cause; log:\n%s", logs.String())
+	}
+	mode := "answer"
+	st.mode.Store(&mode)
+	for end := time.Now().Add(10 * time.Second); st.settled.Load() == 0; { // after markRetryMin
+		if time.Now().After(end) {
+			t.Fatal("no reader settled a write after the failed open")
+		}
+		write()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := e.up.count(); n != writes {
+		t.Fatalf("the upstream got %d writes, want the %d answered", n, writes)
 	}
 }

@@ -221,7 +221,8 @@ func (t *telemetry) init(opts Options) error {
 // MetricPanics counts the panics the gate's event loops contained,
 // exported to Prometheus as fencegate_gate_panics_total. A panic in a
 // loop's step closes the connections that step touched and logs its cause
-// with their request ids; the process, the lease API and every other
+// with their request ids; one opening a loop's mark reader fails that
+// open (loopguard_linux.go); the process, the lease API and every other
 // connection go on serving. Any increase is a defect worth reporting.
 const MetricPanics = "fencegate.gate.panics"
 
