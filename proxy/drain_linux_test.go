@@ -4,15 +4,12 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/net/http2"
 )
 
 // holdSlow makes e's upstream hold the write whose body is "slow" until
@@ -64,15 +61,11 @@ func shutdownBegun(t *testing.T, srv *gateServer) <-chan error {
 // error for a write the upstream had applied, and would send it again.
 func TestShutdownRelaysHTTP2AnswersInFlight(t *testing.T) {
 	ca := newTLSHostile(t)
-	h2c := func(addr string) (*http.Client, string) {
-		return &http.Client{Transport: &http2.Transport{AllowHTTP: true,
-			DialTLSContext: func(ctx context.Context, network, a string, _ *tls.Config) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, network, a)
-			}}}, "http://" + addr
-	}
+	h2c := func(addr string) (*http.Client, string) { return h2client(), "http://" + addr }
 	overTLS := func(addr string) (*http.Client, string) {
-		return &http.Client{Transport: &http2.Transport{TLSClientConfig: ca.client}}, "https://" + addr
+		tr := &http.Transport{TLSClientConfig: ca.client, Protocols: new(http.Protocols)}
+		tr.Protocols.SetHTTP2(true)
+		return &http.Client{Transport: tr}, "https://" + addr
 	}
 	for _, tc := range []struct {
 		name   string
