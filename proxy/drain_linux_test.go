@@ -202,3 +202,88 @@ func TestShutdownRefusesNewConnections(t *testing.T) {
 		})
 	}
 }
+
+// partialHeads counts the loops' client connections holding part of a
+// request head (not idle: the drain leaves them open).
+func partialHeads(e *loopEngine) int {
+	n := 0
+	for _, l := range e.loops {
+		l.call(func() {
+			for c := range l.clients {
+				if c.state == stHead && len(c.In) > 0 {
+					n++
+				}
+			}
+		})
+	}
+	return n
+}
+
+// TestShutdownAnswersHeadsArrivingAsItBegins: two writes' heads are
+// arriving on the loops' connections when Shutdown begins. Their heads
+// end after the general engine has stopped taking connections: one with a
+// Content-Length body (the loops serve it: forwarded, answered), one
+// chunked (the loops would hand it over: they answer it 503 draining
+// themselves, and it is not forwarded). Neither client is left with a
+// connection closed without an answer.
+func TestShutdownAnswersHeadsArrivingAsItBegins(t *testing.T) {
+	e := newEnv(t, testRules)
+	waitFor(t, "the event loops", func() bool { return e.gateSrv.srv.engine() != nil })
+	a := e.acquire("job:5", "a", time.Minute)
+	b := e.acquire("job:6", "a", time.Minute)
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", e.gateSrv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	plain, chunked := dial(), dial()
+	for _, c := range []net.Conn{plain, chunked} {
+		if _, err := io.WriteString(c, "PUT /jobs/"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "both heads to be partly read", func() bool { return partialHeads(e.gateSrv.srv.engine()) == 2 })
+	stopped := shutdownBegun(t, e.gateSrv)
+	waitFor(t, "the general engine to stop taking connections", func() bool {
+		select {
+		case <-e.gateSrv.srv.handoff.done:
+			return true
+		default:
+			return false
+		}
+	})
+	if _, err := io.WriteString(plain, "5 HTTP/1.1\r\nHost: x\r\nFencing-Token: "+tok(a.Token)+"\r\nContent-Length: 5\r\n\r\nplain"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(chunked, "6 HTTP/1.1\r\nHost: x\r\nFencing-Token: "+tok(b.Token)+"\r\nTransfer-Encoding: chunked\r\n\r\n7\r\nchunked\r\n0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, body, want string
+		c                net.Conn
+	}{
+		{"Content-Length (the loops serve it)", "plain", "HTTP/1.1 200 ", plain},
+		{"chunked (would be handed over)", "chunked", "HTTP/1.1 503 ", chunked},
+	} {
+		_ = tc.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, _ := io.ReadAll(tc.c)
+		forwarded := 0
+		for _, r := range e.up.requests() {
+			if r.Body == tc.body {
+				forwarded++
+			}
+		}
+		switch {
+		case !strings.HasPrefix(string(got), tc.want):
+			t.Errorf("%s: answered %q, want %q...", tc.name, got, tc.want)
+		case tc.want == "HTTP/1.1 200 " && forwarded != 1, tc.want == "HTTP/1.1 503 " && (forwarded != 0 || !strings.Contains(string(got), `"draining"`)):
+			t.Errorf("%s: forwarded %d times, answered %q", tc.name, forwarded, got)
+		}
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("Shutdown = %v, want nil", err)
+	}
+}

@@ -6,8 +6,10 @@ import (
 	"bytes"
 	"crypto/tls"
 	"net"
+	"net/http"
 	"os"
 
+	"github.com/fencegate/fencegate/fencing/problem"
 	"github.com/fencegate/fencegate/internal/connlimit"
 )
 
@@ -16,6 +18,31 @@ import (
 // serves the connection from then on and counts it in the engine's table
 // (for Shutdown, which waits for it, and Close, which closes it) until it
 // closes.
+
+// handOver hands c's connection to the general engine (handoff), and
+// reports whether c is still the loop's to move on. Once the server stops,
+// the general engine takes no more connections (its Shutdown closed the
+// hand-off), so the loop answers the request itself, neither read further
+// nor forwarded: 503 draining, Connection: close. (An HTTP/2 client's
+// preface gets those bytes too, and fails its connection before any
+// stream was sent.)
+func (c *loopConn) handOver() bool {
+	if c.l.e.closing.Load() {
+		c.out = append(c.out, stoppingProblem().Response()...)
+		c.enter(stClosing)
+		return true
+	}
+	c.l.handoff(c)
+	return false
+}
+
+// stoppingProblem answers a request the loops would hand over once the
+// server stops.
+func stoppingProblem() *problem.Error {
+	p := problem.New(http.StatusServiceUnavailable, "draining", "fencegate is shutting down: this request was neither read whole nor forwarded; send it again")
+	p.Headers = http.Header{"Retry-After": {"1"}}
+	return p
+}
 
 // handoff gives c's connection, with the bytes it sent that the loop has
 // not consumed, to the general engine (Server.serveHanded), which serves

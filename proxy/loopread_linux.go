@@ -23,8 +23,7 @@ func (c *loopConn) readHead() bool {
 			return c.parseHead(end)
 		}
 		if len(c.In) >= s.maxHead || h1.BareLineEnd(c.In) {
-			c.l.handoff(c) // the general engine refuses it (431, 400) or waits for more
-			return false
+			return c.handOver() // the general engine refuses it (431, 400) or waits for more
 		}
 		started := len(c.In) > 0
 		if !c.Fill(c.l.buf) {
@@ -32,7 +31,7 @@ func (c *loopConn) readHead() bool {
 				if len(c.In) == 0 {
 					c.close()
 				} else {
-					c.l.handoff(c) // a head cut short: the general engine answers it
+					return c.handOver() // a head cut short: the general engine answers it
 				}
 			}
 			return false
@@ -52,12 +51,10 @@ func (c *loopConn) readHead() bool {
 // fallback, whose parser and answers then judge them.
 func (c *loopConn) parseHead(n int) bool {
 	if n >= c.l.e.s.maxHead {
-		c.l.handoff(c)
-		return false
+		return c.handOver()
 	}
 	if err := c.request.parse(c.In[:n]); err != nil || !c.plain() {
-		c.l.handoff(c)
-		return false
+		return c.handOver()
 	}
 	c.In = c.In[n:]
 	c.bodyLen = int(c.request.head.ContentLength)
