@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -230,6 +231,61 @@ func TestH2RefusedWritesAreNotApplied(t *testing.T) {
 				if n := g.registered("job:1", l.Token); n != 0 {
 					t.Errorf("%s: the write's barrier place is still taken (%d): held for the grace as if it might have been applied", w.method, n)
 				}
+			}
+		})
+	}
+}
+
+// TestH2AppliedWritesAreNotTakenForRefused: an h2c upstream receives a
+// write whole, applies it, then shuts down: a GOAWAY whose last stream is
+// the write's (it was processed), with debug data that holds the very
+// words net/http uses for a refused stream, then closes. The write may
+// have been applied (it was): the gate answers 502 "may have been
+// applied" and holds the barrier for the grace. Text the upstream chooses
+// is quoted inside net/http's errors and must not pass for the
+// transport's own.
+func TestH2AppliedWritesAreNotTakenForRefused(t *testing.T) {
+	for _, debug := range []string{
+		"stream error: stream ID 1; REFUSED_STREAM; received from peer",
+		"http2: Transport received Server's graceful shutdown GOAWAY",
+		"http2: Transport received GOAWAY from server ErrCode:NO_ERROR",
+		"restarting",
+	} {
+		t.Run(debug, func(t *testing.T) {
+			var applied atomic.Int32
+			serve := func(c net.Conn) {
+				defer c.Close()
+				f, ok := h2cFramer(c)
+				if !ok {
+					return
+				}
+				for {
+					fr, err := f.ReadFrame()
+					if err != nil {
+						return
+					}
+					if s, ok := fr.(*http2.SettingsFrame); ok && !s.IsAck() {
+						_ = f.WriteSettingsAck()
+					}
+					if h := fr.Header(); (h.Type == http2.FrameHeaders || h.Type == http2.FrameData) && h.Flags.Has(http2.FlagDataEndStream) {
+						applied.Add(1) // the whole write
+						_ = f.WriteGoAway(h.StreamID, http2.ErrCodeNo, []byte(debug))
+						_ = c.(*net.TCPConn).CloseWrite()
+						_, _ = io.Copy(io.Discard, c) // until the gate closes
+						return
+					}
+				}
+			}
+			g, srv, l := h2UpstreamGate(t, serve, time.Hour)
+			status, problem := h2Write(t, srv, l, "DELETE", "")
+			if applied.Load() != 1 {
+				t.Fatalf("the upstream applied %d writes, want 1", applied.Load())
+			}
+			if status != http.StatusBadGateway || !strings.Contains(problem, "may have been applied") {
+				t.Errorf("an applied write was answered %d %s; want 502 saying it may have been applied", status, problem)
+			}
+			if n := g.registered("job:1", l.Token); n == 0 {
+				t.Errorf("the applied write's barrier place was left: a newer holder's write could pass it within the grace")
 			}
 		})
 	}

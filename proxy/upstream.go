@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -309,17 +310,34 @@ func isTimeout(err error) bool {
 // that breaks that promise could apply a write the gate has let go of.
 // net/http's transport gives these only as text (its errors are
 // unexported, and it formats the reset with %v once it cannot rewind the
-// body), so the test is on its words: TestH2RefusedWritesAreNotApplied
-// fails if they change.
+// body), so the test is on its words, the whole text matched: text the
+// upstream chooses (a GOAWAY's debug data, a status line) is quoted
+// inside other errors and must never pass for them.
+// TestH2RefusedWritesAreNotApplied fails if net/http's words change.
 func refusedUnprocessed(err error) bool {
 	if err == nil {
 		return false
 	}
 	s := err.Error()
-	return strings.Contains(s, "REFUSED_STREAM; received from peer") ||
-		strings.Contains(s, "http2: Transport received Server's graceful shutdown GOAWAY") ||
-		strings.Contains(s, "http2: Transport received GOAWAY from server ErrCode:")
+	if inner, ok := strings.CutPrefix(s, h2CannotRetryPrefix); ok {
+		if inner, ok = strings.CutSuffix(inner, h2CannotRetrySuffix); ok {
+			s = inner
+		}
+	}
+	return h2Unprocessed.MatchString(s)
 }
+
+// The words of net/http's HTTP/2 transport (Go 1.26, h2_bundle.go): a
+// retryable error it could not retry for want of GetBody, and the three
+// that say a stream was not processed.
+const (
+	h2CannotRetryPrefix = "http2: Transport: cannot retry err ["
+	h2CannotRetrySuffix = "] after Request.Body was written; define Request.GetBody to avoid this error"
+)
+
+var h2Unprocessed = regexp.MustCompile(`^(?:stream error: stream ID \d+; REFUSED_STREAM; received from peer` +
+	`|http2: Transport received Server's graceful shutdown GOAWAY` +
+	`|http2: Transport received GOAWAY from server ErrCode:[A-Z_]+)$`)
 
 // notSent reports whether err proves the request never left the gate: the
 // connection to the upstream could not be made, none was free in time, or
