@@ -272,3 +272,30 @@ func (s *gateServer) Close() {
 	_ = s.srv.Shutdown(ctx)
 	_ = s.srv.Close()
 }
+
+// serveRaw listens on loopback until the test ends and hands each
+// connection to serve, on a goroutine of its own.
+func serveRaw(t *testing.T, serve func(net.Conn)) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serveOn(t, ln, serve)
+}
+
+// serveOn accepts on ln until the test ends and hands each connection to
+// serve, on a goroutine of its own.
+func serveOn(t *testing.T, ln net.Listener, serve func(net.Conn)) net.Listener {
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
+	}()
+	return ln
+}

@@ -3,12 +3,10 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strconv"
@@ -35,22 +33,6 @@ func dialFrom(t *testing.T, ip net.IP, addr string) net.Conn {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// exchange writes raw on c and reads one answer.
-func exchange(t *testing.T, c net.Conn, raw string) (int, string) {
-	t.Helper()
-	if _, err := io.WriteString(c, raw); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("%q: no answer: %v", raw, err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode, string(b)
 }
 
 // TestConnsPerClientThroughTheBinary: with
