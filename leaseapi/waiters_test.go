@@ -327,3 +327,41 @@ func TestEndWaitsAnswersTheWaiters(t *testing.T) {
 		}
 	})
 }
+
+// TestEndWaitsLetsATryAtTheStoreFinish: the head waiter's try is at the
+// store when EndWaits is called, and the store grants it (the holder
+// released meanwhile): the waiter is answered its lease, not 503 "nothing
+// was taken" with a lease held in its name; the waiter behind it is
+// answered 503 draining.
+func TestEndWaitsLetsATryAtTheStoreFinish(t *testing.T) {
+	forEachStore(t, func(t *testing.T, k storeKind) {
+		clock := newFakeClock()
+		gs := &gatedStore{Store: k.open(t, clock), owner: "w1", blocked: make(chan struct{}, 1), open: make(chan struct{})}
+		e := newEnvWith(t, clock, gs, nil)
+		holder := e.post("/v1/leases/job:1/acquire", `{"owner":"holder","ttl_seconds":3600}`)
+		wantOK(t, "holder", holder)
+		first, second := make(chan answer, 1), make(chan answer, 1)
+		go func() {
+			first <- e.reqNoFatal(http.MethodPost, "/v1/leases/job:1/acquire", `{"owner":"w1","wait_seconds":30}`)
+		}()
+		waitFor(t, "w1 to queue", func() bool { return leaseapi.Waiting(e.api, "job:1") == 1 })
+		go func() {
+			second <- e.reqNoFatal(http.MethodPost, "/v1/leases/job:1/acquire", `{"owner":"w2","wait_seconds":30}`)
+		}()
+		waitFor(t, "w2 to queue", func() bool { return leaseapi.Waiting(e.api, "job:1") == 2 })
+		gs.gate.Store(true)
+		<-gs.blocked // w1's next try is at the store
+		if _, err := gs.Store.Release(context.Background(), fencing.ReleaseRequest{Resource: "job:1", Owner: "holder", Token: fencing.Token(holder.num("token"))}); err != nil {
+			t.Fatal(err)
+		}
+		e.api.EndWaits()
+		wantProblem(t, "w2, behind the head", <-second, http.StatusServiceUnavailable, "draining")
+		gs.gate.Store(false)
+		close(gs.open)
+		a := <-first
+		wantOK(t, "w1, whose try was at the store", a)
+		if a.str("owner") != "w1" {
+			t.Errorf("w1 was answered a lease of %q", a.str("owner"))
+		}
+	})
+}
