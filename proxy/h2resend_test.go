@@ -27,55 +27,61 @@ type resettingH2Upstream struct {
 	received map[string]int // by method and path
 }
 
-// h2cFramer reads an HTTP/2 client's preface on c and sends the server's
-// settings; false when either failed.
-func h2cFramer(c net.Conn) (*http2.Framer, bool) {
+// serveH2cFrames serves c as an h2c upstream: it reads the client's
+// preface, sends its settings, acknowledges the client's, and hands every
+// other frame to on until on reports done or the connection fails; then
+// it closes c.
+func serveH2cFrames(c net.Conn, on func(f *http2.Framer, fr http2.Frame) (done bool)) {
+	defer c.Close()
 	preface := make([]byte, len(http2.ClientPreface))
 	if _, err := io.ReadFull(c, preface); err != nil {
-		return nil, false
-	}
-	f := http2.NewFramer(c, c)
-	return f, f.WriteSettings() == nil
-}
-
-func (u *resettingH2Upstream) serve(c net.Conn) {
-	defer c.Close()
-	f, ok := h2cFramer(c)
-	if !ok {
 		return
 	}
-	heads := map[uint32]string{}
+	f := http2.NewFramer(c, c)
+	if f.WriteSettings() != nil {
+		return
+	}
 	for {
 		fr, err := f.ReadFrame()
 		if err != nil {
 			return
 		}
-		var id uint32
-		switch fr := fr.(type) {
-		case *http2.SettingsFrame:
-			if !fr.IsAck() {
+		if st, ok := fr.(*http2.SettingsFrame); ok {
+			if !st.IsAck() {
 				_ = f.WriteSettingsAck()
 			}
 			continue
-		case *http2.HeadersFrame:
-			heads[fr.StreamID] = string(fr.HeaderBlockFragment()) // the encoded head: enough to tell requests apart
-			if !fr.StreamEnded() {
-				continue
-			}
-			id = fr.StreamID
-		case *http2.DataFrame:
-			if !fr.StreamEnded() {
-				continue
-			}
-			id = fr.StreamID
-		default:
-			continue
 		}
-		u.mu.Lock()
-		u.received[heads[id]]++
-		u.mu.Unlock()
-		_ = f.WriteRSTStream(id, http2.ErrCodeProtocol)
+		if on(f, fr) {
+			return
+		}
 	}
+}
+
+// endedStream is the stream fr ends (its HEADERS or DATA frame with
+// END_STREAM: the request is whole), or 0.
+func endedStream(fr http2.Frame) uint32 {
+	h := fr.Header()
+	if (h.Type == http2.FrameHeaders || h.Type == http2.FrameData) && h.Flags.Has(http2.FlagDataEndStream) {
+		return h.StreamID
+	}
+	return 0
+}
+
+func (u *resettingH2Upstream) serve(c net.Conn) {
+	heads := map[uint32]string{}
+	serveH2cFrames(c, func(f *http2.Framer, fr http2.Frame) bool {
+		if h, ok := fr.(*http2.HeadersFrame); ok {
+			heads[h.StreamID] = string(h.HeaderBlockFragment()) // the encoded head: enough to tell requests apart
+		}
+		if id := endedStream(fr); id != 0 {
+			u.mu.Lock()
+			u.received[heads[id]]++
+			u.mu.Unlock()
+			_ = f.WriteRSTStream(id, http2.ErrCodeProtocol)
+		}
+		return false
+	})
 }
 
 func (u *resettingH2Upstream) total() int {
@@ -163,34 +169,24 @@ type refusingH2Upstream struct {
 }
 
 func (u *refusingH2Upstream) serve(c net.Conn) {
-	defer c.Close()
-	f, ok := h2cFramer(c)
-	if !ok {
-		return
-	}
-	for {
-		fr, err := f.ReadFrame()
-		if err != nil {
-			return
+	serveH2cFrames(c, func(f *http2.Framer, fr http2.Frame) bool {
+		h, ok := fr.(*http2.HeadersFrame)
+		if !ok {
+			return false
 		}
-		switch fr := fr.(type) {
-		case *http2.SettingsFrame:
-			if !fr.IsAck() {
-				_ = f.WriteSettingsAck()
-			}
-		case *http2.HeadersFrame:
-			u.mu.Lock()
-			u.heads++
-			u.mu.Unlock()
-			if u.goAway {
-				_ = f.WriteGoAway(max(fr.StreamID, 2)-2, u.goAwayCode, nil) // the streams before this one only
-				// Closing now could lose the GOAWAY in a reset: the
-				// client closes once it has no stream left.
-				continue
-			}
-			_ = f.WriteRSTStream(fr.StreamID, http2.ErrCodeRefusedStream)
+		u.mu.Lock()
+		u.heads++
+		u.mu.Unlock()
+		if u.goAway {
+			// The streams before this one only. Closing now could lose
+			// the GOAWAY in a reset: the client closes once it has no
+			// stream left.
+			_ = f.WriteGoAway(max(h.StreamID, 2)-2, u.goAwayCode, nil)
+			return false
 		}
-	}
+		_ = f.WriteRSTStream(h.StreamID, http2.ErrCodeRefusedStream)
+		return false
+	})
 }
 
 func (u *refusingH2Upstream) count() int {
@@ -254,27 +250,17 @@ func TestH2AppliedWritesAreNotTakenForRefused(t *testing.T) {
 		t.Run(debug, func(t *testing.T) {
 			var applied atomic.Int32
 			serve := func(c net.Conn) {
-				defer c.Close()
-				f, ok := h2cFramer(c)
-				if !ok {
-					return
-				}
-				for {
-					fr, err := f.ReadFrame()
-					if err != nil {
-						return
+				serveH2cFrames(c, func(f *http2.Framer, fr http2.Frame) bool {
+					id := endedStream(fr)
+					if id == 0 {
+						return false
 					}
-					if s, ok := fr.(*http2.SettingsFrame); ok && !s.IsAck() {
-						_ = f.WriteSettingsAck()
-					}
-					if h := fr.Header(); (h.Type == http2.FrameHeaders || h.Type == http2.FrameData) && h.Flags.Has(http2.FlagDataEndStream) {
-						applied.Add(1) // the whole write
-						_ = f.WriteGoAway(h.StreamID, http2.ErrCodeNo, []byte(debug))
-						_ = c.(*net.TCPConn).CloseWrite()
-						_, _ = io.Copy(io.Discard, c) // until the gate closes
-						return
-					}
-				}
+					applied.Add(1) // the whole write
+					_ = f.WriteGoAway(id, http2.ErrCodeNo, []byte(debug))
+					_ = c.(*net.TCPConn).CloseWrite()
+					_, _ = io.Copy(io.Discard, c) // until the gate closes
+					return true
+				})
 			}
 			g, srv, l := h2UpstreamGate(t, serve, time.Hour)
 			status, problem := h2Write(t, srv, l, "DELETE", "")

@@ -343,25 +343,12 @@ func TestLoopMarkReadersSwitchedOff(t *testing.T) {
 func TestLoopMarkReaderOpenPanic(t *testing.T) {
 	st := markedOver(memstore.New(memstore.Options{}), "panic")
 	var logs syncbuf.Buffer
-	e := newEnvStore(t, testRules, st, nil, func(o *Options) { o.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
-	waitFor(t, "the server to start", func() bool { return e.gateSrv.srv.engine() != nil })
-	if e.gateSrv.srv.loops.Load() == nil {
-		t.Skip("no event loops on this listener")
-	}
-	l := e.acquire("job:1", "w", time.Hour)
-	writes := 0
-	write := func() {
-		t.Helper()
-		if r := e.do("PUT", "/jobs/1", fmt.Sprint("w", writes), HeaderToken, tok(l.Token)); r.Status != http.StatusOK {
-			t.Fatalf("write %d: %d %s", writes, r.Status, r.Body)
-		}
-		writes++
-	}
+	e, write, writes := loopWriter(t, st, slog.NewJSONHandler(&logs, nil))
 	write() // has the loop open its reader
 	waitFor(t, "the opening to panic", func() bool { return e.gate.tel.panics.Load() > 0 })
 	write()
-	if n := e.up.count(); n != writes {
-		t.Fatalf("the upstream got %d writes, want the %d answered", n, writes)
+	if n := e.up.count(); n != *writes {
+		t.Fatalf("the upstream got %d writes, want the %d answered", n, *writes)
 	}
 	waitFor(t, "each panic provoked to be counted", func() bool { return e.gate.tel.panics.Load() == st.panics.Load() })
 	if !strings.Contains(logs.String(), "contained a panic opening the store's mark reader") || !strings.Contains(logs.String(), "provoked by the test") {
@@ -376,7 +363,29 @@ func TestLoopMarkReaderOpenPanic(t *testing.T) {
 		write()
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n := e.up.count(); n != writes {
-		t.Fatalf("the upstream got %d writes, want the %d answered", n, writes)
+	if n := e.up.count(); n != *writes {
+		t.Fatalf("the upstream got %d writes, want the %d answered", n, *writes)
 	}
+}
+
+// loopWriter serves a gate over st on the event loops, logging to h, with
+// job:1 held; write sends the next fenced write (w0, w1, ...) and fails
+// the test unless it is answered 200; writes counts those answered.
+func loopWriter(t *testing.T, st fencing.Store, h slog.Handler) (e *env, write func(), writes *int) {
+	t.Helper()
+	e = newEnvStore(t, testRules, st, nil, func(o *Options) { o.Logger = slog.New(h) })
+	waitFor(t, "the server to start", func() bool { return e.gateSrv.srv.engine() != nil })
+	if e.gateSrv.srv.loops.Load() == nil {
+		t.Skip("no event loops on this listener")
+	}
+	l := e.acquire("job:1", "w", time.Hour)
+	writes = new(int)
+	write = func() {
+		t.Helper()
+		if r := e.do("PUT", "/jobs/1", fmt.Sprint("w", *writes), HeaderToken, tok(l.Token)); r.Status != http.StatusOK {
+			t.Fatalf("write %d: %d %s", *writes, r.Status, r.Body)
+		}
+		*writes++
+	}
+	return e, write, writes
 }

@@ -153,20 +153,7 @@ func TestLoopMarkReaderMalformedValkey(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = st.Close() })
 			var logs syncbuf.Buffer
-			e := newEnvStore(t, testRules, st, nil, func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
-			waitFor(t, "the server to start", func() bool { return e.gateSrv.srv.engine() != nil })
-			if e.gateSrv.srv.loops.Load() == nil {
-				t.Skip("no event loops on this listener")
-			}
-			l := e.acquire("job:1", "w", time.Hour)
-			writes := 0
-			write := func() {
-				t.Helper()
-				if r := e.do("PUT", "/jobs/1", fmt.Sprint("w", writes), HeaderToken, tok(l.Token)); r.Status != 200 {
-					t.Fatalf("write %d: %d %s", writes, r.Status, r.Body)
-				}
-				writes++
-			}
+			e, write, writes := loopWriter(t, st, slog.NewTextHandler(&logs, nil))
 			// The first write raises the mark and has the loop open its
 			// reader; the writes at the mark go to it once it is open.
 			for end := time.Now().Add(10 * time.Second); answered.Load() == 0; {
@@ -179,8 +166,8 @@ func TestLoopMarkReaderMalformedValkey(t *testing.T) {
 			for range 3 {
 				write()
 			}
-			if n := e.up.count(); n != writes {
-				t.Fatalf("the upstream got %d writes, want the %d answered 200", n, writes)
+			if n := e.up.count(); n != *writes {
+				t.Fatalf("the upstream got %d writes, want the %d answered 200", n, *writes)
 			}
 			if n := e.gate.tel.panics.Load(); n != 0 {
 				t.Fatalf("%d panics contained; log:\n%s", n, logs.String())
