@@ -187,9 +187,9 @@ func checkContentType(r *http.Request) error {
 // bytes are reserved before any is read (its Content-Length; without one,
 // a small body's bytes, and the rest of limit once it grows past them): a
 // body the budget cannot cover is refused as overloaded, unread (a body
-// without a length, once it outgrows its first reservation). The hold returned keeps the bytes the body had
-// reserved until the caller releases it, done with dst; on an error
-// nothing stays reserved. Errors are *problem.Error values ready for
+// without a length, once it outgrows its first reservation). The hold
+// returned keeps the bytes the body had reserved until the caller
+// releases it, done with dst; on an error nothing stays reserved. Errors are *problem.Error values ready for
 // problem.Write.
 func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, limit int64, dst any) (bodyHold, error) {
 	if r.ContentLength == 0 && r.Header.Get("Content-Type") == "" {

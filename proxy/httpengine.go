@@ -218,9 +218,11 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 	}
 	// The body goes again on another connection only through x.replay,
 	// which staleConnCheck alone uses, on the pooled HTTP/1 connections,
-	// while nothing of the request was written. GetBody stays nil here: an
-	// HTTP/2 transport resends a request with a GetBody after the upstream
-	// reset its stream, which it may have applied.
+	// while nothing of the request was written; an HTTP/2 upstream gets
+	// none. GetBody stays nil here: an HTTP/2 transport resends a request
+	// with a GetBody after the upstream reset its stream, which it may
+	// have applied.
+	replay := !g.upstreamHTTP2
 	switch {
 	case x.buffered != nil && len(*x.buffered) == 0:
 		// An HTTP/2 request's content-length: 0: no body, sent as
@@ -230,10 +232,14 @@ func (g *Gate) rewrite(pr *httputil.ProxyRequest) {
 	case x.buffered != nil:
 		b := *x.buffered
 		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
-		x.replay = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
-	case x.body != nil:
+		if replay {
+			x.replay = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+		}
+	case x.body != nil && replay:
 		rb := newReplayableBody(x.body)
 		out.Body, x.replay = rb.first(), rb.again
+	case x.body != nil:
+		out.Body = io.NopCloser(x.body)
 	}
 	out.GetBody = nil // never resent, but by staleConnCheck
 	if g.upstreamHTTP2 && out.Body == nil && !safeMethod(in.Method) {

@@ -256,7 +256,8 @@ func (s *Server) serveHanded(c net.Conn) {
 // handed over) drains beside theirs, from the start: net/http answers
 // with Connection: close and reads nothing after, sends HTTP/2 clients a
 // GOAWAY, and closes each connection once its last answer is written. A
-// connection the loops would hand over from then on is closed unserved.
+// request the loops would hand over from then on is answered 503 draining
+// by the loop, unforwarded (loopConn.handOver).
 func (s *Server) Shutdown(ctx context.Context) error {
 	e := s.engine()
 	if e == nil {
